@@ -1,0 +1,28 @@
+/* threadpool.h - a fixed set of worker threads that run one task together.
+ *
+ * Contract: ember_pool_run(pool, fn, ctx) calls fn(ctx, ith, nth) once for
+ * every ith in [0, nth) - the caller runs ith 0 itself - and returns when all
+ * calls have returned. Work is split by the task (kernels split over output
+ * features, never over a reduction, so results do not depend on nth). Workers
+ * spin briefly between tasks, because a decode step issues hundreds of small
+ * tasks, then sleep on a condition variable. One pool serves one caller at a
+ * time; concurrent callers must use their own pools. */
+#ifndef EMBER_CORE_THREADPOOL_H
+#define EMBER_CORE_THREADPOOL_H
+
+typedef struct ember_pool ember_pool;
+typedef void (*ember_task_fn)(void *ctx, int ith, int nth);
+
+/* Lifetime. n_threads <= 0 means "all online CPUs". */
+ember_pool *ember_pool_create(int n_threads);
+void ember_pool_free(ember_pool *pool);
+
+/* Running work. A NULL pool runs the task on the caller alone (nth = 1). */
+void ember_pool_run(ember_pool *pool, ember_task_fn fn, void *ctx);
+int ember_pool_size(const ember_pool *pool);
+
+/* Splits [0, n) into nth nearly equal ranges, rounded to multiples of
+ * `granule`, and returns thread ith's range in *begin, *end. */
+void ember_split_range(long n, long granule, int ith, int nth, long *begin, long *end);
+
+#endif
