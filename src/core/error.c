@@ -22,6 +22,17 @@ int ember_fail_prefix(ember_error *err, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    /* Truncation is acceptable: the message stays NUL-terminated. */
+    size_t n = strnlen(prefix, sizeof prefix);
+    memcpy(err->msg, prefix, n);
+    size_t at = n;
+    if (at + 2 < sizeof err->msg) {
+        err->msg[at++] = ':';
+        err->msg[at++] = ' ';
+    }
+    size_t rest = strnlen(old, sizeof old);
+    if (rest > sizeof err->msg - 1 - at) rest = sizeof err->msg - 1 - at;
+    memcpy(err->msg + at, old, rest);
+    err->msg[at + rest] = '\0';
     return -1;
 }

@@ -85,6 +85,7 @@ bool gguf_get_str(const gguf_file *f, const char *key, gguf_str *out);
 bool gguf_kv_int(const gguf_file *f, int64_t idx, int64_t *out);
 bool gguf_kv_float(const gguf_file *f, int64_t idx, double *out);
 bool gguf_kv_str(const gguf_file *f, int64_t idx, gguf_str *out);
+bool gguf_kv_bool(const gguf_file *f, int64_t idx, bool *out);
 
 /* Arrays: element type and count; elements by position. */
 bool gguf_get_arr(const gguf_file *f, const char *key, gguf_value_type *elem_type, uint64_t *count);

@@ -455,12 +455,13 @@ bool gguf_get_int(const gguf_file *f, const char *key, int64_t *out) { return gg
 bool gguf_get_float(const gguf_file *f, const char *key, double *out) { return gguf_kv_float(f, gguf_find_key(f, key), out); }
 bool gguf_get_str(const gguf_file *f, const char *key, gguf_str *out) { return gguf_kv_str(f, gguf_find_key(f, key), out); }
 
-bool gguf_get_bool(const gguf_file *f, const char *key, bool *out) {
-    int64_t idx = gguf_find_key(f, key);
-    if (idx < 0 || f->kvs[idx].type != GGUF_TYPE_BOOL) return false;
+bool gguf_kv_bool(const gguf_file *f, int64_t idx, bool *out) {
+    if (idx < 0 || idx >= f->n_kv || f->kvs[idx].type != GGUF_TYPE_BOOL) return false;
     *out = f->kvs[idx].value[0] != 0;
     return true;
 }
+
+bool gguf_get_bool(const gguf_file *f, const char *key, bool *out) { return gguf_kv_bool(f, gguf_find_key(f, key), out); }
 
 bool gguf_kv_arr(const gguf_file *f, int64_t idx, gguf_value_type *elem_type, uint64_t *count) {
     if (idx < 0 || idx >= f->n_kv || f->kvs[idx].type != GGUF_TYPE_ARRAY) return false;

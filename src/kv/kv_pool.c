@@ -1,0 +1,218 @@
+/* kv_pool.c - the refcounted block pool and block tables (see kv_pool.h).
+ *
+ * Memory is one allocation of n_blocks * block_bytes. Inside a block, layer
+ * l's K rows start at layer_offset[l] and its V rows right after them, so a
+ * block is self-contained: copying it (copy-on-write) is one memcpy and a
+ * future disk tier can write it as one record.
+ *
+ * The free queue is an intrusive doubly-linked list over block ids in the
+ * order blocks became free; allocation pops the head (the least recently
+ * freed). A block taken back by kv_block_ref is unlinked from the middle in
+ * O(1). */
+#include "kv/kv_pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct kv_pool {
+    int n_layer;
+    int32_t n_blocks;
+    size_t block_floats;     /* floats per block, all layers */
+    size_t *layer_offset;    /* (n_layer) float offset of layer l's K rows within a block */
+    int *k_width;            /* (n_layer) */
+    int *v_width;            /* (n_layer) */
+    float *data;             /* (n_blocks, block_floats) */
+    int32_t *refcount;       /* (n_blocks) */
+    bool *indexed;           /* (n_blocks) an owner can find this block by content */
+    int32_t *prev, *next;    /* (n_blocks) free queue links; -1 ends */
+    bool *in_queue;          /* (n_blocks) */
+    int32_t head, tail;
+    int32_t n_free;
+    uint64_t evictions;
+    kv_evict_fn evict_fn;
+    void *evict_owner;
+};
+
+static void queue_push_tail(kv_pool *p, int32_t b) {
+    p->prev[b] = p->tail;
+    p->next[b] = -1;
+    if (p->tail >= 0) p->next[p->tail] = b;
+    else p->head = b;
+    p->tail = b;
+    p->in_queue[b] = true;
+    p->n_free++;
+}
+
+static void queue_unlink(kv_pool *p, int32_t b) {
+    if (p->prev[b] >= 0) p->next[p->prev[b]] = p->next[b];
+    else p->head = p->next[b];
+    if (p->next[b] >= 0) p->prev[p->next[b]] = p->prev[b];
+    else p->tail = p->prev[b];
+    p->in_queue[b] = false;
+    p->n_free--;
+}
+
+kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err) {
+    if (cfg->n_blocks < 1 || cfg->n_layer < 1) {
+        ember_fail(err, "kv pool: needs at least one block and one layer (got %d blocks, %d layers)",
+                   cfg->n_blocks, cfg->n_layer);
+        return NULL;
+    }
+    kv_pool *p = calloc(1, sizeof *p);
+    if (p == NULL) goto oom;
+    p->n_layer = cfg->n_layer;
+    p->n_blocks = cfg->n_blocks;
+    p->layer_offset = calloc((size_t)cfg->n_layer, sizeof(size_t));
+    p->k_width = calloc((size_t)cfg->n_layer, sizeof(int));
+    p->v_width = calloc((size_t)cfg->n_layer, sizeof(int));
+    if (!p->layer_offset || !p->k_width || !p->v_width) goto oom;
+    size_t off = 0;
+    for (int l = 0; l < cfg->n_layer; l++) {
+        p->k_width[l] = cfg->k_width[l];
+        p->v_width[l] = cfg->v_width[l];
+        p->layer_offset[l] = off;
+        off += (size_t)KV_BLOCK_TOKENS * (size_t)(cfg->k_width[l] + cfg->v_width[l]);
+    }
+    p->block_floats = off ? off : 1;
+    size_t nb = (size_t)cfg->n_blocks;
+    p->data = calloc(nb * p->block_floats, sizeof(float));
+    p->refcount = calloc(nb, sizeof(int32_t));
+    p->indexed = calloc(nb, sizeof(bool));
+    p->prev = malloc(nb * sizeof(int32_t));
+    p->next = malloc(nb * sizeof(int32_t));
+    p->in_queue = calloc(nb, sizeof(bool));
+    if (!p->data || !p->refcount || !p->indexed || !p->prev || !p->next || !p->in_queue) goto oom;
+    p->head = p->tail = -1;
+    for (int32_t b = 0; b < cfg->n_blocks; b++) queue_push_tail(p, b);
+    return p;
+oom:
+    kv_pool_free(p);
+    ember_fail(err, "kv pool: out of memory for %d blocks", cfg->n_blocks);
+    return NULL;
+}
+
+void kv_pool_free(kv_pool *p) {
+    if (p == NULL) return;
+    free(p->layer_offset);
+    free(p->k_width);
+    free(p->v_width);
+    free(p->data);
+    free(p->refcount);
+    free(p->indexed);
+    free(p->prev);
+    free(p->next);
+    free(p->in_queue);
+    free(p);
+}
+
+void kv_pool_set_evict_hook(kv_pool *p, kv_evict_fn fn, void *owner) {
+    p->evict_fn = fn;
+    p->evict_owner = owner;
+}
+
+int32_t kv_block_alloc(kv_pool *p) {
+    int32_t b = p->head;
+    if (b < 0) return -1;
+    queue_unlink(p, b);
+    if (p->indexed[b]) {
+        p->indexed[b] = false;
+        p->evictions++;
+        if (p->evict_fn) p->evict_fn(p->evict_owner, b);
+    }
+    p->refcount[b] = 1;
+    return b;
+}
+
+void kv_block_ref(kv_pool *p, int32_t b) {
+    if (p->refcount[b]++ == 0 && p->in_queue[b]) queue_unlink(p, b);
+}
+
+void kv_block_unref(kv_pool *p, int32_t b) {
+    if (p->refcount[b] <= 0) return;
+    if (--p->refcount[b] == 0) queue_push_tail(p, b);
+}
+
+int32_t kv_block_refcount(const kv_pool *p, int32_t b) { return p->refcount[b]; }
+void kv_block_set_indexed(kv_pool *p, int32_t b, bool indexed) { p->indexed[b] = indexed; }
+bool kv_block_is_indexed(const kv_pool *p, int32_t b) { return p->indexed[b]; }
+
+void kv_block_copy(kv_pool *p, int32_t dst, int32_t src) {
+    memcpy(p->data + (size_t)dst * p->block_floats, p->data + (size_t)src * p->block_floats,
+           p->block_floats * sizeof(float));
+}
+
+float *kv_block_k(const kv_pool *p, int32_t b, int layer) {
+    return p->data + (size_t)b * p->block_floats + p->layer_offset[layer];
+}
+
+float *kv_block_v(const kv_pool *p, int32_t b, int layer) {
+    return kv_block_k(p, b, layer) + (size_t)KV_BLOCK_TOKENS * (size_t)p->k_width[layer];
+}
+
+void kv_seq_init(kv_seq *seq) { memset(seq, 0, sizeof *seq); }
+
+static int seq_reserve_table(kv_seq *seq, int32_t n, ember_error *err) {
+    if (n <= seq->cap) return 0;
+    int32_t cap = seq->cap ? seq->cap : 16;
+    while (cap < n) cap *= 2;
+    int32_t *t = realloc(seq->blocks, (size_t)cap * sizeof(int32_t));
+    if (t == NULL) return ember_fail(err, "kv: out of memory for a block table of %d entries", cap);
+    seq->blocks = t;
+    seq->cap = cap;
+    return 0;
+}
+
+int kv_seq_prepare_append(kv_pool *p, kv_seq *seq, int64_t n_new, ember_error *err) {
+    int64_t end = seq->n_tokens + n_new;
+    int32_t need = (int32_t)((end + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    if (seq_reserve_table(seq, need, err) < 0) return -1;
+    /* A partial last block shared with another sequence is copied before we
+     * write into it. */
+    if (seq->n_tokens % KV_BLOCK_TOKENS != 0 && n_new > 0) {
+        int32_t last = seq->blocks[seq->n_blocks - 1];
+        if (p->refcount[last] > 1 || p->indexed[last]) {
+            int32_t fresh = kv_block_alloc(p);
+            if (fresh < 0) return ember_fail(err, "kv: pool exhausted (%d blocks) copying a shared block", p->n_blocks);
+            kv_block_copy(p, fresh, last);
+            kv_block_unref(p, last);
+            seq->blocks[seq->n_blocks - 1] = fresh;
+        }
+    }
+    while (seq->n_blocks < need) {
+        int32_t b = kv_block_alloc(p);
+        if (b < 0) return ember_fail(err, "kv: pool exhausted: all %d blocks (%d tokens) are in use", p->n_blocks,
+                                     p->n_blocks * KV_BLOCK_TOKENS);
+        seq->blocks[seq->n_blocks++] = b;
+    }
+    return 0;
+}
+
+int kv_seq_adopt_block(kv_pool *p, kv_seq *seq, int32_t block, ember_error *err) {
+    if (seq->n_tokens != (int64_t)seq->n_blocks * KV_BLOCK_TOKENS)
+        return ember_fail(err, "kv: can only adopt a block at a block boundary (sequence has %lld tokens)",
+                          (long long)seq->n_tokens);
+    if (seq_reserve_table(seq, seq->n_blocks + 1, err) < 0) return -1;
+    kv_block_ref(p, block);
+    seq->blocks[seq->n_blocks++] = block;
+    seq->n_tokens += KV_BLOCK_TOKENS;
+    return 0;
+}
+
+void kv_seq_truncate(kv_pool *p, kv_seq *seq, int64_t n_tokens) {
+    if (n_tokens >= seq->n_tokens) return;
+    int32_t keep = (int32_t)((n_tokens + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    /* Release from the tail so the deepest blocks are the first to be evicted. */
+    while (seq->n_blocks > keep) kv_block_unref(p, seq->blocks[--seq->n_blocks]);
+    seq->n_tokens = n_tokens;
+}
+
+void kv_seq_release(kv_pool *p, kv_seq *seq) {
+    kv_seq_truncate(p, seq, 0);
+    free(seq->blocks);
+    kv_seq_init(seq);
+}
+
+int32_t kv_pool_n_blocks(const kv_pool *p) { return p->n_blocks; }
+int32_t kv_pool_n_free(const kv_pool *p) { return p->n_free; }
+size_t kv_pool_block_bytes(const kv_pool *p) { return p->block_floats * sizeof(float); }
+uint64_t kv_pool_evictions(const kv_pool *p) { return p->evictions; }

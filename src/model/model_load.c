@@ -1,0 +1,311 @@
+/* model_load.c - from a GGUF file to a bound, validated model.
+ *
+ * Loading is table-free on purpose: the four transformer architectures we
+ * run share one tensor naming scheme, and the differences (QK-norm, Q/K/V
+ * biases, MoE FFN, rope mode) are flags in model_hparams read from the
+ * architecture name and the presence of tensors. Every tensor is checked
+ * against the shape the hyperparameters imply, so a forward pass never
+ * indexes past a weight. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+#include "tensor/quant.h"
+
+static const struct {
+    const char *name;
+    model_arch arch;
+} known_archs[] = {
+    {"llama", ARCH_LLAMA},
+    {"qwen2", ARCH_QWEN2},
+    {"qwen3", ARCH_QWEN3},
+    {"qwen3moe", ARCH_QWEN3MOE},
+};
+
+static bool get_arch_int(const gguf_file *f, const char *arch, const char *suffix, int64_t *out) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return gguf_get_int(f, key, out);
+}
+
+static bool get_arch_float(const gguf_file *f, const char *arch, const char *suffix, double *out) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return gguf_get_float(f, key, out);
+}
+
+static int require_arch_int(const gguf_file *f, const char *arch, const char *suffix, int *out, ember_error *err) {
+    int64_t v;
+    if (!get_arch_int(f, arch, suffix, &v))
+        return ember_fail(err, "missing or non-integer metadata key '%s.%s'", arch, suffix);
+    if (v < 0 || v > (1 << 30)) return ember_fail(err, "metadata key '%s.%s' = %lld is out of range", arch, suffix, (long long)v);
+    *out = (int)v;
+    return 0;
+}
+
+static int read_hparams(model *m, ember_error *err) {
+    const gguf_file *f = m->file;
+    model_hparams *hp = &m->hp;
+    gguf_str s;
+    if (!gguf_get_str(f, "general.architecture", &s)) return ember_fail(err, "missing key 'general.architecture'");
+    gguf_str_copy(s, hp->arch_name, sizeof hp->arch_name);
+    bool found = false;
+    for (size_t i = 0; i < sizeof known_archs / sizeof known_archs[0]; i++)
+        if (strcmp(hp->arch_name, known_archs[i].name) == 0) {
+            hp->arch = known_archs[i].arch;
+            found = true;
+        }
+    if (!found) return ember_fail(err, "architecture '%s' is not supported", hp->arch_name);
+    if (gguf_get_str(f, "general.name", &s)) gguf_str_copy(s, hp->name, sizeof hp->name);
+    const char *a = hp->arch_name;
+    if (require_arch_int(f, a, "embedding_length", &hp->n_embd, err) < 0) return -1;
+    if (require_arch_int(f, a, "block_count", &hp->n_layer, err) < 0) return -1;
+    if (require_arch_int(f, a, "attention.head_count", &hp->n_head, err) < 0) return -1;
+    hp->n_head_kv = hp->n_head;
+    int64_t v;
+    if (get_arch_int(f, a, "attention.head_count_kv", &v)) hp->n_head_kv = (int)v;
+    if (hp->n_embd < 1 || hp->n_layer < 1 || hp->n_head < 1 || hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv != 0)
+        return ember_fail(err, "inconsistent attention shape: n_embd %d, n_layer %d, n_head %d, n_head_kv %d",
+                          hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv);
+    hp->d_k = hp->n_embd / hp->n_head;
+    if (get_arch_int(f, a, "attention.key_length", &v)) hp->d_k = (int)v;
+    hp->d_v = hp->d_k;
+    if (get_arch_int(f, a, "attention.value_length", &v)) hp->d_v = (int)v;
+    hp->n_ff = 0;
+    if (get_arch_int(f, a, "feed_forward_length", &v)) hp->n_ff = (int)v;
+    hp->n_ctx_train = 2048;
+    if (get_arch_int(f, a, "context_length", &v)) hp->n_ctx_train = (int)v;
+    double d;
+    if (!get_arch_float(f, a, "attention.layer_norm_rms_epsilon", &d))
+        return ember_fail(err, "missing key '%s.attention.layer_norm_rms_epsilon'", a);
+    hp->rms_eps = (float)d;
+
+    rope_params *rp = &hp->rope;
+    rp->mode = hp->arch == ARCH_LLAMA ? ROPE_NORM : ROPE_NEOX;
+    rp->n_rot = hp->d_k;
+    if (get_arch_int(f, a, "rope.dimension_count", &v)) rp->n_rot = (int)v;
+    if (rp->n_rot < 2 || rp->n_rot > hp->d_k || rp->n_rot % 2 != 0)
+        return ember_fail(err, "rope.dimension_count %d does not fit head size %d", rp->n_rot, hp->d_k);
+    rp->freq_base = 10000.0f;
+    if (get_arch_float(f, a, "rope.freq_base", &d)) rp->freq_base = (float)d;
+    rp->freq_scale = 1.0f;
+    rp->attn_factor = 1.0f;
+    rp->ext_factor = 0.0f;
+    rp->beta_fast = 32.0f;
+    rp->beta_slow = 1.0f;
+    rp->n_ctx_orig = hp->n_ctx_train;
+    char scaling[32] = "linear";
+    char key[160];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    if (gguf_get_str(f, key, &s)) gguf_str_copy(s, scaling, sizeof scaling);
+    double factor = 0;
+    if (get_arch_float(f, a, "rope.scaling.factor", &factor) || get_arch_float(f, a, "rope.scale_linear", &factor)) {
+        if (factor > 0) rp->freq_scale = (float)(1.0 / factor);
+    }
+    if (strcmp(scaling, "none") == 0) {
+        rp->freq_scale = 1.0f;
+    } else if (strcmp(scaling, "yarn") == 0) {
+        rp->ext_factor = 1.0f;
+        if (get_arch_int(f, a, "rope.scaling.original_context_length", &v)) rp->n_ctx_orig = (int)v;
+        if (get_arch_float(f, a, "rope.scaling.yarn_ext_factor", &d) && d >= 0) rp->ext_factor = (float)d;
+        if (get_arch_float(f, a, "rope.scaling.yarn_attn_factor", &d)) rp->attn_factor = (float)d;
+        if (get_arch_float(f, a, "rope.scaling.yarn_beta_fast", &d)) rp->beta_fast = (float)d;
+        if (get_arch_float(f, a, "rope.scaling.yarn_beta_slow", &d)) rp->beta_slow = (float)d;
+    } else if (strcmp(scaling, "linear") != 0) {
+        return ember_fail(err, "rope scaling type '%s' is not supported", scaling);
+    }
+    if (hp->arch == ARCH_LLAMA && rp->n_rot != hp->d_k)
+        return ember_fail(err, "llama requires rope.dimension_count (%d) == head size (%d)", rp->n_rot, hp->d_k);
+
+    if (hp->arch == ARCH_QWEN3MOE) {
+        if (require_arch_int(f, a, "expert_count", &hp->n_expert, err) < 0) return -1;
+        if (require_arch_int(f, a, "expert_used_count", &hp->n_expert_used, err) < 0) return -1;
+        if (hp->n_expert < 1 || hp->n_expert > 256 || hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert)
+            return ember_fail(err, "bad expert counts: %d used of %d", hp->n_expert_used, hp->n_expert);
+        hp->n_ff_exp = hp->n_ff / hp->n_expert_used;
+        if (get_arch_int(f, a, "expert_feed_forward_length", &v)) hp->n_ff_exp = (int)v;
+    }
+    return 0;
+}
+
+/* Binds a matrix {n_in, n_out} (or one expert of a 3-D tensor). */
+static int bind_matrix(model *m, const char *name, int64_t n_in, int64_t n_out, bool optional,
+                       tensor_weight *w, ember_error *err) {
+    const gguf_tensor *t = gguf_find_tensor(m->file, name);
+    memset(w, 0, sizeof *w);
+    if (t == NULL) return optional ? 0 : ember_fail(err, "missing tensor '%s'", name);
+    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != 1 || t->ne[3] != 1)
+        return ember_fail(err, "tensor '%s' has shape {%lld, %lld, %lld}, expected {%lld, %lld}", name,
+                          (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)n_in,
+                          (long long)n_out);
+    w->type = (ember_dtype)t->type;
+    w->n_in = n_in;
+    w->n_out = n_out;
+    w->row_bytes = dtype_row_bytes(w->type, n_in);
+    w->data = t->data;
+    return 0;
+}
+
+static int bind_experts(model *m, const char *name, int64_t n_in, int64_t n_out, int n_expert,
+                        tensor_weight **out, ember_error *err) {
+    const gguf_tensor *t = gguf_find_tensor(m->file, name);
+    if (t == NULL) return ember_fail(err, "missing tensor '%s'", name);
+    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n_expert || t->ne[3] != 1)
+        return ember_fail(err, "tensor '%s' has shape {%lld, %lld, %lld}, expected {%lld, %lld, %d}", name,
+                          (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)n_in,
+                          (long long)n_out, n_expert);
+    tensor_weight *ws = calloc((size_t)n_expert, sizeof *ws);
+    if (ws == NULL) return ember_fail(err, "out of memory");
+    size_t row_bytes = dtype_row_bytes((ember_dtype)t->type, n_in);
+    for (int e = 0; e < n_expert; e++) {
+        ws[e].type = (ember_dtype)t->type;
+        ws[e].n_in = n_in;
+        ws[e].n_out = n_out;
+        ws[e].row_bytes = row_bytes;
+        ws[e].data = (const uint8_t *)t->data + (size_t)e * (size_t)n_out * row_bytes;
+    }
+    *out = ws;
+    return 0;
+}
+
+/* Binds a 1-D tensor of n elements as f32, widening 16-bit storage. */
+static int bind_vector(model *m, const char *name, int64_t n, bool optional, const float **out, ember_error *err) {
+    const gguf_tensor *t = gguf_find_tensor(m->file, name);
+    *out = NULL;
+    if (t == NULL) return optional ? 0 : ember_fail(err, "missing tensor '%s'", name);
+    if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1)
+        return ember_fail(err, "tensor '%s' has %lld x %lld elements, expected %lld", name, (long long)t->ne[0],
+                          (long long)t->ne[1], (long long)n);
+    if (t->type == DT_F32 && ((uintptr_t)t->data % sizeof(float)) == 0) {
+        *out = t->data;
+        return 0;
+    }
+    float *buf = malloc((size_t)n * sizeof(float));
+    float **owned = realloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *owned);
+    if (buf == NULL || owned == NULL) {
+        free(buf);
+        if (owned) m->owned = owned;
+        return ember_fail(err, "out of memory");
+    }
+    m->owned = owned;
+    m->owned[m->n_owned++] = buf;
+    quant_dequantize_row((ember_dtype)t->type, t->data, buf, n);
+    *out = buf;
+    return 0;
+}
+
+static int bind_layer(model *m, int il, ember_error *err) {
+    const model_hparams *hp = &m->hp;
+    layer_weights *L = &m->layers[il];
+    char name[96];
+#define TNAME(suffix) (snprintf(name, sizeof name, "blk.%d.%s", il, suffix), name)
+    int64_t q_dim = (int64_t)hp->n_head * hp->d_k, k_dim = (int64_t)hp->n_head_kv * hp->d_k;
+    int64_t v_dim = (int64_t)hp->n_head_kv * hp->d_v, o_dim = (int64_t)hp->n_head * hp->d_v;
+    if (bind_vector(m, TNAME("attn_norm.weight"), hp->n_embd, false, &L->attn_norm, err) < 0) return -1;
+    if (bind_matrix(m, TNAME("attn_q.weight"), hp->n_embd, q_dim, false, &L->wq, err) < 0) return -1;
+    if (bind_matrix(m, TNAME("attn_k.weight"), hp->n_embd, k_dim, false, &L->wk, err) < 0) return -1;
+    if (bind_matrix(m, TNAME("attn_v.weight"), hp->n_embd, v_dim, false, &L->wv, err) < 0) return -1;
+    if (bind_matrix(m, TNAME("attn_output.weight"), o_dim, hp->n_embd, false, &L->wo, err) < 0) return -1;
+    if (bind_vector(m, TNAME("attn_q.bias"), q_dim, true, &L->bq, err) < 0) return -1;
+    if (bind_vector(m, TNAME("attn_k.bias"), k_dim, true, &L->bk, err) < 0) return -1;
+    if (bind_vector(m, TNAME("attn_v.bias"), v_dim, true, &L->bv, err) < 0) return -1;
+    if (bind_vector(m, TNAME("attn_q_norm.weight"), hp->d_k, true, &L->q_norm, err) < 0) return -1;
+    if (bind_vector(m, TNAME("attn_k_norm.weight"), hp->d_k, true, &L->k_norm, err) < 0) return -1;
+    if (hp->has_qk_norm && (L->q_norm == NULL || L->k_norm == NULL))
+        return ember_fail(err, "layer %d: %s needs attn_q_norm and attn_k_norm", il, hp->arch_name);
+    if (bind_vector(m, TNAME("ffn_norm.weight"), hp->n_embd, false, &L->ffn_norm, err) < 0) return -1;
+    if (hp->n_expert > 0) {
+        if (bind_matrix(m, TNAME("ffn_gate_inp.weight"), hp->n_embd, hp->n_expert, false, &L->router, err) < 0) return -1;
+        if (bind_experts(m, TNAME("ffn_gate_exps.weight"), hp->n_embd, hp->n_ff_exp, hp->n_expert, &L->exp_gate, err) < 0) return -1;
+        if (bind_experts(m, TNAME("ffn_up_exps.weight"), hp->n_embd, hp->n_ff_exp, hp->n_expert, &L->exp_up, err) < 0) return -1;
+        if (bind_experts(m, TNAME("ffn_down_exps.weight"), hp->n_ff_exp, hp->n_embd, hp->n_expert, &L->exp_down, err) < 0) return -1;
+    } else {
+        if (hp->n_ff < 1) return ember_fail(err, "missing key '%s.feed_forward_length'", hp->arch_name);
+        if (bind_matrix(m, TNAME("ffn_gate.weight"), hp->n_embd, hp->n_ff, false, &L->ffn_gate, err) < 0) return -1;
+        if (bind_matrix(m, TNAME("ffn_up.weight"), hp->n_embd, hp->n_ff, false, &L->ffn_up, err) < 0) return -1;
+        if (bind_matrix(m, TNAME("ffn_down.weight"), hp->n_ff, hp->n_embd, false, &L->ffn_down, err) < 0) return -1;
+    }
+#undef TNAME
+    return 0;
+}
+
+static int bind_model(model *m, ember_error *err) {
+    model_hparams *hp = &m->hp;
+    hp->has_qk_norm = hp->arch == ARCH_QWEN3 || hp->arch == ARCH_QWEN3MOE;
+    const gguf_tensor *emb = gguf_find_tensor(m->file, "token_embd.weight");
+    if (emb == NULL) return ember_fail(err, "missing tensor 'token_embd.weight'");
+    hp->n_vocab = (int)emb->ne[1];
+    if (bind_matrix(m, "token_embd.weight", hp->n_embd, hp->n_vocab, false, &m->tok_embd, err) < 0) return -1;
+    if (bind_vector(m, "output_norm.weight", hp->n_embd, false, &m->output_norm, err) < 0) return -1;
+    if (bind_matrix(m, "output.weight", hp->n_embd, hp->n_vocab, true, &m->output, err) < 0) return -1;
+    hp->tied_output = m->output.data == NULL;
+    if (hp->tied_output) m->output = m->tok_embd;
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    m->stack = calloc((size_t)hp->n_layer, sizeof *m->stack);
+    m->kv_k_width = calloc((size_t)hp->n_layer, sizeof(int));
+    m->kv_v_width = calloc((size_t)hp->n_layer, sizeof(int));
+    if (!m->layers || !m->stack || !m->kv_k_width || !m->kv_v_width) return ember_fail(err, "out of memory");
+    for (int il = 0; il < hp->n_layer; il++) {
+        if (bind_layer(m, il, err) < 0) return -1;
+        m->stack[il].kind = CACHE_KIND_KV;
+        m->kv_k_width[il] = hp->n_head_kv * hp->d_k;
+        m->kv_v_width[il] = hp->n_head_kv * hp->d_v;
+    }
+    hp->has_qkv_bias = m->layers[0].bq != NULL;
+    return 0;
+}
+
+model *model_load(const char *path, ember_error *err) {
+    model *m = calloc(1, sizeof *m);
+    if (m == NULL) {
+        ember_fail(err, "out of memory");
+        return NULL;
+    }
+    m->file = gguf_open(path, err);
+    if (m->file == NULL) {
+        free(m);
+        return NULL;
+    }
+    if (read_hparams(m, err) < 0 || bind_model(m, err) < 0) goto fail;
+    m->tok = tokenizer_load_gguf(m->file, err);
+    if (m->tok == NULL) goto fail;
+    return m;
+fail:
+    ember_fail_prefix(err, "%s", path);
+    model_free(m);
+    return NULL;
+}
+
+void model_free(model *m) {
+    if (m == NULL) return;
+    if (m->layers) {
+        for (int il = 0; il < m->hp.n_layer; il++) {
+            free(m->layers[il].exp_gate);
+            free(m->layers[il].exp_up);
+            free(m->layers[il].exp_down);
+        }
+    }
+    free(m->layers);
+    free(m->stack);
+    free(m->kv_k_width);
+    free(m->kv_v_width);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    tokenizer_free(m->tok);
+    gguf_close(m->file);
+    free(m);
+}
+
+const model_hparams *model_get_hparams(const model *m) { return &m->hp; }
+const cache_layer *model_cache_stack(const model *m) { return m->stack; }
+const tokenizer *model_get_tokenizer(const model *m) { return m->tok; }
+const gguf_file *model_get_gguf(const model *m) { return m->file; }
+
+void model_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg) {
+    cfg->n_layer = m->hp.n_layer;
+    cfg->k_width = m->kv_k_width;
+    cfg->v_width = m->kv_v_width;
+    cfg->n_blocks = n_blocks;
+}

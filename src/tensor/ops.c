@@ -1,0 +1,124 @@
+/* ops.c - per-row operations (see ops.h). Written as plain loops that the
+ * compiler vectorizes at -O2 only where that cannot reorder a reduction:
+ * sums are accumulated in double in index order, so their bits are a
+ * function of the row alone. */
+#include "tensor/ops.h"
+
+#include <math.h>
+
+void op_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
+    float scale = (float)(1.0 / sqrt(sum / n + (double)eps));
+    if (w)
+        for (int i = 0; i < n; i++) y[i] = x[i] * scale * w[i];
+    else
+        for (int i = 0; i < n; i++) y[i] = x[i] * scale;
+}
+
+/* YaRN correction range: the pair indices between which rotation switches
+ * from extrapolation to interpolation. */
+static float yarn_corr_dim(int n_rot, int n_ctx_orig, float n_turns, float base) {
+    return (float)n_rot * logf((float)n_ctx_orig / (n_turns * 2.0f * (float)M_PI)) / (2.0f * logf(base));
+}
+
+static float yarn_ramp(float low, float high, int pair) {
+    float y = ((float)pair - low) / fmaxf(0.001f, high - low);
+    return 1.0f - fminf(1.0f, fmaxf(0.0f, y));
+}
+
+void op_rope(float *x, int n_heads, int head_dim, int64_t pos, const rope_params *rp) {
+    int n_rot = rp->n_rot;
+    int half = n_rot / 2;
+    float corr_low = 0, corr_high = 0;
+    float mscale = rp->attn_factor;
+    if (rp->ext_factor != 0.0f) {
+        corr_low = floorf(yarn_corr_dim(n_rot, rp->n_ctx_orig, rp->beta_fast, rp->freq_base));
+        corr_high = ceilf(yarn_corr_dim(n_rot, rp->n_ctx_orig, rp->beta_slow, rp->freq_base));
+        if (corr_low < 0) corr_low = 0;
+        if (corr_high > n_rot - 1) corr_high = (float)(n_rot - 1);
+        mscale *= 1.0f + 0.1f * logf(1.0f / rp->freq_scale);
+    }
+    float theta_scale = powf(rp->freq_base, -2.0f / (float)n_rot);
+    float theta_base = (float)pos;
+    for (int i = 0; i < half; i++) {
+        float theta_extrap = theta_base;
+        if (rp->freq_factors) theta_extrap /= rp->freq_factors[i];
+        float theta_interp = rp->freq_scale * theta_extrap;
+        float theta = theta_interp;
+        if (rp->ext_factor != 0.0f) {
+            float mix = yarn_ramp(corr_low, corr_high, i) * rp->ext_factor;
+            theta = theta_interp * (1 - mix) + theta_extrap * mix;
+        }
+        float c = cosf(theta) * mscale, s = sinf(theta) * mscale;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (int64_t)h * head_dim;
+            int a = rp->mode == ROPE_NORM ? 2 * i : i;
+            int b = rp->mode == ROPE_NORM ? 2 * i + 1 : i + half;
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
+        }
+        theta_base *= theta_scale;
+    }
+}
+
+void op_softmax(float *x, int n) {
+    float max = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > max) max = x[i];
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+void op_swiglu(float *y, const float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i++) {
+        float g = gate[i];
+        y[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void op_add(float *x, const float *y, int n) {
+    for (int i = 0; i < n; i++) x[i] += y[i];
+}
+
+static float dot_f32(const float *a, const float *b, int n) {
+    float acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
+    float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+void op_attention_paged(float *out, const float *q, float *const *k_blocks, float *const *v_blocks,
+                        int64_t n_keys, int64_t query_pos, int n_head, int n_head_kv, int d_k, int d_v,
+                        float scale, int64_t window, int head_begin, int head_end, float *scratch) {
+    int group = n_head / n_head_kv;
+    int k_row = n_head_kv * d_k, v_row = n_head_kv * d_v;
+    int64_t first = 0;
+    if (window > 0 && query_pos - window + 1 > 0) first = query_pos - window + 1;
+    for (int h = head_begin; h < head_end; h++) {
+        int kvh = h / group;
+        const float *qh = q + (int64_t)h * d_k;
+        int64_t n = n_keys - first;
+        for (int64_t j = first; j < n_keys; j++) {
+            const float *k = k_blocks[j / 16] + (j % 16) * k_row + (int64_t)kvh * d_k;
+            scratch[j - first] = dot_f32(qh, k, d_k) * scale;
+        }
+        op_softmax(scratch, (int)n);
+        float *oh = out + (int64_t)h * d_v;
+        for (int d = 0; d < d_v; d++) oh[d] = 0.0f;
+        for (int64_t j = first; j < n_keys; j++) {
+            const float *v = v_blocks[j / 16] + (j % 16) * v_row + (int64_t)kvh * d_v;
+            float p = scratch[j - first];
+            for (int d = 0; d < d_v; d++) oh[d] += p * v[d];
+        }
+    }
+}

@@ -1,0 +1,53 @@
+/* ops.h - the small per-row operations of a transformer forward pass.
+ *
+ * Contract: every function works on one row (or one token's heads) and its
+ * result depends only on that row's inputs, never on batch size or thread
+ * count, so a forward pass built from them is batch-invariant. Reductions
+ * run in a fixed order. Plain C loops: these are a few percent of the work
+ * next to the matrix products. */
+#ifndef EMBER_TENSOR_OPS_H
+#define EMBER_TENSOR_OPS_H
+
+#include <stdint.h>
+
+typedef enum rope_mode {
+    ROPE_NORM = 0, /* adjacent pairs (x[2i], x[2i+1]): llama */
+    ROPE_NEOX = 1, /* halves (x[i], x[i + n_rot/2]): qwen, gemma */
+} rope_mode;
+
+/* Rotary embedding parameters for one model (or one layer kind). */
+typedef struct rope_params {
+    rope_mode mode;
+    int n_rot;              /* rotated dims per head (<= head dim) */
+    float freq_base;
+    float freq_scale;       /* 1 / linear or YaRN scaling factor */
+    float ext_factor;       /* YaRN: 0 disables the ramp */
+    float attn_factor;      /* multiplies cos and sin */
+    float beta_fast, beta_slow;
+    int n_ctx_orig;         /* YaRN original context */
+    const float *freq_factors; /* (n_rot/2) optional divisors (rope_freqs.weight) or NULL */
+} rope_params;
+
+/* y = x / sqrt(mean(x^2) + eps) * w ; w may be NULL (no scale). y may alias x. */
+void op_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+/* Rotates each of n_heads heads (head_dim apart) of x in place for position pos. */
+void op_rope(float *x, int n_heads, int head_dim, int64_t pos, const rope_params *rp);
+/* In-place softmax over n values. */
+void op_softmax(float *x, int n);
+/* y[i] = silu(gate[i]) * up[i]. */
+void op_swiglu(float *y, const float *gate, const float *up, int n);
+/* x += y */
+void op_add(float *x, const float *y, int n);
+
+/* Causal attention of one query token over keys at positions [0, n_keys)
+ * that live in 16-token blocks: key j is row j % 16 of k_blocks[j / 16].
+ * q: (n_head, d_k); out: (n_head, d_v); K rows are (n_head_kv, d_k) wide,
+ * V rows (n_head_kv, d_v). Query head h reads KV head h / (n_head/n_head_kv).
+ * window > 0 masks keys with pos - key >= window (sliding window).
+ * Only query heads [head_begin, head_end) are computed, so callers can
+ * spread one token's heads over threads. scratch: n_keys floats. */
+void op_attention_paged(float *out, const float *q, float *const *k_blocks, float *const *v_blocks,
+                        int64_t n_keys, int64_t query_pos, int n_head, int n_head_kv, int d_k, int d_v,
+                        float scale, int64_t window, int head_begin, int head_end, float *scratch);
+
+#endif

