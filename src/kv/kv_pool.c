@@ -178,10 +178,15 @@ int kv_seq_prepare_append(kv_pool *p, kv_seq *seq, int64_t n_new, ember_error *e
             seq->blocks[seq->n_blocks - 1] = fresh;
         }
     }
+    int32_t had = seq->n_blocks;
     while (seq->n_blocks < need) {
         int32_t b = kv_block_alloc(p);
-        if (b < 0) return ember_fail(err, "kv: pool exhausted: all %d blocks (%d tokens) are in use", p->n_blocks,
-                                     p->n_blocks * KV_BLOCK_TOKENS);
+        if (b < 0) {
+            /* Leave the sequence as it was. */
+            while (seq->n_blocks > had) kv_block_unref(p, seq->blocks[--seq->n_blocks]);
+            return ember_fail(err, "kv: pool exhausted: all %d blocks (%d tokens) are in use", p->n_blocks,
+                              p->n_blocks * KV_BLOCK_TOKENS);
+        }
         seq->blocks[seq->n_blocks++] = b;
     }
     return 0;
@@ -199,7 +204,7 @@ int kv_seq_adopt_block(kv_pool *p, kv_seq *seq, int32_t block, ember_error *err)
 }
 
 void kv_seq_truncate(kv_pool *p, kv_seq *seq, int64_t n_tokens) {
-    if (n_tokens >= seq->n_tokens) return;
+    if (n_tokens > seq->n_tokens) return;
     int32_t keep = (int32_t)((n_tokens + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     /* Release from the tail so the deepest blocks are the first to be evicted. */
     while (seq->n_blocks > keep) kv_block_unref(p, seq->blocks[--seq->n_blocks]);
