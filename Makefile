@@ -27,8 +27,14 @@ test-asan: build-asan
 
 test: test-asan test-release
 
+# Engine benchmark on the qwen3-0.6b shape (random weights) in Q8_0 and Q4_K.
+BENCH_MODELS = build/bench-models
 bench: build
-	./build/bench_engine
+	mkdir -p $(BENCH_MODELS)
+	for t in q8_0 q4_k; do \
+	  [ -f $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf ] || ./build/ember mkmodel --arch qwen3 --preset qwen3-0.6b --type $$t --seed 1 --out $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf || exit 1; \
+	  ./build/bench_engine $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf --threads 2 --reps 3 || exit 1; \
+	done
 
 clean:
 	rm -rf build build-asan
