@@ -6,6 +6,9 @@
 
 #include <math.h>
 
+#include "tensor/attention_impl.h"
+#include "tensor/quant.h"
+
 void op_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
@@ -97,28 +100,33 @@ static float dot_f32(const float *a, const float *b, int n) {
     return sum;
 }
 
+void attention_head_scalar(const attention_head_args *a) {
+    int64_t n = a->n_keys - a->first;
+    for (int64_t j = a->first; j < a->n_keys; j++) {
+        const float *k = a->k_blocks[j / 16] + (j % 16) * a->k_row + a->k_offset;
+        a->scores[j - a->first] = dot_f32(a->q, k, a->d_k) * a->scale;
+    }
+    op_softmax(a->scores, (int)n);
+    for (int d = 0; d < a->d_v; d++) a->out[d] = 0.0f;
+    for (int64_t j = a->first; j < a->n_keys; j++) {
+        const float *v = a->v_blocks[j / 16] + (j % 16) * a->v_row + a->v_offset;
+        float p = a->scores[j - a->first];
+        for (int d = 0; d < a->d_v; d++) a->out[d] += p * v[d];
+    }
+}
+
 void op_attention_paged(float *out, const float *q, float *const *k_blocks, float *const *v_blocks,
                         int64_t n_keys, int64_t query_pos, int n_head, int n_head_kv, int d_k, int d_v,
                         float scale, int64_t window, int head_begin, int head_end, float *scratch) {
+    void (*head_fn)(const attention_head_args *) =
+        quant_get_isa() == QUANT_ISA_AVX512 ? attention_head_avx512 : attention_head_scalar;
     int group = n_head / n_head_kv;
-    int k_row = n_head_kv * d_k, v_row = n_head_kv * d_v;
     int64_t first = 0;
     if (window > 0 && query_pos - window + 1 > 0) first = query_pos - window + 1;
     for (int h = head_begin; h < head_end; h++) {
         int kvh = h / group;
-        const float *qh = q + (int64_t)h * d_k;
-        int64_t n = n_keys - first;
-        for (int64_t j = first; j < n_keys; j++) {
-            const float *k = k_blocks[j / 16] + (j % 16) * k_row + (int64_t)kvh * d_k;
-            scratch[j - first] = dot_f32(qh, k, d_k) * scale;
-        }
-        op_softmax(scratch, (int)n);
-        float *oh = out + (int64_t)h * d_v;
-        for (int d = 0; d < d_v; d++) oh[d] = 0.0f;
-        for (int64_t j = first; j < n_keys; j++) {
-            const float *v = v_blocks[j / 16] + (j % 16) * v_row + (int64_t)kvh * d_v;
-            float p = scratch[j - first];
-            for (int d = 0; d < d_v; d++) oh[d] += p * v[d];
-        }
+        attention_head_args a = {out + (int64_t)h * d_v, q + (int64_t)h * d_k, k_blocks, v_blocks, first, n_keys,
+                                 n_head_kv * d_k, n_head_kv * d_v, kvh * d_k, kvh * d_v, d_k, d_v, scale, scratch};
+        head_fn(&a);
     }
 }
