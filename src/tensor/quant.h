@@ -48,4 +48,110 @@ uint16_t quant_f32_to_f16(float f);
 float quant_bf16_to_f32(uint16_t h);
 uint16_t quant_f32_to_bf16(float f);
 
+/* ------------------------------------------------------------------------
+ * Internal to src/tensor (quant*.c, matmul*.c): block layouts, the float
+ * accumulation formulas every ISA shares, and the kernel tables.
+ *
+ * Determinism model: inside a block every ISA computes the exact integer
+ * dot (integer sums do not depend on order), then folds it into the f32
+ * accumulator with the one formula below (explicit fmaf, so no compiler
+ * contraction choice can differ). Blocks are folded in order. Hence a dot
+ * gives the same bits on every ISA and in every kernel shape (GEMV, tiles).
+ * ------------------------------------------------------------------------ */
+#include <stddef.h>
+
+/* 32-element legacy blocks. d, m, s are fp16 bits. Elements j and j+16 share
+ * byte qs[j] (low nibble, high nibble). */
+typedef struct { uint16_t d; uint8_t qs[16]; } block_q4_0;                   /* 18 B */
+typedef struct { uint16_t d, m; uint8_t qs[16]; } block_q4_1;                /* 20 B */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } block_q5_0;    /* 22 B: qh bit i = bit 4 of element i */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } block_q5_1; /* 24 B */
+typedef struct { uint16_t d; int8_t qs[32]; } block_q8_0;                    /* 34 B */
+typedef struct { uint16_t d, s; int8_t qs[32]; } block_q8_1;                 /* 36 B: s = d * sum(qs) */
+
+/* 256-element K-quant super-blocks (layouts: engine-reference.md B.3). */
+typedef struct {
+    uint8_t scales[16]; /* per 16-element sub-block: low nibble scale, high nibble min */
+    uint8_t qs[64];     /* 2-bit values, 4 per byte (element 32s+l of a half in bits 2s) */
+    uint16_t d, dmin;   /* fp16 super-scales */
+} block_q2_K;           /* 84 B */
+typedef struct {
+    uint8_t hmask[32];  /* high bit of each 3-bit value (set = no -4 offset) */
+    uint8_t qs[64];     /* low 2 bits, as in Q2_K */
+    uint8_t scales[12]; /* sixteen 6-bit signed scales (offset 32), packed */
+    uint16_t d;
+} block_q3_K;           /* 110 B */
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[12]; /* eight 6-bit (scale, min) pairs, packed */
+    uint8_t qs[128];    /* group g: low nibbles = sub-block 2g, high = 2g+1 */
+} block_q4_K;           /* 144 B */
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qh[32];     /* fifth bit: element 64g+l bit 2g, 64g+32+l bit 2g+1 of qh[l] */
+    uint8_t qs[128];
+} block_q5_K;           /* 176 B */
+typedef struct {
+    uint8_t ql[128];    /* low 4 bits */
+    uint8_t qh[64];     /* high 2 bits */
+    int8_t scales[16];  /* per 16-element sub-block */
+    uint16_t d;
+} block_q6_K;           /* 210 B */
+typedef struct {
+    float d;            /* may be negative (scale from the signed max) */
+    int8_t qs[256];
+    int16_t bsums[16];  /* sum of each run of 16 qs */
+} block_q8_K;           /* 292 B */
+
+/* The shared fold of one block's integer dot into the accumulator. */
+static inline float quant_fold(float acc, int32_t isum, float dw, float da) {
+    return __builtin_fmaf((float)isum, dw * da, acc);
+}
+/* Blocks with an additive min term whose integer part is `msum` (K-quants). */
+static inline float quant_fold_min(float acc, int32_t isum, int32_t msum, float dw, float dminw,
+                                   float da) {
+    acc = __builtin_fmaf((float)isum, dw * da, acc);
+    return __builtin_fmaf(-(float)msum, dminw * da, acc);
+}
+/* Q4_1/Q5_1 x Q8_1: the min times the activation block sum s. */
+static inline float quant_fold_q8_1(float acc, int32_t isum, float dw, float mw, float da,
+                                    float sa) {
+    acc = __builtin_fmaf((float)isum, dw * da, acc);
+    return __builtin_fmaf(mw, sa, acc);
+}
+
+/* K-quant 6-bit (scale, min) of sub-block j (Q4_K, Q5_K). */
+static inline void quant_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 15) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+/* Q3_K signed scale of sub-block i (-32..31). */
+static inline int quant_q3k_scale(int i, const uint8_t *s) {
+    int low = i < 8 ? (s[i] & 15) : (s[i - 8] >> 4);
+    int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    return (low | (high << 4)) - 32;
+}
+
+typedef float (*quant_dot_fn)(int64_t n, const void *w_row, const void *act_row);
+/* A tile computes y[c * y_stride + r] = quant_vec_dot(type, n, w + r*w_stride,
+ * a + c*a_stride) for r < rows, c < cols, bit for bit. */
+typedef void (*quant_tile_fn)(int64_t n, const void *w, size_t w_stride, const void *a,
+                              size_t a_stride, float *y, size_t y_stride);
+
+/* The dot kernel of the ISA in use (never NULL for a type with a dot). */
+quant_dot_fn quant_dot_kernel(ember_dtype type);
+/* The register-blocked tile of the ISA in use, or NULL; *rows x *cols is its shape. */
+quant_tile_fn quant_tile_kernel(ember_dtype type, int *rows, int *cols);
+
+/* Per-ISA tables (NULL entries fall back to the scalar kernel). */
+void quant_avx2_kernels(quant_dot_fn dots[DT_COUNT]);
+void quant_avx512_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[DT_COUNT],
+                          int *tile_rows, int *tile_cols);
+
 #endif

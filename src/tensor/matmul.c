@@ -1,0 +1,145 @@
+/* matmul.c - weight matrix times activations (see matmul.h).
+ *
+ * Design:
+ *  1. Activations are converted once per call to the weight's dot format
+ *    (Q8_0 / Q8_1 / Q8_K; float weights use x as is). The conversion is split
+ *    over threads by activation block: blocks are independent, so the result
+ *    does not depend on the split.
+ *  2. Output features are split over threads in multiples of the tile height.
+ *    n_tokens == 1 is a GEMV: each row is one quant_vec_dot, streaming the
+ *    weights once. For batches the ISA's register-blocked tile (rows x tokens,
+ *    quant_tile_kernel) computes full tiles; the ragged edges use the plain
+ *    dot. Tiles are grouped so a few weight rows stay in L1 while all token
+ *    tiles pass over them.
+ *  3. Bit-identity: quant.h's determinism model makes a tile and a single
+ *    dot perform the same integer work and the same float fold per
+ *    (row, token), so y never depends on n_tokens, the batch or nth. */
+#include "tensor/matmul.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor/quant.h"
+
+struct matmul_scratch {
+    void *act;       /* converted activations, 64-byte aligned */
+    size_t capacity; /* bytes */
+};
+
+matmul_scratch *matmul_scratch_create(void) { return calloc(1, sizeof(matmul_scratch)); }
+
+void matmul_scratch_free(matmul_scratch *s) {
+    if (!s) return;
+    free(s->act);
+    free(s);
+}
+
+static int scratch_reserve(matmul_scratch *s, size_t bytes) {
+    if (bytes <= s->capacity) return 0;
+    void *p = NULL;
+    size_t cap = bytes + bytes / 4;
+    cap = (cap + 63) & ~(size_t)63;
+    if (posix_memalign(&p, 64, cap) != 0) return -1;
+    free(s->act);
+    s->act = p;
+    s->capacity = cap;
+    return 0;
+}
+
+typedef struct matmul_task {
+    const tensor_weight *w;
+    const float *x;
+    float *y;
+    int64_t n_tokens;
+    ember_dtype act_type;
+    int act_block;          /* elements per activation block */
+    size_t act_block_bytes; /* bytes per activation block */
+    const uint8_t *act;     /* converted activations (or x itself) */
+    size_t act_row_bytes;
+    quant_dot_fn dot;
+    quant_tile_fn tile;
+    int tile_rows, tile_cols;
+} matmul_task;
+
+static void convert_task(void *ctx, int ith, int nth) {
+    const matmul_task *t = ctx;
+    int64_t blocks_per_row = t->w->n_in / t->act_block;
+    long begin, end;
+    ember_split_range((long)(blocks_per_row * t->n_tokens), 1, ith, nth, &begin, &end);
+    uint8_t *act = (uint8_t *)t->act;
+    for (long b = begin; b < end;) {
+        int64_t row = b / blocks_per_row, col = b % blocks_per_row;
+        int64_t count = blocks_per_row - col;
+        if (count > end - b) count = end - b;
+        quant_quantize_row(t->act_type, t->x + row * t->w->n_in + col * t->act_block,
+                           act + row * t->act_row_bytes + col * t->act_block_bytes,
+                           count * t->act_block);
+        b += (long)count;
+    }
+}
+
+/* Rows [o0, o1) of every token with plain dots. */
+static void dots_range(const matmul_task *t, int64_t o0, int64_t o1, int64_t t0, int64_t t1) {
+    const uint8_t *wd = t->w->data;
+    int64_t n_in = t->w->n_in, n_out = t->w->n_out;
+    for (int64_t o = o0; o < o1; o++) {
+        const uint8_t *row = wd + (size_t)o * t->w->row_bytes;
+        for (int64_t tok = t0; tok < t1; tok++)
+            t->y[tok * n_out + o] = t->dot(n_in, row, t->act + (size_t)tok * t->act_row_bytes);
+    }
+}
+
+enum { ROW_GROUP_TILES = 4 }; /* weight tiles kept hot while the tokens pass */
+
+static void compute_task(void *ctx, int ith, int nth) {
+    const matmul_task *t = ctx;
+    int64_t n_out = t->w->n_out, n_in = t->w->n_in;
+    long begin, end;
+    long granule = t->tile ? t->tile_rows : 4;
+    ember_split_range((long)n_out, granule, ith, nth, &begin, &end);
+    if (begin >= end) return;
+    if (t->n_tokens == 1 || !t->tile) {
+        dots_range(t, begin, end, 0, t->n_tokens);
+        return;
+    }
+    const int R = t->tile_rows, C = t->tile_cols;
+    const uint8_t *wd = t->w->data;
+    size_t wrb = t->w->row_bytes;
+    int64_t full_rows_end = begin + (end - begin) / R * R;
+    int64_t full_tok_end = t->n_tokens / C * C;
+    for (int64_t g = begin; g < full_rows_end; g += (int64_t)R * ROW_GROUP_TILES) {
+        int64_t g_end = g + (int64_t)R * ROW_GROUP_TILES;
+        if (g_end > full_rows_end) g_end = full_rows_end;
+        for (int64_t tok = 0; tok < full_tok_end; tok += C)
+            for (int64_t o = g; o < g_end; o += R)
+                t->tile(n_in, wd + (size_t)o * wrb, wrb, t->act + (size_t)tok * t->act_row_bytes,
+                        t->act_row_bytes, t->y + tok * n_out + o, (size_t)n_out);
+        if (full_tok_end < t->n_tokens) dots_range(t, g, g_end, full_tok_end, t->n_tokens);
+    }
+    if (full_rows_end < end) dots_range(t, full_rows_end, end, 0, t->n_tokens);
+}
+
+int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight *w,
+                  const float *x, int64_t n_tokens, float *y) {
+    const dtype_info *info = dtype_info_of((uint32_t)w->type);
+    if (!info || n_tokens <= 0) return 0;
+    matmul_task t = {
+        .w = w, .x = x, .y = y, .n_tokens = n_tokens, .act_type = info->dot_act,
+        .dot = quant_dot_kernel(w->type),
+    };
+    t.tile = quant_tile_kernel(w->type, &t.tile_rows, &t.tile_cols);
+    if (t.act_type == DT_F32) {
+        t.act = (const uint8_t *)x;
+        t.act_row_bytes = (size_t)w->n_in * sizeof(float);
+    } else {
+        const dtype_info *ai = dtype_info_of((uint32_t)t.act_type);
+        t.act_block = ai->block_elems;
+        t.act_block_bytes = (size_t)ai->block_bytes;
+        t.act_row_bytes = dtype_row_bytes(t.act_type, w->n_in);
+        if (scratch_reserve(scratch, t.act_row_bytes * (size_t)n_tokens) != 0) return -1;
+        t.act = scratch->act;
+        ember_pool_run(pool, convert_task, &t);
+    }
+    ember_pool_run(pool, compute_task, &t);
+    return 0;
+}

@@ -1,0 +1,475 @@
+/* quant_avx512.c - AVX-512 (F/BW/VL + VNNI) dot products and matmul tiles.
+ *
+ * Design: every quantized block is first brought into one "unsigned" form,
+ * u = q + offset with u in 0..255, so that vpdpbusd (unsigned x signed bytes)
+ * gives sum(u * a); the offset is paid back with activation sums
+ * (offset * sum(a)), which are exact integers. That yields the block's exact
+ * integer dot, which quant.h's quant_fold* turns into the f32 sum - the same
+ * formula as the scalar code, so results are bit-identical to it.
+ *
+ *  - 32-element (legacy) blocks: one ymm of u per block; the offset sum is a
+ *    second vpdpbusd of the activations with the broadcast offset.
+ *  - K-quant super-blocks: 4 zmm of u (256 elements in natural order),
+ *    16-bit scales per 16-element unit; pmaddubsw (u <= 63 so no saturation)
+ *    then vpdpwssd with the scales. Offsets (Q3_K, Q6_K) and mins (Q2_K,
+ *    Q4_K, Q5_K) go through the Q8_K bsums: sum_k coef_k * bsum_k.
+ *  - Tiles (4 weight rows x 4 tokens): each weight block is unpacked once
+ *    and reused for 4 tokens; the 16 per-pair integer vectors are reduced
+ *    together by a transpose-and-add tree (much cheaper than 16 separate
+ *    horizontal sums), and the fold runs on 16 lanes at once with the same
+ *    float operations (cvt, mul, fma) as the scalar fold. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "tensor/quant.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+enum { TILE = 4 };
+
+ALWAYS_INLINE float load_f16(const void *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+ALWAYS_INLINE int32_t hsum256_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Reduces 16 vectors of 8 lanes to their 16 sums: out[0] = sums 0..7, out[1] = 8..15. */
+ALWAYS_INLINE void reduce16_256(const __m256i t[16], __m256i out[2]) {
+    __m256i u[8], w[4];
+    for (int k = 0; k < 8; k++)
+        u[k] = _mm256_add_epi32(_mm256_unpacklo_epi32(t[2 * k], t[2 * k + 1]),
+                                _mm256_unpackhi_epi32(t[2 * k], t[2 * k + 1]));
+    for (int k = 0; k < 4; k++)
+        w[k] = _mm256_add_epi32(_mm256_unpacklo_epi64(u[2 * k], u[2 * k + 1]),
+                                _mm256_unpackhi_epi64(u[2 * k], u[2 * k + 1]));
+    for (int k = 0; k < 2; k++)
+        out[k] = _mm256_add_epi32(_mm256_permute2x128_si256(w[2 * k], w[2 * k + 1], 0x20),
+                                  _mm256_permute2x128_si256(w[2 * k], w[2 * k + 1], 0x31));
+}
+
+/* Reduces 16 vectors of 16 lanes to one vector holding their 16 sums. */
+ALWAYS_INLINE __m512i reduce16_512(const __m512i t[16]) {
+    __m512i u[8], w[4];
+    for (int k = 0; k < 8; k++)
+        u[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(t[2 * k], t[2 * k + 1]),
+                                _mm512_unpackhi_epi32(t[2 * k], t[2 * k + 1]));
+    for (int k = 0; k < 4; k++)
+        w[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2 * k], u[2 * k + 1]),
+                                _mm512_unpackhi_epi64(u[2 * k], u[2 * k + 1]));
+    /* w[k] holds, per 128-bit quarter, partial sums of vectors 4k..4k+3. */
+    __m512i x0 = _mm512_add_epi32(_mm512_shuffle_i32x4(w[0], w[1], 0x88),
+                                  _mm512_shuffle_i32x4(w[0], w[1], 0xdd));
+    __m512i x1 = _mm512_add_epi32(_mm512_shuffle_i32x4(w[2], w[3], 0x88),
+                                  _mm512_shuffle_i32x4(w[2], w[3], 0xdd));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(x0, x1, 0x88), _mm512_shuffle_i32x4(x0, x1, 0xdd));
+}
+
+/* ------------------------------------------------ 32-element legacy blocks */
+
+/* Unsigned form of one block (elements in natural order) and its offset. */
+ALWAYS_INLINE __m256i nibbles_32(const uint8_t *qs) {
+    __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    __m128i m = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+}
+ALWAYS_INLINE __m256i fifth_bits_32(const uint8_t *qh) {
+    uint32_t bits;
+    memcpy(&bits, qh, 4);
+    return _mm256_maskz_mov_epi8((__mmask32)bits, _mm256_set1_epi8(16));
+}
+
+ALWAYS_INLINE __m256i unpack_q4_0(const uint8_t *b) { return nibbles_32(b + 2); }
+ALWAYS_INLINE __m256i unpack_q4_1(const uint8_t *b) { return nibbles_32(b + 4); }
+ALWAYS_INLINE __m256i unpack_q5_0(const uint8_t *b) {
+    return _mm256_or_si256(nibbles_32(b + 6), fifth_bits_32(b + 2));
+}
+ALWAYS_INLINE __m256i unpack_q5_1(const uint8_t *b) {
+    return _mm256_or_si256(nibbles_32(b + 8), fifth_bits_32(b + 4));
+}
+ALWAYS_INLINE __m256i unpack_q8_0(const uint8_t *b) {
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_epi8((char)0x80));
+}
+
+/* One legacy dot and its 4x4 tile per weight type. WB: weight block bytes,
+ * AB/AQ: activation block bytes / offset of its qs, OFF: the u offset,
+ * MIN: 1 when the weight has a min (Q4_1/Q5_1 against Q8_1). */
+#define LEGACY_KERNELS(NAME, WB, AB, AQ, OFF, MIN)                                             \
+    static float dot_##NAME(int64_t n, const void *w, const void *a) {                         \
+        const uint8_t *x = w, *y = a;                                                          \
+        const __m256i offv = _mm256_set1_epi8((char)(OFF));                                    \
+        float acc = 0;                                                                         \
+        for (int64_t i = 0; i < n / 32; i++, x += (WB), y += (AB)) {                           \
+            __m256i av = _mm256_loadu_si256((const __m256i *)(y + (AQ)));                      \
+            __m256i t = _mm256_dpbusd_epi32(_mm256_setzero_si256(), unpack_##NAME(x), av);     \
+            if (OFF) t = _mm256_sub_epi32(t, _mm256_dpbusd_epi32(_mm256_setzero_si256(), offv, av)); \
+            int32_t isum = hsum256_epi32(t);                                                   \
+            if (MIN)                                                                           \
+                acc = quant_fold_q8_1(acc, isum, load_f16(x), load_f16(x + 2), load_f16(y),    \
+                                      load_f16(y + 2));                                        \
+            else                                                                               \
+                acc = quant_fold(acc, isum, load_f16(x), load_f16(y));                         \
+        }                                                                                      \
+        return acc;                                                                            \
+    }                                                                                          \
+    static void tile_##NAME(int64_t n, const void *w, size_t ws, const void *a, size_t as,     \
+                            float *yout, size_t ys) {                                          \
+        const uint8_t *x = w, *y = a;                                                          \
+        const __m256i offv = _mm256_set1_epi8((char)(OFF));                                    \
+        const __m256i rows_lo = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);                    \
+        const __m256i rows_hi = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);                    \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                         \
+        for (int64_t i = 0; i < n / 32; i++) {                                                 \
+            __m256i u[TILE], t[16];                                                            \
+            float dw[TILE], da[TILE], mw[TILE], sa[TILE];                                      \
+            for (int r = 0; r < TILE; r++) {                                                   \
+                const uint8_t *b = x + r * ws + i * (WB);                                      \
+                u[r] = unpack_##NAME(b);                                                       \
+                dw[r] = load_f16(b);                                                           \
+                if (MIN) mw[r] = load_f16(b + 2);                                              \
+            }                                                                                  \
+            for (int c = 0; c < TILE; c++) {                                                   \
+                const uint8_t *b = y + c * as + i * (AB);                                      \
+                __m256i av = _mm256_loadu_si256((const __m256i *)(b + (AQ)));                  \
+                __m256i neg = _mm256_setzero_si256();                                          \
+                if (OFF)                                                                       \
+                    neg = _mm256_sub_epi32(neg, _mm256_dpbusd_epi32(_mm256_setzero_si256(), offv, av)); \
+                da[c] = load_f16(b);                                                           \
+                if (MIN) sa[c] = load_f16(b + 2);                                              \
+                for (int r = 0; r < TILE; r++) t[r * TILE + c] = _mm256_dpbusd_epi32(neg, u[r], av); \
+            }                                                                                  \
+            __m256i isum[2];                                                                   \
+            reduce16_256(t, isum);                                                             \
+            __m256 dw4 = _mm256_castps128_ps256(_mm_loadu_ps(dw));                             \
+            __m256 da8 = _mm256_broadcast_ps((const __m128 *)da);                              \
+            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[0]),                                \
+                                   _mm256_mul_ps(_mm256_permutevar8x32_ps(dw4, rows_lo), da8), acc0); \
+            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[1]),                                \
+                                   _mm256_mul_ps(_mm256_permutevar8x32_ps(dw4, rows_hi), da8), acc1); \
+            if (MIN) {                                                                         \
+                __m256 mw4 = _mm256_castps128_ps256(_mm_loadu_ps(mw));                         \
+                __m256 sa8 = _mm256_broadcast_ps((const __m128 *)sa);                          \
+                acc0 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(mw4, rows_lo), sa8, acc0);     \
+                acc1 = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(mw4, rows_hi), sa8, acc1);     \
+            }                                                                                  \
+        }                                                                                      \
+        float out[16];                                                                         \
+        _mm256_storeu_ps(out, acc0);                                                           \
+        _mm256_storeu_ps(out + 8, acc1);                                                       \
+        for (int r = 0; r < TILE; r++)                                                         \
+            for (int c = 0; c < TILE; c++) yout[c * ys + r] = out[r * TILE + c];               \
+    }
+
+LEGACY_KERNELS(q4_0, 18, 34, 2, 8, 0)
+LEGACY_KERNELS(q4_1, 20, 36, 4, 0, 1)
+LEGACY_KERNELS(q5_0, 22, 34, 2, 16, 0)
+LEGACY_KERNELS(q5_1, 24, 36, 4, 0, 1)
+LEGACY_KERNELS(q8_0, 34, 34, 2, 128, 0)
+
+/* ------------------------------------------------------- K-quant blocks */
+
+/* One super-block in the common unsigned form. isum = sum_k sc[k] * sum(u*a
+ * over unit k) - (has_min ? 0 : sum_k coef[k] * bsum[k]); with a min,
+ * msum = sum_k coef[k] * bsum[k]. */
+typedef struct kblock {
+    __m512i u[4];     /* 256 unsigned values, natural order */
+    __m512i sc[4];    /* per 16-bit word of pmaddubsw output: its unit's scale */
+    __m256i coef;     /* 16 x int16: offset*scale, or the min, per unit */
+    float d, dmin;
+} kblock;
+
+/* Scales per unit (16 x int16) -> the 4 word patterns: chunk k, word w -> unit 4k + w/8. */
+ALWAYS_INLINE void expand_scales(__m256i unit_scales, __m512i sc[4]) {
+    __m512i src = _mm512_castsi256_si512(unit_scales);
+    for (int k = 0; k < 4; k++) {
+        __m512i idx = _mm512_add_epi16(_mm512_set1_epi16((short)(4 * k)),
+                                       _mm512_srli_epi16(_mm512_set_epi16(
+                                           31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                           15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3));
+        sc[k] = _mm512_permutexvar_epi16(idx, src);
+    }
+}
+
+ALWAYS_INLINE __m512i join256(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+ALWAYS_INLINE void unpack_q4_K(const uint8_t *p, kblock *kb) {
+    const block_q4_K *b = (const block_q4_K *)p;
+    const __m512i m4 = _mm512_set1_epi8(15);
+    for (int h = 0; h < 2; h++) {
+        __m512i q = _mm512_loadu_si512(b->qs + 64 * h);
+        __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        /* lo = [sub 4h, sub 4h+2], hi = [sub 4h+1, sub 4h+3] -> natural order */
+        kb->u[2 * h] = _mm512_shuffle_i64x2(lo, hi, 0x44);
+        kb->u[2 * h + 1] = _mm512_shuffle_i64x2(lo, hi, 0xee);
+    }
+    int16_t scales[16], mins[16];
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        quant_k4_scale_min(j, b->scales, &sc, &m);
+        scales[2 * j] = scales[2 * j + 1] = sc;
+        mins[2 * j] = mins[2 * j + 1] = m;
+    }
+    expand_scales(_mm256_loadu_si256((const __m256i *)scales), kb->sc);
+    kb->coef = _mm256_loadu_si256((const __m256i *)mins);
+    kb->d = load_f16(&b->d);
+    kb->dmin = load_f16(&b->dmin);
+}
+
+ALWAYS_INLINE void unpack_q5_K(const uint8_t *p, kblock *kb) {
+    const block_q5_K *b = (const block_q5_K *)p;
+    const __m512i m4 = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
+    __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
+    __m512i qh2 = join256(qh, qh);
+    for (int h = 0; h < 2; h++) {
+        __m512i q = _mm512_loadu_si512(b->qs + 64 * h);
+        __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        for (int k = 0; k < 2; k++) {
+            int g = 2 * h + k; /* group g: sub-blocks 2g (bit 2g) and 2g+1 (bit 2g+1) */
+            __m512i nib = _mm512_shuffle_i64x2(lo, hi, k ? 0xee : 0x44);
+            __m512i bit_lo = _mm512_srli_epi16(qh2, 2 * g);
+            __m512i bit_hi = _mm512_srli_epi16(qh2, 2 * g + 1);
+            __m512i bits = _mm512_and_si512(_mm512_mask_blend_epi64(0xf0, bit_lo, bit_hi), one);
+            kb->u[g] = _mm512_or_si512(nib, _mm512_slli_epi16(bits, 4));
+        }
+    }
+    int16_t scales[16], mins[16];
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        quant_k4_scale_min(j, b->scales, &sc, &m);
+        scales[2 * j] = scales[2 * j + 1] = sc;
+        mins[2 * j] = mins[2 * j + 1] = m;
+    }
+    expand_scales(_mm256_loadu_si256((const __m256i *)scales), kb->sc);
+    kb->coef = _mm256_loadu_si256((const __m256i *)mins);
+    kb->d = load_f16(&b->d);
+    kb->dmin = load_f16(&b->dmin);
+}
+
+ALWAYS_INLINE void unpack_q6_K(const uint8_t *p, kblock *kb) {
+    const block_q6_K *b = (const block_q6_K *)p;
+    const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
+    for (int h = 0; h < 2; h++) {
+        __m512i ql = _mm512_loadu_si512(b->ql + 64 * h);
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+        __m512i hb01 = join256(qh, _mm256_srli_epi16(qh, 2));                        /* bits 0-1, 2-3 */
+        __m512i hb23 = join256(_mm256_srli_epi16(qh, 4), _mm256_srli_epi16(qh, 6)); /* bits 4-5, 6-7 */
+        kb->u[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4),
+                                       _mm512_slli_epi16(_mm512_and_si512(hb01, m2), 4));
+        kb->u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                           _mm512_slli_epi16(_mm512_and_si512(hb23, m2), 4));
+    }
+    __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    expand_scales(sc, kb->sc);
+    kb->coef = _mm256_slli_epi16(sc, 5); /* q = u - 32 */
+    kb->d = load_f16(&b->d);
+    kb->dmin = 0;
+}
+
+/* Low 2 bits of Q2_K/Q3_K, natural order: chunk 2h+k holds bit pairs 2k, 2k+1 of qs[32h..]. */
+ALWAYS_INLINE __m512i two_bit_chunk(__m256i qs32, int pair0) {
+    const __m512i m2 = _mm512_set1_epi8(3);
+    __m512i j = join256(_mm256_srli_epi16(qs32, 2 * pair0), _mm256_srli_epi16(qs32, 2 * pair0 + 2));
+    return _mm512_and_si512(j, m2);
+}
+
+ALWAYS_INLINE void unpack_q3_K(const uint8_t *p, kblock *kb) {
+    const block_q3_K *b = (const block_q3_K *)p;
+    __m256i hm = _mm256_loadu_si256((const __m256i *)b->hmask);
+    const __m512i one = _mm512_set1_epi8(1);
+    for (int h = 0; h < 2; h++) {
+        __m256i qs = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
+        for (int k = 0; k < 2; k++) {
+            int s0 = 2 * k;
+            __m512i low = two_bit_chunk(qs, s0);
+            __m512i hb = join256(_mm256_srli_epi16(hm, 4 * h + s0), _mm256_srli_epi16(hm, 4 * h + s0 + 1));
+            kb->u[2 * h + k] = _mm512_or_si512(low, _mm512_slli_epi16(_mm512_and_si512(hb, one), 2));
+        }
+    }
+    int16_t scales[16];
+    for (int i = 0; i < 16; i++) scales[i] = (int16_t)quant_q3k_scale(i, b->scales);
+    __m256i sc = _mm256_loadu_si256((const __m256i *)scales);
+    expand_scales(sc, kb->sc);
+    kb->coef = _mm256_slli_epi16(sc, 2); /* q = u - 4 */
+    kb->d = load_f16(&b->d);
+    kb->dmin = 0;
+}
+
+ALWAYS_INLINE void unpack_q2_K(const uint8_t *p, kblock *kb) {
+    const block_q2_K *b = (const block_q2_K *)p;
+    for (int h = 0; h < 2; h++) {
+        __m256i qs = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
+        kb->u[2 * h] = two_bit_chunk(qs, 0);
+        kb->u[2 * h + 1] = two_bit_chunk(qs, 2);
+    }
+    __m256i raw = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    expand_scales(_mm256_and_si256(raw, _mm256_set1_epi16(15)), kb->sc);
+    kb->coef = _mm256_srli_epi16(raw, 4);
+    kb->d = load_f16(&b->d);
+    kb->dmin = load_f16(&b->dmin);
+}
+
+/* sum_k sc_k * sum(u*a over unit k), lanes not yet reduced. */
+ALWAYS_INLINE __m512i kdot_lanes(const kblock *kb, const int8_t *q8) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int k = 0; k < 4; k++) {
+        __m512i av = _mm512_loadu_si512(q8 + 64 * k);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(kb->u[k], av), kb->sc[k]);
+    }
+    return acc;
+}
+
+ALWAYS_INLINE int32_t hsum_madd16(__m256i a, __m256i b) {
+    return hsum256_epi32(_mm256_madd_epi16(a, b));
+}
+
+#define K_KERNELS(NAME, HAS_MIN)                                                               \
+    static float dot_##NAME(int64_t n, const void *w, const void *a) {                         \
+        const uint8_t *x = w;                                                                  \
+        const block_q8_K *y = a;                                                               \
+        float acc = 0;                                                                         \
+        for (int64_t i = 0; i < n / 256; i++) {                                                \
+            kblock kb;                                                                         \
+            unpack_##NAME(x + i * sizeof(block_##NAME), &kb);                                  \
+            __m512i lanes = kdot_lanes(&kb, y[i].qs);                                          \
+            int32_t isum = _mm512_reduce_add_epi32(lanes);                                     \
+            int32_t csum = hsum_madd16(kb.coef, _mm256_loadu_si256((const __m256i *)y[i].bsums)); \
+            if (HAS_MIN)                                                                       \
+                acc = quant_fold_min(acc, isum, csum, kb.d, kb.dmin, y[i].d);                  \
+            else                                                                               \
+                acc = quant_fold(acc, isum - csum, kb.d, y[i].d);                              \
+        }                                                                                      \
+        return acc;                                                                            \
+    }                                                                                          \
+    static void tile_##NAME(int64_t n, const void *w, size_t ws, const void *a, size_t as,     \
+                            float *yout, size_t ys) {                                          \
+        const uint8_t *x = w, *y = a;                                                          \
+        /* pair p = 4r + c: its row and token patterns for permutes */                         \
+        const __m512i row_of = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); \
+        const __m512i tok_of = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3); \
+        __m512 acc = _mm512_setzero_ps();                                                      \
+        for (int64_t i = 0; i < n / 256; i++) {                                                \
+            __m512i t[16];                                                                     \
+            float dw[TILE], dmw[TILE], da[TILE];                                               \
+            int32_t coef_w[TILE][8], bs_w[TILE][8];                                            \
+            for (int r = 0; r < TILE; r++) {                                                   \
+                kblock kb;                                                                     \
+                unpack_##NAME(x + r * ws + i * sizeof(block_##NAME), &kb);                     \
+                dw[r] = kb.d;                                                                  \
+                dmw[r] = kb.dmin;                                                              \
+                _mm256_storeu_si256((__m256i *)coef_w[r], kb.coef);                            \
+                for (int c = 0; c < TILE; c++) {                                               \
+                    const block_q8_K *yb = (const block_q8_K *)(y + c * as) + i;               \
+                    t[r * TILE + c] = kdot_lanes(&kb, yb->qs);                                 \
+                }                                                                              \
+            }                                                                                  \
+            for (int c = 0; c < TILE; c++) {                                                   \
+                const block_q8_K *yb = (const block_q8_K *)(y + c * as) + i;                   \
+                da[c] = yb->d;                                                                 \
+                memcpy(bs_w[c], yb->bsums, 32);                                                \
+            }                                                                                  \
+            __m512i isum = reduce16_512(t);                                                    \
+            /* csum[p] = sum over 8 int16 pairs of coef[row] * bsums[token] */                 \
+            __m512i cw = _mm512_loadu_si512(coef_w[0]), cw2 = _mm512_loadu_si512(coef_w[2]);   \
+            __m512i bw = _mm512_loadu_si512(bs_w[0]), bw2 = _mm512_loadu_si512(bs_w[2]);       \
+            __m512i csum = _mm512_setzero_si512();                                             \
+            for (int j = 0; j < 8; j++) {                                                      \
+                __m512i ridx = _mm512_add_epi32(_mm512_slli_epi32(row_of, 3), _mm512_set1_epi32(j)); \
+                __m512i tidx = _mm512_add_epi32(_mm512_slli_epi32(tok_of, 3), _mm512_set1_epi32(j)); \
+                csum = _mm512_dpwssd_epi32(csum, _mm512_permutex2var_epi32(cw, ridx, cw2),      \
+                                           _mm512_permutex2var_epi32(bw, tidx, bw2));           \
+            }                                                                                  \
+            __m512 dw16 = _mm512_permutexvar_ps(row_of, _mm512_castps128_ps512(_mm_loadu_ps(dw))); \
+            __m512 da16 = _mm512_permutexvar_ps(tok_of, _mm512_castps128_ps512(_mm_loadu_ps(da))); \
+            if (HAS_MIN) {                                                                     \
+                __m512 dm16 = _mm512_permutexvar_ps(row_of, _mm512_castps128_ps512(_mm_loadu_ps(dmw))); \
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw16, da16), acc); \
+                __m512 negm = _mm512_castsi512_ps(_mm512_xor_si512(                             \
+                    _mm512_castps_si512(_mm512_cvtepi32_ps(csum)), _mm512_set1_epi32((int)0x80000000u))); \
+                acc = _mm512_fmadd_ps(negm, _mm512_mul_ps(dm16, da16), acc);                   \
+            } else {                                                                           \
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum, csum)),         \
+                                      _mm512_mul_ps(dw16, da16), acc);                         \
+            }                                                                                  \
+        }                                                                                      \
+        float out[16];                                                                         \
+        _mm512_storeu_ps(out, acc);                                                            \
+        for (int r = 0; r < TILE; r++)                                                         \
+            for (int c = 0; c < TILE; c++) yout[c * ys + r] = out[r * TILE + c];               \
+    }
+
+K_KERNELS(q2_K, 1)
+K_KERNELS(q3_K, 0)
+K_KERNELS(q4_K, 1)
+K_KERNELS(q5_K, 1)
+K_KERNELS(q6_K, 0)
+
+/* ---------------------------------------------------------- float rows */
+
+/* 16 lanes x 2 accumulators, fixed order; deterministic for this ISA. */
+#define FLOAT_DOT(NAME, LOADW)                                                                 \
+    static float dot_##NAME(int64_t n, const void *w, const void *a) {                         \
+        const uint8_t *x = w;                                                                  \
+        const float *y = a;                                                                    \
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();                         \
+        int64_t i = 0;                                                                         \
+        for (; i + 32 <= n; i += 32) {                                                         \
+            acc0 = _mm512_fmadd_ps(LOADW(x, i), _mm512_loadu_ps(y + i), acc0);                 \
+            acc1 = _mm512_fmadd_ps(LOADW(x, i + 16), _mm512_loadu_ps(y + i + 16), acc1);       \
+        }                                                                                      \
+        for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(LOADW(x, i), _mm512_loadu_ps(y + i), acc0); \
+        if (i < n) {                                                                           \
+            __mmask16 m = (__mmask16)((1u << (n - i)) - 1);                                    \
+            acc1 = _mm512_fmadd_ps(LOADW##_MASKED(x, i, m), _mm512_maskz_loadu_ps(m, y + i), acc1); \
+        }                                                                                      \
+        return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));                                \
+    }
+
+#define LOAD_F32(x, i) _mm512_loadu_ps((const float *)(x) + (i))
+#define LOAD_F32_MASKED(x, i, m) _mm512_maskz_loadu_ps(m, (const float *)(x) + (i))
+#define LOAD_F16(x, i) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((x) + 2 * (i))))
+#define LOAD_F16_MASKED(x, i, m) _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (x) + 2 * (i)))
+#define LOAD_BF16(x, i) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((x) + 2 * (i)))), 16))
+#define LOAD_BF16_MASKED(x, i, m) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (x) + 2 * (i))), 16))
+
+FLOAT_DOT(f32, LOAD_F32)
+FLOAT_DOT(f16, LOAD_F16)
+FLOAT_DOT(bf16, LOAD_BF16)
+
+void quant_avx512_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[DT_COUNT],
+                          int *tile_rows, int *tile_cols) {
+    dots[DT_F32] = dot_f32;
+    dots[DT_F16] = dot_f16;
+    dots[DT_BF16] = dot_bf16;
+    dots[DT_Q4_0] = dot_q4_0;
+    dots[DT_Q4_1] = dot_q4_1;
+    dots[DT_Q5_0] = dot_q5_0;
+    dots[DT_Q5_1] = dot_q5_1;
+    dots[DT_Q8_0] = dot_q8_0;
+    dots[DT_Q2_K] = dot_q2_K;
+    dots[DT_Q3_K] = dot_q3_K;
+    dots[DT_Q4_K] = dot_q4_K;
+    dots[DT_Q5_K] = dot_q5_K;
+    dots[DT_Q6_K] = dot_q6_K;
+    tiles[DT_Q4_0] = tile_q4_0;
+    tiles[DT_Q4_1] = tile_q4_1;
+    tiles[DT_Q5_0] = tile_q5_0;
+    tiles[DT_Q5_1] = tile_q5_1;
+    tiles[DT_Q8_0] = tile_q8_0;
+    tiles[DT_Q2_K] = tile_q2_K;
+    tiles[DT_Q3_K] = tile_q3_K;
+    tiles[DT_Q4_K] = tile_q4_K;
+    tiles[DT_Q5_K] = tile_q5_K;
+    tiles[DT_Q6_K] = tile_q6_K;
+    *tile_rows = TILE;
+    *tile_cols = TILE;
+}

@@ -1,0 +1,125 @@
+/* test_matmul.c - tensor_matmul is bit-identical to quant_vec_dot row by row
+ * for every type, batch size (1, 3, 7, 64, 100), thread count (1, 2) and
+ * available ISA: the batch-invariance invariant the engine relies on. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/threadpool.h"
+#include "tensor/matmul.h"
+#include "tensor/quant.h"
+
+static uint64_t tm_rng = 0x2545f4914f6cdd1dull;
+static float tm_uniform(void) {
+    tm_rng ^= tm_rng << 13;
+    tm_rng ^= tm_rng >> 7;
+    tm_rng ^= tm_rng << 17;
+    return (float)((tm_rng >> 40) / (double)(1 << 24)) * 2.0f - 1.0f;
+}
+
+static const ember_dtype tm_types[] = {DT_F32,  DT_F16,  DT_BF16, DT_Q4_0, DT_Q4_1,
+                                       DT_Q5_0, DT_Q5_1, DT_Q8_0, DT_Q2_K, DT_Q3_K,
+                                       DT_Q4_K, DT_Q5_K, DT_Q6_K};
+
+static void check_type(ember_dtype type, ember_pool *pool, matmul_scratch *scratch) {
+    const int64_t n_in = 512, n_out = 37; /* ragged against a 4-row tile */
+    const int64_t token_counts[] = {1, 3, 7, 64, 100};
+    const int64_t max_tokens = 100;
+    size_t row_bytes = dtype_row_bytes(type, n_in);
+    uint8_t *wdata = malloc(row_bytes * n_out);
+    float *row = malloc(n_in * sizeof(float));
+    for (int64_t o = 0; o < n_out; o++) {
+        for (int64_t i = 0; i < n_in; i++) row[i] = tm_uniform() * 0.05f;
+        quant_quantize_row(type, row, wdata + o * row_bytes, n_in);
+    }
+    float *x = malloc(max_tokens * n_in * sizeof(float));
+    for (int64_t i = 0; i < max_tokens * n_in; i++) x[i] = tm_uniform() * 2;
+    tensor_weight w = {.type = type, .n_in = n_in, .n_out = n_out, .row_bytes = row_bytes, .data = wdata};
+
+    /* Reference: each activation row converted alone, one dot per output. */
+    ember_dtype act = dtype_info_of(type)->dot_act;
+    size_t act_bytes = dtype_row_bytes(act, n_in);
+    uint8_t *a = malloc(act_bytes);
+    float *ref = malloc(max_tokens * n_out * sizeof(float));
+    float *y = malloc(max_tokens * n_out * sizeof(float));
+    for (int64_t t = 0; t < max_tokens; t++) {
+        quant_quantize_row(act, x + t * n_in, a, n_in);
+        for (int64_t o = 0; o < n_out; o++)
+            ref[t * n_out + o] = quant_vec_dot(type, n_in, wdata + o * row_bytes, a);
+    }
+    for (size_t k = 0; k < sizeof token_counts / sizeof token_counts[0]; k++) {
+        int64_t nt = token_counts[k];
+        /* Offset the batch so tokens are compared in different tile slots. */
+        int64_t first = (k % 2) ? max_tokens - nt : 0;
+        memset(y, 0xff, nt * n_out * sizeof(float));
+        assert_int_equal(tensor_matmul(pool, scratch, &w, x + first * n_in, nt, y), 0);
+        if (memcmp(y, ref + first * n_out, nt * n_out * sizeof(float)) != 0) {
+            for (int64_t i = 0; i < nt * n_out; i++)
+                if (memcmp(&y[i], &ref[first * n_out + i], 4) != 0)
+                    fail_msg("%s isa=%s threads=%d n_tokens=%lld: y[%lld][%lld] %.9g != dot %.9g",
+                             dtype_info_of(type)->name, quant_isa_name(quant_get_isa()),
+                             ember_pool_size(pool), (long long)nt, (long long)(i / n_out),
+                             (long long)(i % n_out), y[i], ref[first * n_out + i]);
+        }
+    }
+    free(wdata), free(row), free(x), free(a), free(ref), free(y);
+}
+
+static void test_bit_identity(void **state) {
+    (void)state;
+    quant_isa best = quant_best_isa();
+    matmul_scratch *scratch = matmul_scratch_create();
+    for (int threads = 1; threads <= 2; threads++) {
+        ember_pool *pool = ember_pool_create(threads);
+        for (int isa = 0; isa <= (int)best; isa++) {
+            assert_true(quant_set_isa((quant_isa)isa));
+            for (size_t t = 0; t < sizeof tm_types / sizeof tm_types[0]; t++)
+                check_type(tm_types[t], pool, scratch);
+        }
+        ember_pool_free(pool);
+    }
+    quant_set_isa(best);
+    matmul_scratch_free(scratch);
+}
+
+/* Quantized results do not depend on the ISA at all (shared integer fold). */
+static void test_isa_agreement(void **state) {
+    (void)state;
+    quant_isa best = quant_best_isa();
+    const int64_t n_in = 256, n_out = 8, nt = 9;
+    const ember_dtype types[] = {DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_Q4_0};
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        size_t rb = dtype_row_bytes(types[k], n_in);
+        uint8_t *wd = malloc(rb * n_out);
+        float *row = malloc(n_in * sizeof(float)), *x = malloc(nt * n_in * sizeof(float));
+        for (int64_t o = 0; o < n_out; o++) {
+            for (int64_t i = 0; i < n_in; i++) row[i] = tm_uniform();
+            quant_quantize_row(types[k], row, wd + o * rb, n_in);
+        }
+        for (int64_t i = 0; i < nt * n_in; i++) x[i] = tm_uniform();
+        tensor_weight w = {.type = types[k], .n_in = n_in, .n_out = n_out, .row_bytes = rb, .data = wd};
+        float y0[8 * 9], y1[8 * 9];
+        matmul_scratch *s = matmul_scratch_create();
+        quant_set_isa(QUANT_ISA_SCALAR);
+        tensor_matmul(NULL, s, &w, x, nt, y0);
+        quant_set_isa(best);
+        tensor_matmul(NULL, s, &w, x, nt, y1);
+        assert_memory_equal(y0, y1, sizeof y0);
+        matmul_scratch_free(s);
+        free(wd), free(row), free(x);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bit_identity),
+        cmocka_unit_test(test_isa_agreement),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
