@@ -1,0 +1,147 @@
+/* test_cli.c - the `ember` command end to end, as a user runs it:
+ * run (greedy text equals the golden continuation), logits (file equals the
+ * in-process logits bit for bit), inspect (reports the cache stack),
+ * tokenize (ids equal the golden prompt ids), and bad arguments (exit 2). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "model/model.h"
+#include "test_util.h"
+
+/* Runs a shell command, returns its exit status and stdout (malloc'd). */
+static int run_capture(const char *cmd, char **out) {
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += got;
+        if (n + 1 >= cap) buf = realloc(buf, cap *= 2);
+    }
+    buf[n] = '\0';
+    int status = pclose(p);
+    *out = buf;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static const char *bin_or_skip(void) {
+    const char *bin = ember_binary();
+    if (bin == NULL) print_message("skipping: EMBER_BIN is not set (run under ctest)\n");
+    return bin;
+}
+
+static void test_run_greedy_matches_golden(void **state) {
+    (void)state;
+    const char *bin = bin_or_skip();
+    if (bin == NULL) skip();
+    REQUIRE_FIXTURE(model_path, "models/stories260K.gguf");
+    char cmd[2048], *out;
+    snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon a time' -n 32 --threads 2 2>/dev/null", bin, model_path);
+    assert_int_equal(run_capture(cmd, &out), 0);
+    /* golden/greedy.jsonl, second line: the 32-token continuation of this prompt */
+    assert_non_null(strstr(out, ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw"));
+    free(out);
+}
+
+static void test_logits_file_matches_in_process(void **state) {
+    (void)state;
+    const char *bin = bin_or_skip();
+    if (bin == NULL) skip();
+    REQUIRE_FIXTURE(model_path, "models/stories260K.gguf");
+    char *dir = make_temp_dir();
+    char out_path[512], cmd[2048], *out;
+    snprintf(out_path, sizeof out_path, "%s/logits.f32", dir);
+    snprintf(cmd, sizeof cmd, "%s logits %s --tokens 1,403,407,261,378 --out %s 2>/dev/null", bin, model_path, out_path);
+    assert_int_equal(run_capture(cmd, &out), 0);
+    free(out);
+    size_t size;
+    float *file = read_whole_file(out_path, &size);
+    assert_int_equal(size, 5 * 512 * sizeof(float));
+
+    ember_error err;
+    model *m = model_load(model_path, &err);
+    kv_pool_config cfg;
+    model_kv_config(m, 4, &cfg);
+    kv_pool *pool = kv_pool_create(&cfg, &err);
+    model_ctx *ctx = model_ctx_create(m, pool, 1, 8, &err);
+    kv_seq seq;
+    kv_seq_init(&seq);
+    float *mine = malloc(5 * 512 * sizeof(float));
+    const int32_t ids[5] = {1, 403, 407, 261, 378};
+    assert_int_equal(model_eval(ctx, &seq, ids, 5, true, mine, &err), 0);
+    assert_memory_equal(file, mine, 5 * 512 * sizeof(float));
+    kv_seq_release(pool, &seq);
+    model_ctx_free(ctx);
+    kv_pool_free(pool);
+    model_free(m);
+    free(mine);
+    free(file);
+    remove_tree(dir);
+    free(dir);
+}
+
+static void test_inspect_and_tokenize(void **state) {
+    (void)state;
+    const char *bin = bin_or_skip();
+    if (bin == NULL) skip();
+    REQUIRE_FIXTURE(model_path, "reference/qwen3moe-f32.gguf");
+    char cmd[2048], *out;
+    snprintf(cmd, sizeof cmd, "%s inspect %s", bin, model_path);
+    assert_int_equal(run_capture(cmd, &out), 0);
+    assert_non_null(strstr(out, "cache stack summary: 3 kv / 0 rot / 0 arr / 0 list / 0 other"));
+    assert_non_null(strstr(out, "experts: 4, 2 used per token"));
+    assert_non_null(strstr(out, "blk.0.ffn_gate_exps.weight"));
+    free(out);
+    REQUIRE_FIXTURE(stories, "models/stories260K.gguf");
+    snprintf(cmd, sizeof cmd, "%s tokenize %s -p 'Once upon a time'", bin, stories);
+    assert_int_equal(run_capture(cmd, &out), 0);
+    /* prompt_ids of the golden file's second line start with BOS */
+    assert_true(strncmp(out, "1\n", 2) == 0);
+    int lines = 0;
+    for (char *p = out; *p; p++) lines += *p == '\n';
+    assert_int_equal(lines, 5);
+    free(out);
+}
+
+static void test_bad_arguments(void **state) {
+    (void)state;
+    const char *bin = bin_or_skip();
+    if (bin == NULL) skip();
+    char cmd[2048], *out;
+    snprintf(cmd, sizeof cmd, "%s run 2>&1", bin);
+    assert_int_equal(run_capture(cmd, &out), 2);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s frobnicate 2>&1", bin);
+    assert_int_equal(run_capture(cmd, &out), 2);
+    assert_non_null(strstr(out, "unknown command"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s run /nonexistent.gguf -p hi 2>&1", bin);
+    assert_int_equal(run_capture(cmd, &out), 1);
+    assert_non_null(strstr(out, "cannot open"));
+    free(out);
+    char *dir = make_temp_dir();
+    char junk[512];
+    snprintf(junk, sizeof junk, "%s/junk.gguf", dir);
+    FILE *fp = fopen(junk, "wb");
+    fputs("this is not a model file\n", fp);
+    fclose(fp);
+    snprintf(cmd, sizeof cmd, "%s run %s -p hi 2>&1", bin, junk);
+    assert_int_equal(run_capture(cmd, &out), 1);
+    assert_non_null(strstr(out, "magic"));
+    free(out);
+    remove_tree(dir);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_run_greedy_matches_golden),
+        cmocka_unit_test(test_logits_file_matches_in_process),
+        cmocka_unit_test(test_inspect_and_tokenize),
+        cmocka_unit_test(test_bad_arguments),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
