@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include "test_util.h"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -591,6 +592,116 @@ static void test_gguf_roundtrip(void **state) {
     if (have_corpus) corpus_free(&c);
 }
 
+/* Every pre-tokenizer name family compiles, splits and round-trips text; an
+ * unknown name is a clean load error. Uses the built-in vocabulary with the
+ * pre key replaced. */
+static void test_all_pretokenizers(void **state) {
+    (void)state;
+    static const char *const names[] = {
+        "llama-bpe", "dbrx", "qwen2", "qwen35", "gpt-2", "starcoder", "falcon", "default",
+        "deepseek-coder", "deepseek-llm", "deepseek-v3", "gpt-4o", "tekken", "chameleon",
+        "no-such-pre"};
+    const char *text = "Hello, World! It's 12345 caf\xC3\xA9s.\n\n  \tC\xE1\xBB\xAD" "a Vi\xE1\xBB\x87t "
+                       "\xE4\xBD\xA0\xE5\xA5\xBD \xF0\x9F\xA6\x99 HELLOworld don'T   end  ";
+    ember_error err = {{0}};
+    tokenizer *base = tokenizer_builtin_bytes(&err);
+    assert_non_null(base);
+    char *dir = make_temp_dir();
+    char path[1200];
+    snprintf(path, sizeof path, "%s/pre.gguf", dir);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        gguf_writer *w = gguf_writer_create();
+        assert_int_equal(tokenizer_write_gguf_keys(base, w, &err), 0);
+        gguf_writer_set_str(w, "tokenizer.ggml.pre", names[i]);
+        assert_int_equal(gguf_writer_write(w, path, &err), 0);
+        gguf_writer_free(w);
+        tokenizer *t = load_gguf_tokenizer(path, &err);
+        if (strcmp(names[i], "no-such-pre") == 0) {
+            assert_null(t);
+            assert_non_null(strstr(err.msg, "unsupported pre-tokenizer 'no-such-pre'"));
+            continue;
+        }
+        if (t == NULL) fail_msg("%s: %s", names[i], err.msg);
+        int32_t *ids;
+        size_t n;
+        char *dec;
+        size_t len;
+        assert_int_equal(tokenizer_encode(t, text, strlen(text), false, false, &ids, &n, &err), 0);
+        assert_int_equal(tokenizer_decode(t, ids, n, false, &dec, &len, &err), 0);
+        assert_string_equal(dec, text);
+        free(dec);
+        free(ids);
+        tokenizer_free(t);
+    }
+    remove_tree(dir);
+    free(dir);
+    tokenizer_free(base);
+}
+
+/* ---- llama.cpp's own tokenizations of the reference fixture prompts ---- */
+
+/* Each reference/NAME.json records the prompt text and the ids llama.cpp
+ * produced for it (add_special = true, parse_special = false) from
+ * NAME.gguf's vocabulary, and the vocabulary texts of its greedy tokens. */
+static void test_reference_prompts(void **state) {
+    (void)state;
+    REQUIRE_FIXTURE(dir_path, "reference");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", dir_path);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *de;
+    int checked = 0;
+    while ((de = readdir(d)) != NULL) {
+        size_t len = strlen(de->d_name);
+        if (len < 6 || strcmp(de->d_name + len - 5, ".json") != 0 || strcmp(de->d_name, "index.json") == 0)
+            continue;
+        char path[1400];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        char *text = read_whole_file(path, NULL);
+        assert_non_null(text);
+        cJSON *json = cJSON_Parse(text);
+        free(text);
+        assert_non_null(json);
+        const cJSON *model = cJSON_GetObjectItem(json, "model_file");
+        const cJSON *prompt = cJSON_GetObjectItem(json, "prompt");
+        const cJSON *ptext = cJSON_GetObjectItem(prompt, "text");
+        const cJSON *pids = cJSON_GetObjectItem(prompt, "ids");
+        if (!cJSON_IsString(model) || !cJSON_IsString(ptext) || !cJSON_IsArray(pids)) {
+            cJSON_Delete(json);
+            continue;
+        }
+        snprintf(path, sizeof path, "%s/%s", dir, model->valuestring);
+        ember_error err = {{0}};
+        tokenizer *t = load_gguf_tokenizer(path, &err);
+        if (t == NULL) fail_msg("%s: %s", path, err.msg);
+        bool add_special = cJSON_IsTrue(cJSON_GetObjectItem(prompt, "add_special"));
+        bool parse_special = cJSON_IsTrue(cJSON_GetObjectItem(prompt, "parse_special"));
+        int32_t *ids;
+        size_t n;
+        assert_int_equal(tokenizer_encode(t, ptext->valuestring, strlen(ptext->valuestring), add_special,
+                                          parse_special, &ids, &n, &err), 0);
+        assert_int_equal(n, (size_t)cJSON_GetArraySize(pids));
+        for (size_t i = 0; i < n; i++) assert_int_equal(ids[i], cJSON_GetArrayItem(pids, (int)i)->valueint);
+        free(ids);
+        const cJSON *greedy = cJSON_GetObjectItem(json, "greedy");
+        const cJSON *gids = cJSON_GetObjectItem(greedy, "ids"), *pieces = cJSON_GetObjectItem(greedy, "pieces");
+        for (int i = 0; i < cJSON_GetArraySize(pieces) && i < cJSON_GetArraySize(gids); i++) {
+            const char *want = cJSON_GetArrayItem(pieces, i)->valuestring;
+            size_t tl;
+            const char *got = tokenizer_token_text(t, cJSON_GetArrayItem(gids, i)->valueint, &tl);
+            assert_non_null(got);
+            assert_string_equal(got, want);
+        }
+        tokenizer_free(t);
+        cJSON_Delete(json);
+        checked++;
+    }
+    closedir(d);
+    print_message("reference prompts: %d fixtures tokenized exactly as llama.cpp did\n", checked);
+    assert_true(checked > 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vocab_corpora),
@@ -602,6 +713,8 @@ int main(void) {
         cmocka_unit_test(test_unsupported_model),
         cmocka_unit_test(test_builtin),
         cmocka_unit_test(test_gguf_roundtrip),
+        cmocka_unit_test(test_reference_prompts),
+        cmocka_unit_test(test_all_pretokenizers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,32 +21,25 @@
 
 /* ---- UTF-8 and the GPT-2 byte table ---- */
 
+/* The 68 unprintable bytes are 0x00-0x20, 0x7F-0xA0 and 0xAD; numbered in
+ * increasing order from U+0100 they occupy three contiguous runs, so both
+ * directions have a closed form (no shared table to initialise). */
 uint32_t tok_byte_to_codepoint(uint8_t b) {
-    /* Printable bytes keep their code point; the 68 others are numbered from
-     * U+0100 in increasing byte order. */
-    if ((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE) return b;
-    uint32_t rank = 0;
-    for (unsigned c = 0; c < b; c++) {
-        bool printable = (c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE;
-        if (!printable) rank++;
-    }
-    return 0x100 + rank;
+    if (b <= 0x20) return 0x100u + b;
+    if (b >= 0x7F && b <= 0xA0) return 0x121u + (uint32_t)(b - 0x7F);
+    if (b == 0xAD) return 0x143u;
+    return b; /* printable: maps to itself */
 }
 
 int tok_codepoint_to_byte(uint32_t cp) {
-    static int16_t inverse[0x100 + 68];
-    static bool ready;
-    if (!ready) {
-        /* Benign if two threads race: both write identical values. */
-        for (int b = 0; b < 256; b++) inverse[tok_byte_to_codepoint((uint8_t)b)] = (int16_t)b;
-        ready = true;
-    }
-    if (cp >= 0x100 + 68) return -1;
-    if (cp < 0x100) {
+    if (cp <= 0xFF) {
         bool printable = (cp >= 0x21 && cp <= 0x7E) || (cp >= 0xA1 && cp <= 0xAC) || cp >= 0xAE;
         return printable ? (int)cp : -1;
     }
-    return inverse[cp];
+    if (cp <= 0x120) return (int)(cp - 0x100);
+    if (cp <= 0x142) return (int)(0x7F + (cp - 0x121));
+    if (cp == 0x143) return 0xAD;
+    return -1;
 }
 
 int tok_utf8_put(uint32_t cp, char *out) {
