@@ -398,7 +398,7 @@ static void quant_q5_1(const float *x, block_q5_1 *b, int64_t nb) {
 static void quant_q8_0(const float *x, block_q8_0 *b, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += QK) {
         float amax = 0;
-        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        for (int j = 0; j < QK; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
         float d = amax / 127, id = d ? 1.0f / d : 0.0f;
         b[i].d = quant_f32_to_f16(d);
         for (int j = 0; j < QK; j++) b[i].qs[j] = (int8_t)round_half_away(x[j] * id);
@@ -408,7 +408,7 @@ static void quant_q8_0(const float *x, block_q8_0 *b, int64_t nb) {
 static void quant_q8_1(const float *x, block_q8_1 *b, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += QK) {
         float amax = 0;
-        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        for (int j = 0; j < QK; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
         float d = amax / 127, id = d ? 1.0f / d : 0.0f;
         b[i].d = quant_f32_to_f16(d);
         int sum = 0;

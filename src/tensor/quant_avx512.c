@@ -24,6 +24,8 @@
 #include "tensor/quant.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
+/* Small fixed loops must be fully unrolled so that tile arrays live in registers. */
+#define UNROLL _Pragma("GCC unroll 16")
 
 enum { TILE = 4 };
 
@@ -43,12 +45,15 @@ ALWAYS_INLINE int32_t hsum256_epi32(__m256i v) {
 /* Reduces 16 vectors of 8 lanes to their 16 sums: out[0] = sums 0..7, out[1] = 8..15. */
 ALWAYS_INLINE void reduce16_256(const __m256i t[16], __m256i out[2]) {
     __m256i u[8], w[4];
+    UNROLL
     for (int k = 0; k < 8; k++)
         u[k] = _mm256_add_epi32(_mm256_unpacklo_epi32(t[2 * k], t[2 * k + 1]),
                                 _mm256_unpackhi_epi32(t[2 * k], t[2 * k + 1]));
+    UNROLL
     for (int k = 0; k < 4; k++)
         w[k] = _mm256_add_epi32(_mm256_unpacklo_epi64(u[2 * k], u[2 * k + 1]),
                                 _mm256_unpackhi_epi64(u[2 * k], u[2 * k + 1]));
+    UNROLL
     for (int k = 0; k < 2; k++)
         out[k] = _mm256_add_epi32(_mm256_permute2x128_si256(w[2 * k], w[2 * k + 1], 0x20),
                                   _mm256_permute2x128_si256(w[2 * k], w[2 * k + 1], 0x31));
@@ -57,9 +62,11 @@ ALWAYS_INLINE void reduce16_256(const __m256i t[16], __m256i out[2]) {
 /* Reduces 16 vectors of 16 lanes to one vector holding their 16 sums. */
 ALWAYS_INLINE __m512i reduce16_512(const __m512i t[16]) {
     __m512i u[8], w[4];
+    UNROLL
     for (int k = 0; k < 8; k++)
         u[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(t[2 * k], t[2 * k + 1]),
                                 _mm512_unpackhi_epi32(t[2 * k], t[2 * k + 1]));
+    UNROLL
     for (int k = 0; k < 4; k++)
         w[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2 * k], u[2 * k + 1]),
                                 _mm512_unpackhi_epi64(u[2 * k], u[2 * k + 1]));
@@ -128,12 +135,14 @@ ALWAYS_INLINE __m256i unpack_q8_0(const uint8_t *b) {
         for (int64_t i = 0; i < n / 32; i++) {                                                 \
             __m256i u[TILE], t[16];                                                            \
             float dw[TILE], da[TILE], mw[TILE], sa[TILE];                                      \
+            UNROLL                                                                             \
             for (int r = 0; r < TILE; r++) {                                                   \
                 const uint8_t *b = x + r * ws + i * (WB);                                      \
                 u[r] = unpack_##NAME(b);                                                       \
                 dw[r] = load_f16(b);                                                           \
                 if (MIN) mw[r] = load_f16(b + 2);                                              \
             }                                                                                  \
+            UNROLL                                                                             \
             for (int c = 0; c < TILE; c++) {                                                   \
                 const uint8_t *b = y + c * as + i * (AB);                                      \
                 __m256i av = _mm256_loadu_si256((const __m256i *)(b + (AQ)));                  \
@@ -142,6 +151,7 @@ ALWAYS_INLINE __m256i unpack_q8_0(const uint8_t *b) {
                     neg = _mm256_sub_epi32(neg, _mm256_dpbusd_epi32(_mm256_setzero_si256(), offv, av)); \
                 da[c] = load_f16(b);                                                           \
                 if (MIN) sa[c] = load_f16(b + 2);                                              \
+                UNROLL                                                                               \
                 for (int r = 0; r < TILE; r++) t[r * TILE + c] = _mm256_dpbusd_epi32(neg, u[r], av); \
             }                                                                                  \
             __m256i isum[2];                                                                   \
@@ -162,7 +172,9 @@ ALWAYS_INLINE __m256i unpack_q8_0(const uint8_t *b) {
         float out[16];                                                                         \
         _mm256_storeu_ps(out, acc0);                                                           \
         _mm256_storeu_ps(out + 8, acc1);                                                       \
+        UNROLL                                                                                 \
         for (int r = 0; r < TILE; r++)                                                         \
+            UNROLL                                                                             \
             for (int c = 0; c < TILE; c++) yout[c * ys + r] = out[r * TILE + c];               \
     }
 
@@ -187,6 +199,7 @@ typedef struct kblock {
 /* Scales per unit (16 x int16) -> the 4 word patterns: chunk k, word w -> unit 4k + w/8. */
 ALWAYS_INLINE void expand_scales(__m256i unit_scales, __m512i sc[4]) {
     __m512i src = _mm512_castsi256_si512(unit_scales);
+    UNROLL
     for (int k = 0; k < 4; k++) {
         __m512i idx = _mm512_add_epi16(_mm512_set1_epi16((short)(4 * k)),
                                        _mm512_srli_epi16(_mm512_set_epi16(
@@ -203,6 +216,7 @@ ALWAYS_INLINE __m512i join256(__m256i lo, __m256i hi) {
 ALWAYS_INLINE void unpack_q4_K(const uint8_t *p, kblock *kb) {
     const block_q4_K *b = (const block_q4_K *)p;
     const __m512i m4 = _mm512_set1_epi8(15);
+    UNROLL
     for (int h = 0; h < 2; h++) {
         __m512i q = _mm512_loadu_si512(b->qs + 64 * h);
         __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
@@ -211,6 +225,7 @@ ALWAYS_INLINE void unpack_q4_K(const uint8_t *p, kblock *kb) {
         kb->u[2 * h + 1] = _mm512_shuffle_i64x2(lo, hi, 0xee);
     }
     int16_t scales[16], mins[16];
+    UNROLL
     for (int j = 0; j < 8; j++) {
         uint8_t sc, m;
         quant_k4_scale_min(j, b->scales, &sc, &m);
@@ -228,12 +243,14 @@ ALWAYS_INLINE void unpack_q5_K(const uint8_t *p, kblock *kb) {
     const __m512i m4 = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
     __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
     __m512i qh2 = join256(qh, qh);
+    UNROLL
     for (int h = 0; h < 2; h++) {
         __m512i q = _mm512_loadu_si512(b->qs + 64 * h);
         __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        UNROLL
         for (int k = 0; k < 2; k++) {
             int g = 2 * h + k; /* group g: sub-blocks 2g (bit 2g) and 2g+1 (bit 2g+1) */
-            __m512i nib = _mm512_shuffle_i64x2(lo, hi, k ? 0xee : 0x44);
+            __m512i nib = k ? _mm512_shuffle_i64x2(lo, hi, 0xee) : _mm512_shuffle_i64x2(lo, hi, 0x44);
             __m512i bit_lo = _mm512_srli_epi16(qh2, 2 * g);
             __m512i bit_hi = _mm512_srli_epi16(qh2, 2 * g + 1);
             __m512i bits = _mm512_and_si512(_mm512_mask_blend_epi64(0xf0, bit_lo, bit_hi), one);
@@ -241,6 +258,7 @@ ALWAYS_INLINE void unpack_q5_K(const uint8_t *p, kblock *kb) {
         }
     }
     int16_t scales[16], mins[16];
+    UNROLL
     for (int j = 0; j < 8; j++) {
         uint8_t sc, m;
         quant_k4_scale_min(j, b->scales, &sc, &m);
@@ -256,6 +274,7 @@ ALWAYS_INLINE void unpack_q5_K(const uint8_t *p, kblock *kb) {
 ALWAYS_INLINE void unpack_q6_K(const uint8_t *p, kblock *kb) {
     const block_q6_K *b = (const block_q6_K *)p;
     const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
+    UNROLL
     for (int h = 0; h < 2; h++) {
         __m512i ql = _mm512_loadu_si512(b->ql + 64 * h);
         __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
@@ -284,8 +303,10 @@ ALWAYS_INLINE void unpack_q3_K(const uint8_t *p, kblock *kb) {
     const block_q3_K *b = (const block_q3_K *)p;
     __m256i hm = _mm256_loadu_si256((const __m256i *)b->hmask);
     const __m512i one = _mm512_set1_epi8(1);
+    UNROLL
     for (int h = 0; h < 2; h++) {
         __m256i qs = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
+        UNROLL
         for (int k = 0; k < 2; k++) {
             int s0 = 2 * k;
             __m512i low = two_bit_chunk(qs, s0);
@@ -294,6 +315,7 @@ ALWAYS_INLINE void unpack_q3_K(const uint8_t *p, kblock *kb) {
         }
     }
     int16_t scales[16];
+    UNROLL
     for (int i = 0; i < 16; i++) scales[i] = (int16_t)quant_q3k_scale(i, b->scales);
     __m256i sc = _mm256_loadu_si256((const __m256i *)scales);
     expand_scales(sc, kb->sc);
@@ -304,6 +326,7 @@ ALWAYS_INLINE void unpack_q3_K(const uint8_t *p, kblock *kb) {
 
 ALWAYS_INLINE void unpack_q2_K(const uint8_t *p, kblock *kb) {
     const block_q2_K *b = (const block_q2_K *)p;
+    UNROLL
     for (int h = 0; h < 2; h++) {
         __m256i qs = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
         kb->u[2 * h] = two_bit_chunk(qs, 0);
@@ -319,6 +342,7 @@ ALWAYS_INLINE void unpack_q2_K(const uint8_t *p, kblock *kb) {
 /* sum_k sc_k * sum(u*a over unit k), lanes not yet reduced. */
 ALWAYS_INLINE __m512i kdot_lanes(const kblock *kb, const int8_t *q8) {
     __m512i acc = _mm512_setzero_si512();
+    UNROLL
     for (int k = 0; k < 4; k++) {
         __m512i av = _mm512_loadu_si512(q8 + 64 * k);
         acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(kb->u[k], av), kb->sc[k]);
@@ -359,17 +383,20 @@ ALWAYS_INLINE int32_t hsum_madd16(__m256i a, __m256i b) {
             __m512i t[16];                                                                     \
             float dw[TILE], dmw[TILE], da[TILE];                                               \
             int32_t coef_w[TILE][8], bs_w[TILE][8];                                            \
+            UNROLL                                                                             \
             for (int r = 0; r < TILE; r++) {                                                   \
                 kblock kb;                                                                     \
                 unpack_##NAME(x + r * ws + i * sizeof(block_##NAME), &kb);                     \
                 dw[r] = kb.d;                                                                  \
                 dmw[r] = kb.dmin;                                                              \
                 _mm256_storeu_si256((__m256i *)coef_w[r], kb.coef);                            \
+                UNROLL                                                                         \
                 for (int c = 0; c < TILE; c++) {                                               \
                     const block_q8_K *yb = (const block_q8_K *)(y + c * as) + i;               \
                     t[r * TILE + c] = kdot_lanes(&kb, yb->qs);                                 \
                 }                                                                              \
             }                                                                                  \
+            UNROLL                                                                             \
             for (int c = 0; c < TILE; c++) {                                                   \
                 const block_q8_K *yb = (const block_q8_K *)(y + c * as) + i;                   \
                 da[c] = yb->d;                                                                 \
@@ -380,6 +407,7 @@ ALWAYS_INLINE int32_t hsum_madd16(__m256i a, __m256i b) {
             __m512i cw = _mm512_loadu_si512(coef_w[0]), cw2 = _mm512_loadu_si512(coef_w[2]);   \
             __m512i bw = _mm512_loadu_si512(bs_w[0]), bw2 = _mm512_loadu_si512(bs_w[2]);       \
             __m512i csum = _mm512_setzero_si512();                                             \
+            UNROLL                                                                             \
             for (int j = 0; j < 8; j++) {                                                      \
                 __m512i ridx = _mm512_add_epi32(_mm512_slli_epi32(row_of, 3), _mm512_set1_epi32(j)); \
                 __m512i tidx = _mm512_add_epi32(_mm512_slli_epi32(tok_of, 3), _mm512_set1_epi32(j)); \
@@ -401,7 +429,9 @@ ALWAYS_INLINE int32_t hsum_madd16(__m256i a, __m256i b) {
         }                                                                                      \
         float out[16];                                                                         \
         _mm512_storeu_ps(out, acc);                                                            \
+        UNROLL                                                                                 \
         for (int r = 0; r < TILE; r++)                                                         \
+            UNROLL                                                                             \
             for (int c = 0; c < TILE; c++) yout[c * ys + r] = out[r * TILE + c];               \
     }
 

@@ -1,0 +1,79 @@
+/* bench_matmul.c - throughput of tensor_matmul on qwen3-0.6b-like shapes.
+ *
+ * Times 1024->3072 and 3072->1024 matmuls in Q8_0 and Q4_K at n_tokens 1
+ * (decode GEMV: also reports weight bandwidth) and 512 (prefill) on a pool
+ * of N threads (argv[1], default 2), and prints the best of several runs in
+ * GFLOP/s (2 * n_in * n_out * n_tokens per call). Usage:
+ *   bench_matmul [threads] [isa: scalar|avx2|avx512] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/threadpool.h"
+#include "tensor/matmul.h"
+#include "tensor/quant.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t bench_rng = 88172645463325252ull;
+static float bench_uniform(void) {
+    bench_rng ^= bench_rng << 13;
+    bench_rng ^= bench_rng >> 7;
+    bench_rng ^= bench_rng << 17;
+    return (float)((bench_rng >> 40) / (double)(1 << 24)) * 2.0f - 1.0f;
+}
+
+static void bench_one(ember_pool *pool, ember_dtype type, int64_t n_in, int64_t n_out, int64_t nt) {
+    size_t rb = dtype_row_bytes(type, n_in);
+    uint8_t *wd = malloc(rb * n_out);
+    float *row = malloc(n_in * sizeof(float));
+    for (int64_t o = 0; o < n_out; o++) {
+        for (int64_t i = 0; i < n_in; i++) row[i] = bench_uniform() * 0.05f;
+        quant_quantize_row(type, row, wd + o * rb, n_in);
+    }
+    float *x = malloc(nt * n_in * sizeof(float)), *y = malloc(nt * n_out * sizeof(float));
+    for (int64_t i = 0; i < nt * n_in; i++) x[i] = bench_uniform();
+    tensor_weight w = {.type = type, .n_in = n_in, .n_out = n_out, .row_bytes = rb, .data = wd};
+    matmul_scratch *s = matmul_scratch_create();
+    tensor_matmul(pool, s, &w, x, nt, y); /* warm-up */
+    int reps = nt == 1 ? 200 : 5;
+    double best = 1e30;
+    for (int k = 0; k < 3; k++) {
+        double t0 = now_s();
+        for (int r = 0; r < reps; r++) tensor_matmul(pool, s, &w, x, nt, y);
+        double dt = (now_s() - t0) / reps;
+        if (dt < best) best = dt;
+    }
+    double gflops = 2.0 * n_in * n_out * nt / best * 1e-9;
+    printf("%-5s %5lld x %-5lld n_tokens %4lld: %8.3f ms  %7.1f GFLOP/s", dtype_info_of(type)->name,
+           (long long)n_in, (long long)n_out, (long long)nt, best * 1e3, gflops);
+    if (nt == 1) printf("  %6.1f GB/s weights", rb * n_out / best * 1e-9);
+    printf("\n");
+    matmul_scratch_free(s);
+    free(wd), free(row), free(x), free(y);
+}
+
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 2;
+    if (argc > 2) {
+        quant_isa isa = !strcmp(argv[2], "scalar") ? QUANT_ISA_SCALAR
+                        : !strcmp(argv[2], "avx2") ? QUANT_ISA_AVX2
+                                                   : QUANT_ISA_AVX512;
+        if (!quant_set_isa(isa)) fprintf(stderr, "ISA %s not available\n", argv[2]);
+    }
+    printf("threads %d, isa %s\n", threads, quant_isa_name(quant_get_isa()));
+    ember_pool *pool = ember_pool_create(threads);
+    const ember_dtype types[] = {DT_Q8_0, DT_Q4_K};
+    const int64_t shapes[][2] = {{1024, 3072}, {3072, 1024}};
+    const int64_t tokens[] = {1, 512};
+    for (size_t t = 0; t < 2; t++)
+        for (size_t s = 0; s < 2; s++)
+            for (size_t k = 0; k < 2; k++) bench_one(pool, types[t], shapes[s][0], shapes[s][1], tokens[k]);
+    ember_pool_free(pool);
+    return 0;
+}
