@@ -1,0 +1,487 @@
+/* apc.c - the prompt cache of one model: lookup, stores, counters, reset.
+ *
+ * The cache sits beside a kv_pool and owns its structural operations: it
+ * installs the pool's evict hook (an indexed block being handed out again is
+ * unindexed and counted) and wraps the sequence calls that allocate or free
+ * blocks, all under one mutex. Everything that costs time proportional to a
+ * prompt runs outside that mutex:
+ *   - keys are hashed before the lock is taken;
+ *   - a snapshot is copied out of blocks the storing sequence holds;
+ *   - a restore pins its entry, allocates fresh blocks under the lock, copies
+ *     without it, and on relocking checks the generation: if apc_reset ran in
+ *     between, the restore is discarded (counted) and the request runs cold.
+ * Block adoption is only refcounting, so it happens under the lock in one go.
+ *
+ * Failures never propagate: each becomes a counted decline, logged once per
+ * reason at warning, and the request proceeds as if nothing were cached. */
+#include "apc/apc.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "apc/apc_internal.h"
+#include "core/log.h"
+
+struct apc {
+    pthread_mutex_t lock;
+    kv_pool *pool;
+    apc_config cfg;
+    apc_route route;
+    apc_layout layout;
+    apc_index index;
+    apc_exact exact;
+    uint64_t generation;
+    /* counters (reference §11.1 + ours); zeroed by reset */
+    uint64_t lookups_hit, lookups_miss, matched_tokens, served_tokens;
+    uint64_t evictions, stores, exact_hits, exact_stores, exact_evictions, retire_stores;
+    uint64_t declines[APC_DECLINE_COUNT_];
+    bool decline_logged[APC_DECLINE_COUNT_];
+};
+
+static const char *decline_names[APC_DECLINE_COUNT_] = {
+    "pool_exhausted", "alloc", "collision", "exact_bytes", "raced_reset", "seq_short",
+};
+
+const char *apc_decline_name(apc_decline d) {
+    return (unsigned)d < APC_DECLINE_COUNT_ ? decline_names[d] : "?";
+}
+
+/* Under the lock. */
+static void decline(apc *c, apc_decline why, const char *detail) {
+    c->declines[why]++;
+    if (!c->decline_logged[why]) {
+        c->decline_logged[why] = true;
+        ember_log(EMBER_LOG_WARN, "APC %s: %s; the request continues without it (logged once)",
+                  apc_decline_name(why), detail);
+    }
+}
+
+static void decline_locked(apc *c, apc_decline why, const char *detail) {
+    pthread_mutex_lock(&c->lock);
+    decline(c, why, detail);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* The pool is reusing an indexed block: forget it. Called from
+ * kv_block_alloc, which only ever runs under our lock. */
+static void on_evict(void *owner, int32_t block) {
+    apc *c = owner;
+    apc_index_remove(&c->index, block);
+    c->evictions++;
+}
+
+apc_config apc_default_config(void) {
+    apc_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.enabled = true;
+    cfg.hash = APC_HASH_SHA256;
+    cfg.exact_entries = 4;
+    cfg.exact_max_bytes = (size_t)4 << 30;
+    cfg.force_tier = APC_FORCE_NONE;
+    cfg.ckpt_enabled = true;
+    return cfg;
+}
+
+static void log_route(const apc *c) {
+    const apc_route *r = &c->route;
+    if (r->tier == APC_TIER_NONE) {
+        ember_log(EMBER_LOG_WARN, "APC OFF for this model: %s", r->reason);
+        return;
+    }
+    if (r->reason[0]) ember_log(EMBER_LOG_INFO, "%s", r->reason);
+    ember_log(EMBER_LOG_INFO, "APC tier: %s (layers: %d kv / %d rot / %d arr)", apc_tier_name(r->tier), r->n_kv,
+              r->n_rot, r->n_arr);
+    if (r->forced) ember_log(EMBER_LOG_INFO, "APC tier forced by EMBER_APC_FORCE_TIER");
+    size_t bb = kv_pool_block_bytes(c->pool);
+    int32_t nb = kv_pool_n_blocks(c->pool);
+    ember_log(EMBER_LOG_INFO,
+              "APC enabled (block_size=%d, num_blocks=%d: %lld tokens, %.1f MiB; hash=%s; exact_entries=%d)",
+              KV_BLOCK_TOKENS, nb, (long long)nb * KV_BLOCK_TOKENS, (double)nb * (double)bb / (1024.0 * 1024.0),
+              c->cfg.hash == APC_HASH_XXH3 ? "xxh3" : "sha256", c->cfg.exact_entries);
+}
+
+apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *stack, const apc_config *cfg_in,
+                ember_error *err) {
+    apc_config cfg = cfg_in ? *cfg_in : apc_default_config();
+    if (cfg.exact_entries < 0) cfg.exact_entries = 0;
+    apc *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        ember_fail(err, "prompt cache: out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&c->lock, NULL);
+    c->pool = pool;
+    c->cfg = cfg;
+    c->layout.n_layer = layout->n_layer;
+    c->layout.k_width = malloc((size_t)layout->n_layer * sizeof(int));
+    c->layout.v_width = malloc((size_t)layout->n_layer * sizeof(int));
+    if (c->layout.k_width == NULL || c->layout.v_width == NULL ||
+        apc_index_init(&c->index, kv_pool_n_blocks(pool)) < 0) {
+        apc_free(c);
+        ember_fail(err, "prompt cache: out of memory for an index of %d blocks", kv_pool_n_blocks(pool));
+        return NULL;
+    }
+    for (int l = 0; l < layout->n_layer; l++) {
+        c->layout.k_width[l] = layout->k_width[l];
+        c->layout.v_width[l] = layout->v_width[l];
+        c->layout.row_floats += (size_t)layout->k_width[l] + (size_t)layout->v_width[l];
+    }
+    c->exact.max_entries = cfg.exact_entries;
+    c->exact.max_bytes = cfg.exact_max_bytes;
+
+    c->route = apc_route_stack(stack, layout->n_layer, cfg.ckpt_enabled);
+    apc_force force = cfg.force_tier;
+    if (force == APC_FORCE_NONE) {
+        const char *env = getenv("EMBER_APC_FORCE_TIER");
+        if (apc_parse_force(env, &force) < 0) {
+            ember_log(EMBER_LOG_WARN, "EMBER_APC_FORCE_TIER=%s is not exact|block|off; ignored", env);
+            force = APC_FORCE_NONE;
+        }
+    }
+    if (force != APC_FORCE_NONE) apc_route_force(&c->route, force);
+    if (!cfg.enabled) {
+        c->route.tier = APC_TIER_NONE;
+        snprintf(c->route.reason, sizeof c->route.reason, "the prompt cache is disabled by configuration");
+    }
+    if (c->route.tier == APC_TIER_EXACT && cfg.exact_entries == 0) {
+        c->route.tier = APC_TIER_NONE;
+        snprintf(c->route.reason, sizeof c->route.reason, "exact tier with exact_entries=0");
+    }
+    log_route(c);
+    kv_pool_set_evict_hook(pool, on_evict, c);
+    return c;
+}
+
+void apc_free(apc *c) {
+    if (c == NULL) return;
+    if (c->pool) {
+        /* Leave no indexed blocks behind in a pool that outlives us. */
+        for (int32_t b = 0; b < c->index.n_blocks; b++)
+            if (c->index.meta[b].indexed) kv_block_set_indexed(c->pool, b, false);
+        kv_pool_set_evict_hook(c->pool, NULL, NULL);
+    }
+    apc_exact_clear(&c->exact);
+    apc_index_free(&c->index);
+    free(c->layout.k_width);
+    free(c->layout.v_width);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+apc_tier apc_get_tier(const apc *c) { return c->route.tier; }
+const apc_route *apc_get_route(const apc *c) { return &c->route; }
+
+/* ---- Sequences ---- */
+
+int apc_seq_prepare_append(apc *c, kv_seq *seq, int64_t n_new, ember_error *err) {
+    pthread_mutex_lock(&c->lock);
+    int rc = kv_seq_prepare_append(c->pool, seq, n_new, err);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+void apc_seq_truncate(apc *c, kv_seq *seq, int64_t n_tokens) {
+    pthread_mutex_lock(&c->lock);
+    kv_seq_truncate(c->pool, seq, n_tokens);
+    pthread_mutex_unlock(&c->lock);
+}
+
+void apc_seq_release(apc *c, kv_seq *seq) {
+    pthread_mutex_lock(&c->lock);
+    kv_seq_release(c->pool, seq);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* ---- Lookup ---- */
+
+static apc_hit lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq) {
+    apc_hit hit = {0, APC_SOURCE_NONE};
+    int64_t n_blocks = n / KV_BLOCK_TOKENS;
+    apc_key *keys = NULL;
+    if (n_blocks > 0) {
+        keys = malloc((size_t)n_blocks * sizeof *keys);
+        if (keys == NULL) {
+            decline_locked(c, APC_DECLINE_ALLOC, "out of memory for the lookup's keys");
+            return hit;
+        }
+        apc_chain_keys(c->cfg.hash, tokens, n_blocks, salt, keys);
+    }
+    apc_key zero;
+    memset(&zero, 0, sizeof zero);
+    pthread_mutex_lock(&c->lock);
+    int64_t matched = 0;
+    for (int64_t i = 0; i < n_blocks; i++) {
+        int32_t b = apc_index_find(&c->index, &keys[i]);
+        if (b < 0) break;
+        const apc_block_meta *m = &c->index.meta[b];
+        const apc_key *parent = i > 0 ? &keys[i - 1] : &zero;
+        if (m->salt != salt || !apc_key_eq(&m->parent, parent) ||
+            memcmp(m->tokens, tokens + i * KV_BLOCK_TOKENS, sizeof m->tokens) != 0) {
+            decline(c, APC_DECLINE_COLLISION, "a block key matched but its tokens, parent or salt did not");
+            break;
+        }
+        if (kv_seq_adopt_block(c->pool, seq, b, NULL) < 0) {
+            decline(c, APC_DECLINE_ALLOC, "out of memory growing a block table");
+            break;
+        }
+        matched++;
+    }
+    if (matched == 0) {
+        c->lookups_miss++;
+    } else {
+        int64_t adopted = matched * KV_BLOCK_TOKENS;
+        if (adopted > n - 1) {
+            adopted = n - 1;
+            /* The last block stays shared; the pool copies it on append. */
+            kv_seq_truncate(c->pool, seq, adopted);
+        }
+        c->lookups_hit++;
+        c->matched_tokens += (uint64_t)adopted;
+        hit.n_tokens = adopted;
+        hit.source = APC_SOURCE_BLOCK;
+    }
+    pthread_mutex_unlock(&c->lock);
+    free(keys);
+    return hit;
+}
+
+static apc_hit lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq) {
+    apc_hit hit = {0, APC_SOURCE_NONE};
+    pthread_mutex_lock(&c->lock);
+    apc_exact_entry *e = apc_exact_find_prefix(&c->exact, tokens, n - 1, salt);
+    if (e == NULL) {
+        pthread_mutex_unlock(&c->lock);
+        return hit;
+    }
+    ember_error err;
+    if (kv_seq_prepare_append(c->pool, seq, e->n, &err) < 0) {
+        decline(c, APC_DECLINE_POOL_EXHAUSTED, err.msg);
+        pthread_mutex_unlock(&c->lock);
+        return hit;
+    }
+    e->pins++;
+    apc_exact_touch(&c->exact, e);
+    uint64_t gen = c->generation;
+    pthread_mutex_unlock(&c->lock);
+
+    apc_snapshot_copy_in(c->pool, &c->layout, e->data, e->n, seq);
+    int64_t got = e->n;
+
+    pthread_mutex_lock(&c->lock);
+    apc_exact_unpin(&c->exact, e);
+    if (gen != c->generation) {
+        kv_seq_release(c->pool, seq);
+        decline(c, APC_DECLINE_RACED_RESET, "a snapshot restore overlapped a cache reset");
+    } else {
+        seq->n_tokens = got;
+        c->exact_hits++;
+        c->lookups_hit++;
+        c->matched_tokens += (uint64_t)got;
+        hit.n_tokens = got;
+        hit.source = APC_SOURCE_EXACT;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return hit;
+}
+
+apc_hit apc_lookup(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq) {
+    apc_hit none = {0, APC_SOURCE_NONE};
+    if (seq->n_tokens != 0 || seq->n_blocks != 0 || n < 1) return none;
+    switch (c->route.tier) {
+    case APC_TIER_BLOCK: return lookup_blocks(c, tokens, n, salt, seq);
+    case APC_TIER_EXACT: return n >= 2 ? lookup_exact(c, tokens, n, salt, seq) : none;
+    default: return none;
+    }
+}
+
+/* ---- Store ---- */
+
+static void store_blocks(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
+                         const kv_seq *seq) {
+    int64_t n_blocks = n / KV_BLOCK_TOKENS;
+    if (n_blocks == 0) return;
+    apc_key *keys = malloc((size_t)n_blocks * sizeof *keys);
+    if (keys == NULL) {
+        decline_locked(c, APC_DECLINE_ALLOC, "out of memory for the store's keys");
+        return;
+    }
+    apc_chain_keys(c->cfg.hash, tokens, n_blocks, salt, keys);
+    apc_key zero;
+    memset(&zero, 0, sizeof zero);
+    uint64_t added = 0;
+    pthread_mutex_lock(&c->lock);
+    for (int64_t i = 0; i < n_blocks; i++) {
+        int32_t b = seq->blocks[i];
+        if (kv_block_is_indexed(c->pool, b)) continue;       /* adopted, or stored before */
+        if (apc_index_find(&c->index, &keys[i]) >= 0) continue; /* same content in another block */
+        apc_index_insert(&c->index, b, &keys[i], i > 0 ? &keys[i - 1] : &zero, salt, tokens + i * KV_BLOCK_TOKENS);
+        kv_block_set_indexed(c->pool, b, true);
+        added++;
+    }
+    c->stores += added;
+    c->served_tokens += added * KV_BLOCK_TOKENS;
+    if (point == APC_STORE_RETIRE && added > 0) c->retire_stores++;
+    pthread_mutex_unlock(&c->lock);
+    free(keys);
+}
+
+static void store_exact(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
+                        const kv_seq *seq) {
+    if (apc_snapshot_bytes(&c->layout, n) > c->cfg.exact_max_bytes) {
+        decline_locked(c, APC_DECLINE_EXACT_BYTES, "a snapshot is larger than exact_max_bytes");
+        return;
+    }
+    pthread_mutex_lock(&c->lock);
+    apc_exact_entry *same = apc_exact_find_same(&c->exact, tokens, n, salt);
+    if (same) apc_exact_touch(&c->exact, same);
+    pthread_mutex_unlock(&c->lock);
+    if (same) return;
+
+    apc_exact_entry *e = apc_exact_entry_new(&c->layout, tokens, n, salt);
+    if (e == NULL) {
+        decline_locked(c, APC_DECLINE_ALLOC, "out of memory for an exact snapshot");
+        return;
+    }
+    apc_snapshot_copy_out(c->pool, &c->layout, seq, n, e->data);
+
+    pthread_mutex_lock(&c->lock);
+    same = apc_exact_find_same(&c->exact, tokens, n, salt);
+    if (same) {
+        apc_exact_touch(&c->exact, same);
+        apc_exact_entry_free(e);
+    } else {
+        c->exact_evictions += (uint64_t)apc_exact_insert(&c->exact, e);
+        c->exact_stores++;
+        if (point == APC_STORE_RETIRE) c->retire_stores++;
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+void apc_store(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt, const kv_seq *seq) {
+    if (n < 1) return;
+    if (n > seq->n_tokens) {
+        if (c->route.tier == APC_TIER_BLOCK || c->route.tier == APC_TIER_EXACT)
+            decline_locked(c, APC_DECLINE_SEQ_SHORT, "a store asked for more tokens than the sequence holds");
+        return;
+    }
+    switch (c->route.tier) {
+    case APC_TIER_BLOCK:
+        if (point != APC_STORE_PAUSE) store_blocks(c, point, tokens, n, salt, seq);
+        break;
+    case APC_TIER_EXACT:
+        if (point != APC_STORE_PREFILL) store_exact(c, point, tokens, n, salt, seq);
+        break;
+    default: break;
+    }
+}
+
+bool apc_retire_wants_last_token(const apc *c, int64_t n_kv) {
+    switch (c->route.tier) {
+    case APC_TIER_BLOCK: return (n_kv + 1) % KV_BLOCK_TOKENS == 0;
+    case APC_TIER_EXACT: return true;
+    default: return false;
+    }
+}
+
+/* ---- Stats and reset ---- */
+
+void apc_get_stats(apc *c, apc_stats *s) {
+    memset(s, 0, sizeof *s);
+    pthread_mutex_lock(&c->lock);
+    s->enabled = c->route.tier != APC_TIER_NONE;
+    s->tier = c->route.tier;
+    s->hash = c->cfg.hash;
+    s->block_size = KV_BLOCK_TOKENS;
+    s->num_blocks = kv_pool_n_blocks(c->pool);
+    s->pool_used = c->index.n_indexed;
+    s->pool_free = kv_pool_n_free(c->pool);
+    s->pool_referenced = s->num_blocks - s->pool_free;
+    s->block_bytes = kv_pool_block_bytes(c->pool);
+    s->lookups_hit = c->lookups_hit;
+    s->lookups_miss = c->lookups_miss;
+    s->matched_tokens = c->matched_tokens;
+    s->served_tokens = c->served_tokens;
+    s->evictions = c->evictions;
+    s->stores = c->stores;
+    s->exact_hits = c->exact_hits;
+    s->exact_stores = c->exact_stores;
+    s->exact_entries = c->exact.count;
+    s->exact_max_entries = c->exact.max_entries;
+    s->exact_bytes = c->exact.bytes;
+    s->exact_max_bytes = c->exact.max_bytes;
+    s->exact_evictions = c->exact_evictions;
+    s->retire_stores = c->retire_stores;
+    s->generation = c->generation;
+    memcpy(s->declines, c->declines, sizeof s->declines);
+    pthread_mutex_unlock(&c->lock);
+}
+
+cJSON *apc_stats_json(apc *c) {
+    apc_stats s;
+    apc_get_stats(c, &s);
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL) return NULL;
+    if (!s.enabled) {
+        cJSON_AddBoolToObject(o, "enabled", false);
+        return o;
+    }
+    /* stock */
+    cJSON_AddNumberToObject(o, "block_size", s.block_size);
+    cJSON_AddNumberToObject(o, "num_blocks", s.num_blocks);
+    cJSON_AddNumberToObject(o, "pool_used", s.pool_used);
+    cJSON_AddNumberToObject(o, "lookups_hit", (double)s.lookups_hit);
+    cJSON_AddNumberToObject(o, "lookups_miss", (double)s.lookups_miss);
+    cJSON_AddNumberToObject(o, "matched_tokens", (double)s.matched_tokens);
+    cJSON_AddNumberToObject(o, "served_tokens", (double)s.served_tokens);
+    double denom = (double)s.matched_tokens + (double)s.served_tokens;
+    cJSON_AddNumberToObject(o, "token_hit_rate", denom > 0 ? (double)s.matched_tokens / denom : 0.0);
+    cJSON_AddNumberToObject(o, "evictions", (double)s.evictions);
+    cJSON_AddNumberToObject(o, "stores", (double)s.stores);
+    cJSON_AddNumberToObject(o, "disk_hits", (double)s.disk_hits);
+    cJSON_AddNumberToObject(o, "disk_writes", (double)s.disk_writes);
+    cJSON_AddNumberToObject(o, "exact_hits", (double)s.exact_hits);
+    cJSON_AddNumberToObject(o, "exact_stores", (double)s.exact_stores);
+    /* checkpoint family, anchors, L0: zero until those tiers exist */
+    static const char *zeros[] = {"ckpt_stores", "ckpt_hits", "ckpt_matched_tokens", "ckpt_missed_adoptions",
+                                  "ckpt_skeleton_writes", "sidecar_writes", "retire_fallback_full",
+                                  "ckpt_pool_evictions", "ckpt_grid_truncate", "anchor_stores", "anchor_hits",
+                                  "spec_prefix_hits", "spec_prefix_hit_tokens", "spec_prefix_stores"};
+    for (size_t i = 0; i < sizeof zeros / sizeof zeros[0]; i++) cJSON_AddNumberToObject(o, zeros[i], 0);
+    cJSON_AddItemToObject(o, "ckpt_declines", cJSON_CreateObject());
+    /* ember */
+    cJSON_AddStringToObject(o, "tier", apc_tier_name(s.tier));
+    cJSON_AddStringToObject(o, "hash", s.hash == APC_HASH_XXH3 ? "xxh3" : "sha256");
+    cJSON_AddNumberToObject(o, "pool_free", s.pool_free);
+    cJSON_AddNumberToObject(o, "pool_referenced", s.pool_referenced);
+    cJSON_AddNumberToObject(o, "pool_capacity_tokens", (double)s.num_blocks * s.block_size);
+    cJSON_AddNumberToObject(o, "pool_bytes", (double)s.num_blocks * (double)s.block_bytes);
+    cJSON_AddNumberToObject(o, "exact_entries", s.exact_entries);
+    cJSON_AddNumberToObject(o, "exact_max_entries", s.exact_max_entries);
+    cJSON_AddNumberToObject(o, "exact_bytes", (double)s.exact_bytes);
+    cJSON_AddNumberToObject(o, "exact_max_bytes", (double)s.exact_max_bytes);
+    cJSON_AddNumberToObject(o, "exact_evictions", (double)s.exact_evictions);
+    cJSON_AddNumberToObject(o, "retire_stores", (double)s.retire_stores);
+    cJSON_AddNumberToObject(o, "generation", (double)s.generation);
+    cJSON *d = cJSON_CreateObject();
+    for (int i = 0; i < APC_DECLINE_COUNT_; i++)
+        if (s.declines[i]) cJSON_AddNumberToObject(d, apc_decline_name((apc_decline)i), (double)s.declines[i]);
+    cJSON_AddItemToObject(o, "declines", d);
+    cJSON_AddBoolToObject(o, "enabled", true);
+    return o;
+}
+
+void apc_reset(apc *c) {
+    pthread_mutex_lock(&c->lock);
+    for (int32_t b = 0; b < c->index.n_blocks; b++)
+        if (c->index.meta[b].indexed) kv_block_set_indexed(c->pool, b, false);
+    apc_index_clear(&c->index);
+    apc_exact_clear(&c->exact);
+    c->lookups_hit = c->lookups_miss = c->matched_tokens = c->served_tokens = 0;
+    c->evictions = c->stores = c->exact_hits = c->exact_stores = c->exact_evictions = c->retire_stores = 0;
+    memset(c->declines, 0, sizeof c->declines);
+    memset(c->decline_logged, 0, sizeof c->decline_logged);
+    c->generation++;
+    pthread_mutex_unlock(&c->lock);
+}
