@@ -1,0 +1,328 @@
+/* mkmodel_arch.c - the architecture and preset tables of `ember mkmodel`.
+ *
+ * Design: each architecture is data - a list of tensor rules whose shapes
+ * are written with dimension symbols (n_embd, n_q = n_head * head_dim, ...)
+ * plus a few flags selecting optional hyperparameter keys. Tensor names,
+ * shapes and keys follow what llama.cpp loads for the arch (see
+ * engine-reference.md C.1-C.4). The per-layer order matches llama.cpp's
+ * converter output (norm, q, k, v, output, q/k norms, ffn norm, ffn), which
+ * keeps files easy to compare with the reference fixtures. To add gemma3,
+ * qwen35, mamba2 or falcon-h1: new dimension symbols (ssm sizes, ...), a rule
+ * list and a row in `archs`, plus any keys in mk_write_hparams. */
+#include "cli/mkmodel.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- dimension symbols ---- */
+
+typedef enum mk_dim {
+    DIM_NONE = 0, /* terminates a shape */
+    DIM_EMBD,
+    DIM_VOCAB,
+    DIM_Q,        /* n_head * head_dim */
+    DIM_KV,       /* n_head_kv * head_dim */
+    DIM_FF,
+    DIM_HEAD,     /* head_dim (QK-norm weights) */
+    DIM_EXPERT,
+    DIM_FF_EXP,
+} mk_dim;
+
+static int64_t dim_value(mk_dim d, const mk_config *c) {
+    switch (d) {
+    case DIM_EMBD: return c->n_embd;
+    case DIM_VOCAB: return c->n_vocab;
+    case DIM_Q: return c->n_head * c->head_dim;
+    case DIM_KV: return c->n_head_kv * c->head_dim;
+    case DIM_FF: return c->n_ff;
+    case DIM_HEAD: return c->head_dim;
+    case DIM_EXPERT: return c->n_expert;
+    case DIM_FF_EXP: return c->n_ff_exp;
+    case DIM_NONE: break;
+    }
+    return 1;
+}
+
+/* ---- tensor rules ---- */
+
+enum {
+    RULE_EMBEDDING = 1 << 0, /* token_embd: head-like init when the head is tied to it */
+    RULE_OUTPUT = 1 << 1,    /* output.weight: absent when tied */
+};
+
+typedef struct mk_rule {
+    const char *name; /* printf pattern with one %d for per-layer tensors */
+    mk_dim shape[3];
+    mk_storage storage;
+    mk_init init;
+    unsigned flags;
+} mk_rule;
+
+#define MATRIX(n, a, b) {n, {a, b, DIM_NONE}, MK_STORE_WEIGHT, MK_INIT_MATRIX, 0}
+#define EXPERTS(n, a, b) {n, {a, b, DIM_EXPERT}, MK_STORE_WEIGHT, MK_INIT_MATRIX, 0}
+#define NORM(n, a) {n, {a, DIM_NONE, DIM_NONE}, MK_STORE_F32, MK_INIT_ONES, 0}
+#define BIAS(n, a) {n, {a, DIM_NONE, DIM_NONE}, MK_STORE_F32, MK_INIT_BIAS, 0}
+#define RULES_END {NULL, {DIM_NONE, DIM_NONE, DIM_NONE}, MK_STORE_F32, MK_INIT_ONES, 0}
+
+static const mk_rule rules_embedding[] = {
+    {"token_embd.weight", {DIM_EMBD, DIM_VOCAB, DIM_NONE}, MK_STORE_WEIGHT, MK_INIT_MATRIX, RULE_EMBEDDING},
+    RULES_END,
+};
+static const mk_rule rules_head[] = {
+    NORM("output_norm.weight", DIM_EMBD),
+    {"output.weight", {DIM_EMBD, DIM_VOCAB, DIM_NONE}, MK_STORE_WEIGHT, MK_INIT_HEAD, RULE_OUTPUT},
+    RULES_END,
+};
+
+static const mk_rule layer_llama[] = {
+    NORM("blk.%d.attn_norm.weight", DIM_EMBD),
+    MATRIX("blk.%d.attn_q.weight", DIM_EMBD, DIM_Q),
+    MATRIX("blk.%d.attn_k.weight", DIM_EMBD, DIM_KV),
+    MATRIX("blk.%d.attn_v.weight", DIM_EMBD, DIM_KV),
+    MATRIX("blk.%d.attn_output.weight", DIM_Q, DIM_EMBD),
+    NORM("blk.%d.ffn_norm.weight", DIM_EMBD),
+    MATRIX("blk.%d.ffn_gate.weight", DIM_EMBD, DIM_FF),
+    MATRIX("blk.%d.ffn_down.weight", DIM_FF, DIM_EMBD),
+    MATRIX("blk.%d.ffn_up.weight", DIM_EMBD, DIM_FF),
+    RULES_END,
+};
+
+static const mk_rule layer_qwen2[] = {
+    NORM("blk.%d.attn_norm.weight", DIM_EMBD),
+    MATRIX("blk.%d.attn_q.weight", DIM_EMBD, DIM_Q),
+    BIAS("blk.%d.attn_q.bias", DIM_Q),
+    MATRIX("blk.%d.attn_k.weight", DIM_EMBD, DIM_KV),
+    BIAS("blk.%d.attn_k.bias", DIM_KV),
+    MATRIX("blk.%d.attn_v.weight", DIM_EMBD, DIM_KV),
+    BIAS("blk.%d.attn_v.bias", DIM_KV),
+    MATRIX("blk.%d.attn_output.weight", DIM_Q, DIM_EMBD),
+    NORM("blk.%d.ffn_norm.weight", DIM_EMBD),
+    MATRIX("blk.%d.ffn_gate.weight", DIM_EMBD, DIM_FF),
+    MATRIX("blk.%d.ffn_down.weight", DIM_FF, DIM_EMBD),
+    MATRIX("blk.%d.ffn_up.weight", DIM_EMBD, DIM_FF),
+    RULES_END,
+};
+
+static const mk_rule layer_qwen3[] = {
+    NORM("blk.%d.attn_norm.weight", DIM_EMBD),
+    MATRIX("blk.%d.attn_q.weight", DIM_EMBD, DIM_Q),
+    MATRIX("blk.%d.attn_k.weight", DIM_EMBD, DIM_KV),
+    MATRIX("blk.%d.attn_v.weight", DIM_EMBD, DIM_KV),
+    MATRIX("blk.%d.attn_output.weight", DIM_Q, DIM_EMBD),
+    NORM("blk.%d.attn_k_norm.weight", DIM_HEAD),
+    NORM("blk.%d.attn_q_norm.weight", DIM_HEAD),
+    NORM("blk.%d.ffn_norm.weight", DIM_EMBD),
+    MATRIX("blk.%d.ffn_gate.weight", DIM_EMBD, DIM_FF),
+    MATRIX("blk.%d.ffn_down.weight", DIM_FF, DIM_EMBD),
+    MATRIX("blk.%d.ffn_up.weight", DIM_EMBD, DIM_FF),
+    RULES_END,
+};
+
+static const mk_rule layer_qwen3moe[] = {
+    NORM("blk.%d.attn_norm.weight", DIM_EMBD),
+    MATRIX("blk.%d.attn_q.weight", DIM_EMBD, DIM_Q),
+    MATRIX("blk.%d.attn_k.weight", DIM_EMBD, DIM_KV),
+    MATRIX("blk.%d.attn_v.weight", DIM_EMBD, DIM_KV),
+    MATRIX("blk.%d.attn_output.weight", DIM_Q, DIM_EMBD),
+    NORM("blk.%d.attn_k_norm.weight", DIM_HEAD),
+    NORM("blk.%d.attn_q_norm.weight", DIM_HEAD),
+    NORM("blk.%d.ffn_norm.weight", DIM_EMBD),
+    /* The router stays f32, as llama-quantize leaves it. */
+    {"blk.%d.ffn_gate_inp.weight", {DIM_EMBD, DIM_EXPERT, DIM_NONE}, MK_STORE_F32, MK_INIT_MATRIX, 0},
+    EXPERTS("blk.%d.ffn_gate_exps.weight", DIM_EMBD, DIM_FF_EXP),
+    EXPERTS("blk.%d.ffn_down_exps.weight", DIM_FF_EXP, DIM_EMBD),
+    EXPERTS("blk.%d.ffn_up_exps.weight", DIM_EMBD, DIM_FF_EXP),
+    RULES_END,
+};
+
+/* ---- architectures ---- */
+
+enum {
+    HP_MOE = 1 << 0,       /* expert_count, expert_used_count, expert_feed_forward_length */
+    HP_ROPE_DIMS = 1 << 1, /* rope.dimension_count (llama's converter writes it) */
+};
+
+struct mk_arch {
+    const char *name;
+    const mk_rule *layer;
+    unsigned hparams;
+    bool tied;          /* default: head shares token_embd */
+    float rope_base;    /* defaults used by the generic presets */
+    float rms_eps;
+};
+
+static const mk_arch archs[] = {
+    {"llama", layer_llama, HP_ROPE_DIMS, false, 10000.0f, 1e-5f},
+    {"qwen2", layer_qwen2, 0, true, 1000000.0f, 1e-6f},
+    {"qwen3", layer_qwen3, 0, true, 1000000.0f, 1e-6f},
+    {"qwen3moe", layer_qwen3moe, HP_MOE, false, 1000000.0f, 1e-6f},
+};
+
+const mk_arch *mk_arch_find(const char *name) {
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (strcmp(archs[i].name, name) == 0) return &archs[i];
+    return NULL;
+}
+
+const char *mk_arch_name(const mk_arch *a) { return a->name; }
+bool mk_arch_tied(const mk_arch *a) { return a->tied; }
+const char *mk_arch_names(void) { return "llama qwen2 qwen3 qwen3moe"; }
+
+/* ---- presets ----
+ * Rope base and eps of 0 mean "the arch's default"; tied comes from the arch.
+ * n_vocab is filled from the tokenizer at run time. */
+static const mk_preset presets[] = {
+    /* For tests: every dimension small, GQA 4/2, MoE 4 experts top-2. */
+    {"tiny", NULL,
+     {.n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .head_dim = 16, .n_ff = 128, .n_ctx = 2048,
+      .n_expert = 4, .n_expert_used = 2, .n_ff_exp = 64},
+     0},
+    /* The built-in default model: rows are multiples of 256 so every
+     * K-quant applies without fallback. */
+    {"small", NULL,
+     {.n_embd = 256, .n_layer = 4, .n_head = 8, .n_head_kv = 4, .head_dim = 32, .n_ff = 768, .n_ctx = 4096,
+      .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256},
+     0},
+    /* Qwen3-0.6B's shapes and vocabulary size, with random weights. */
+    {"qwen3-0.6b", "qwen3",
+     {.n_embd = 1024, .n_layer = 28, .n_head = 16, .n_head_kv = 8, .head_dim = 128, .n_ff = 3072,
+      .n_ctx = 40960, .rope_base = 1000000.0f, .rms_eps = 1e-6f, .tied = true},
+     151936},
+};
+
+const mk_preset *mk_preset_find(const char *name) {
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (strcmp(presets[i].name, name) == 0) return &presets[i];
+    return NULL;
+}
+
+const char *mk_preset_names(void) { return "tiny small qwen3-0.6b"; }
+
+/* ---- weight types ---- */
+
+bool mk_weight_type_ok(ember_dtype t) {
+    switch (t) {
+    case DT_F32: case DT_F16: case DT_BF16: case DT_Q8_0: case DT_Q4_0: case DT_Q4_1: case DT_Q5_0:
+    case DT_Q5_1: case DT_Q2_K: case DT_Q3_K: case DT_Q4_K: case DT_Q5_K: case DT_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
+uint32_t mk_file_type(ember_dtype t) {
+    /* llama_ftype ids; uniform K-quant files are closest to the _S mixes. */
+    switch (t) {
+    case DT_F32: return 0;
+    case DT_F16: return 1;
+    case DT_Q4_0: return 2;
+    case DT_Q4_1: return 3;
+    case DT_Q8_0: return 7;
+    case DT_Q5_0: return 8;
+    case DT_Q5_1: return 9;
+    case DT_Q2_K: return 10;
+    case DT_Q3_K: return 11;
+    case DT_Q4_K: return 14;
+    case DT_Q5_K: return 16;
+    case DT_Q6_K: return 18;
+    case DT_BF16: return 32;
+    default: return 0;
+    }
+}
+
+ember_dtype mk_fallback_type(ember_dtype want, int64_t ne0) {
+    const dtype_info *info = dtype_info_of(want);
+    if (info == NULL || ne0 % info->block_elems == 0) return want;
+    ember_dtype next;
+    switch (want) {
+    case DT_Q2_K: case DT_Q3_K: case DT_Q4_K: next = DT_Q5_0; break;
+    case DT_Q5_K: next = DT_Q5_1; break;
+    case DT_Q6_K: next = DT_Q8_0; break;
+    default: next = DT_F16; break;
+    }
+    return mk_fallback_type(next, ne0);
+}
+
+/* ---- keys ---- */
+
+void mk_write_hparams(const mk_arch *a, const mk_config *c, const char *model_name, ember_dtype wtype,
+                      uint64_t seed, gguf_writer *w) {
+    char key[128], text[160];
+    gguf_writer_set_str(w, "general.architecture", a->name);
+    gguf_writer_set_str(w, "general.name", model_name);
+    snprintf(text, sizeof text, "random weights from ember mkmodel, seed %llu", (unsigned long long)seed);
+    gguf_writer_set_str(w, "general.description", text);
+    gguf_writer_set_u32(w, "general.file_type", mk_file_type(wtype));
+    gguf_writer_set_u32(w, "general.quantization_version", 2);
+#define SET_U32(suffix, v)                                      \
+    do {                                                        \
+        snprintf(key, sizeof key, "%s." suffix, a->name);       \
+        gguf_writer_set_u32(w, key, (uint32_t)(v));             \
+    } while (0)
+#define SET_F32(suffix, v)                                      \
+    do {                                                        \
+        snprintf(key, sizeof key, "%s." suffix, a->name);       \
+        gguf_writer_set_f32(w, key, (v));                       \
+    } while (0)
+    SET_U32("context_length", c->n_ctx);
+    SET_U32("embedding_length", c->n_embd);
+    SET_U32("block_count", c->n_layer);
+    SET_U32("feed_forward_length", c->n_ff);
+    if (a->hparams & HP_MOE) {
+        SET_U32("expert_feed_forward_length", c->n_ff_exp);
+        SET_U32("expert_count", c->n_expert);
+        SET_U32("expert_used_count", c->n_expert_used);
+    }
+    SET_U32("attention.head_count", c->n_head);
+    SET_U32("attention.head_count_kv", c->n_head_kv);
+    SET_U32("attention.key_length", c->head_dim);
+    SET_U32("attention.value_length", c->head_dim);
+    if (a->hparams & HP_ROPE_DIMS) SET_U32("rope.dimension_count", c->head_dim);
+    SET_F32("rope.freq_base", c->rope_base > 0 ? c->rope_base : a->rope_base);
+    SET_F32("attention.layer_norm_rms_epsilon", c->rms_eps > 0 ? c->rms_eps : a->rms_eps);
+#undef SET_U32
+#undef SET_F32
+}
+
+/* ---- tensor plan ---- */
+
+static int plan_rule(const mk_rule *r, int layer, const mk_config *c, ember_dtype wtype, mk_tensor *t,
+                     ember_error *err) {
+    memset(t, 0, sizeof *t);
+    if (layer >= 0) snprintf(t->name, sizeof t->name, r->name, layer);
+    else snprintf(t->name, sizeof t->name, "%s", r->name);
+    for (int d = 0; d < 4; d++) t->ne[d] = 1;
+    for (int d = 0; d < 3 && r->shape[d] != DIM_NONE; d++) {
+        t->ne[d] = dim_value(r->shape[d], c);
+        if (t->ne[d] < 1) return ember_fail(err, "tensor '%s': dimension %d is %lld", t->name, d, (long long)t->ne[d]);
+        t->n_dims = (uint32_t)d + 1;
+    }
+    t->init = r->init;
+    if ((r->flags & RULE_EMBEDDING) && c->tied) t->init = MK_INIT_HEAD;
+    t->type = r->storage == MK_STORE_F32 ? DT_F32 : mk_fallback_type(wtype, t->ne[0]);
+    return 0;
+}
+
+int mk_plan_tensors(const mk_arch *a, const mk_config *c, ember_dtype wtype, mk_tensor **out, ember_error *err) {
+    int per_layer = 0;
+    while (a->layer[per_layer].name) per_layer++;
+    int cap = 4 + per_layer * (int)c->n_layer;
+    mk_tensor *ts = calloc((size_t)cap, sizeof *ts);
+    if (ts == NULL) return ember_fail(err, "out of memory");
+    int n = 0;
+    for (const mk_rule *r = rules_embedding; r->name; r++)
+        if (plan_rule(r, -1, c, wtype, &ts[n++], err) < 0) goto fail;
+    for (int l = 0; l < c->n_layer; l++)
+        for (const mk_rule *r = a->layer; r->name; r++)
+            if (plan_rule(r, l, c, wtype, &ts[n++], err) < 0) goto fail;
+    for (const mk_rule *r = rules_head; r->name; r++) {
+        if ((r->flags & RULE_OUTPUT) && c->tied) continue;
+        if (plan_rule(r, -1, c, wtype, &ts[n++], err) < 0) goto fail;
+    }
+    *out = ts;
+    return n;
+fail:
+    free(ts);
+    return -1;
+}
