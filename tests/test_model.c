@@ -140,17 +140,43 @@ static void test_stories_golden(void **state) {
 
 typedef struct reference_case {
     const char *name;
-    double bound;   /* max |ember - llama.cpp| over all prompt logits */
+    double bound;   /* max |ember - llama.cpp| over all prompt and decode logits */
 } reference_case;
 
+/* Bounds. F32 models differ from llama.cpp only by summation order. 16-bit
+ * and quantized weights differ more because llama.cpp rounds activations to
+ * the weight's dot format too, and a 1-ulp difference upstream can flip one
+ * activation's rounding: llama.cpp itself moves these logits by 0.15-0.30
+ * between its own settings (sidecar default_settings_check), so 0.35 is the
+ * noise floor we hold quantized files to. */
 static const reference_case reference_cases[] = {
     {"llama-gqa-f32", 1e-3}, {"llama-normjit-f32", 1e-3}, {"qwen3-f32", 1e-3}, {"qwen3-normjit-f32", 1e-3},
     {"qwen3moe-f32", 1e-3}, {"qwen3moe-normjit-f32", 1e-3},
     {"llama256-f32", 1e-3}, {"llama256-f16", 2e-2}, {"llama256-bf16", 5e-2},
-    {"llama256-q8_0", 5e-2}, {"llama256-q4_0", 5e-2}, {"llama256-q4_1", 5e-2}, {"llama256-q5_0", 5e-2},
-    {"llama256-q5_1", 5e-2}, {"llama256-q2_k", 5e-2}, {"llama256-q3_k_m", 5e-2}, {"llama256-q4_k_m", 0.25},
-    {"llama256-q5_k_m", 5e-2}, {"llama256-q6_k", 5e-2},
+    {"llama256-q8_0", 0.35}, {"llama256-q4_0", 0.35}, {"llama256-q4_1", 0.35}, {"llama256-q5_0", 0.35},
+    {"llama256-q5_1", 0.35}, {"llama256-q2_k", 0.35}, {"llama256-q3_k_m", 0.35}, {"llama256-q4_k_m", 0.35},
+    {"llama256-q5_k_m", 0.35}, {"llama256-q6_k", 0.35},
 };
+
+/* Compares rows of logits; argmax must agree wherever llama.cpp's top-1
+ * margin exceeds twice the bound. Returns the max |diff|. */
+static double compare_rows(const char *name, const char *what, const float *mine, const float *ref, int rows, int V,
+                           double bound, int *argmax_checked) {
+    double max_diff = 0;
+    for (int p = 0; p < rows; p++) {
+        const float *a = mine + (size_t)p * V, *b = ref + (size_t)p * V;
+        for (int i = 0; i < V; i++) max_diff = fmax(max_diff, fabs((double)a[i] - b[i]));
+        int rb = argmax(b, V);
+        float second = -INFINITY;
+        for (int i = 0; i < V; i++)
+            if (i != rb && b[i] > second) second = b[i];
+        if (b[rb] - second > 2 * bound) {
+            if (argmax(a, V) != rb) fail_msg("%s: %s row %d argmax %d, llama.cpp %d", name, what, p, argmax(a, V), rb);
+            (*argmax_checked)++;
+        }
+    }
+    return max_diff;
+}
 
 static void check_reference(const reference_case *rc) {
     char rel[256];
@@ -176,33 +202,45 @@ static void check_reference(const reference_case *rc) {
     engine_open(&e, gguf_copy, 2, 128);
     int V = n_vocab_of(&e);
     assert_int_equal(ref_size, (size_t)n_prompt * V * sizeof(float));
+
+    /* 1. Prompt logits, all positions in one batch. */
     float *logits = malloc((size_t)n_prompt * V * sizeof(float));
     eval_or_fail(&e, prompt, n_prompt, true, logits);
-    double max_diff = 0;
-    int argmax_checked = 0;
-    for (int p = 0; p < n_prompt; p++) {
-        const float *a = logits + (size_t)p * V, *b = ref + (size_t)p * V;
-        for (int i = 0; i < V; i++) max_diff = fmax(max_diff, fabs((double)a[i] - b[i]));
-        int rb = argmax(b, V);
-        float second = -INFINITY;
-        for (int i = 0; i < V; i++)
-            if (i != rb && b[i] > second) second = b[i];
-        if (b[rb] - second > 2 * rc->bound) {
-            if (argmax(a, V) != rb) fail_msg("%s: position %d argmax %d, llama.cpp %d", rc->name, p, argmax(a, V), rb);
-            argmax_checked++;
-        }
-    }
+    int checked = 0;
+    double prompt_diff = compare_rows(rc->name, "prompt", logits, ref, n_prompt, V, rc->bound, &checked);
+
+    /* 2. Decode, fed llama.cpp's greedy tokens (teacher forcing), so every
+     *    step is compared with the same context as the reference. */
+    engine_reset(&e);
+    float *gen = malloc((size_t)n_gold * V * sizeof(float));
+    if (n_prompt > 1) eval_or_fail(&e, prompt, n_prompt - 1, false, gen);
+    eval_or_fail(&e, prompt + n_prompt - 1, 1, false, gen);
+    for (int i = 1; i < n_gold; i++) eval_or_fail(&e, &gold[i - 1], 1, false, gen + (size_t)i * V);
+    double gen_diff = compare_rows(rc->name, "decode", gen, ref_gen, n_gold, V, rc->bound, &checked);
+
+    /* 3. Free-running greedy continuation. */
     engine_reset(&e);
     int32_t *got = malloc((size_t)n_gold * sizeof *got);
-    float *gen = malloc((size_t)n_gold * V * sizeof(float));
-    greedy_generate(&e, prompt, n_prompt, n_gold, got, gen);
-    double gen_diff = 0;
-    for (size_t i = 0; i < (size_t)n_gold * V; i++) gen_diff = fmax(gen_diff, fabs((double)gen[i] - ref_gen[i]));
-    for (int i = 0; i < n_gold; i++)
-        if (got[i] != gold[i]) fail_msg("%s: greedy token %d is %d, llama.cpp %d", rc->name, i, got[i], gold[i]);
-    print_message("%-22s prompt %3d pos: max |diff| %.3g (bound %.3g), argmax checked at %d; greedy %d/%d, gen max |diff| %.3g\n",
-                  rc->name, n_prompt, max_diff, rc->bound, argmax_checked, n_gold, n_gold, gen_diff);
-    assert_true(max_diff <= rc->bound);
+    greedy_generate(&e, prompt, n_prompt, n_gold, got, NULL);
+    int same = 0;
+    while (same < n_gold && got[same] == gold[same]) same++;
+    print_message("%-22s %3d prompt + %d decode rows: max |diff| %.3g / %.3g (bound %.3g), argmax checked at %d; "
+                  "greedy %d/%d equal\n",
+                  rc->name, n_prompt, n_gold, prompt_diff, gen_diff, rc->bound, checked, same, n_gold);
+    assert_true(prompt_diff <= rc->bound);
+    assert_true(gen_diff <= rc->bound);
+    /* A free-running continuation may only leave llama.cpp's at a step where
+     * llama.cpp's own top-1 margin is inside the noise bound. */
+    if (same < n_gold) {
+        const float *row = ref_gen + (size_t)same * V;
+        int rb = argmax(row, V);
+        float second = -INFINITY;
+        for (int i = 0; i < V; i++)
+            if (i != rb && row[i] > second) second = row[i];
+        if (row[rb] - second > 2 * rc->bound)
+            fail_msg("%s: greedy token %d is %d, llama.cpp %d (margin %.3g)", rc->name, same, got[same], gold[same],
+                     row[rb] - second);
+    }
     free(gen);
     free(got);
     free(logits);

@@ -110,6 +110,16 @@ static inline int nearest_int(float v) {
 }
 
 /* roundf (half away from zero) without the libm call, exact for |v| < 2^31. */
+/* Round to nearest, ties to even, without libm: adding and subtracting
+ * 1.5 * 2^23 leaves the rounded integer for |v| < 2^22 (activations are
+ * |v| <= 127 here). This matches the x86 path of ggml's activation
+ * quantizer, so our Q8 activations equal llama.cpp's bit for bit. */
+static inline int round_nearest_even(float v) {
+    const float magic = 12582912.0f;
+    float r = (v + magic) - magic;
+    return (int)r;
+}
+
 static inline int round_half_away(float v) {
     int i = (int)v;
     float frac = v - (float)i; /* exact */
@@ -399,9 +409,9 @@ static void quant_q8_0(const float *x, block_q8_0 *b, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += QK) {
         float amax = 0;
         for (int j = 0; j < QK; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
-        float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+        float d = amax / 127, id = amax != 0.0f ? 127.0f / amax : 0.0f;
         b[i].d = quant_f32_to_f16(d);
-        for (int j = 0; j < QK; j++) b[i].qs[j] = (int8_t)round_half_away(x[j] * id);
+        for (int j = 0; j < QK; j++) b[i].qs[j] = (int8_t)round_nearest_even(x[j] * id);
     }
 }
 
@@ -409,11 +419,11 @@ static void quant_q8_1(const float *x, block_q8_1 *b, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += QK) {
         float amax = 0;
         for (int j = 0; j < QK; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
-        float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+        float d = amax / 127, id = amax != 0.0f ? 127.0f / amax : 0.0f;
         b[i].d = quant_f32_to_f16(d);
         int sum = 0;
         for (int j = 0; j < QK; j++) {
-            b[i].qs[j] = (int8_t)round_half_away(x[j] * id);
+            b[i].qs[j] = (int8_t)round_nearest_even(x[j] * id);
             sum += b[i].qs[j];
         }
         b[i].s = quant_f32_to_f16((float)sum * d);
