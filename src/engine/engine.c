@@ -1,0 +1,295 @@
+/* engine.c - the synchronous request runner (see engine.h).
+ *
+ * A request owns one kv_seq for its lifetime. The cache fills it first
+ * (apc_lookup); the engine then appends on the grid, always through the
+ * cache's apc_seq_* calls because the pool is shared with other requests
+ * and with the cache's own bookkeeping. The three store points are called
+ * unconditionally; each tier keeps the ones it uses:
+ *
+ *     lookup -> [p, N-1) grid chunks -> PAUSE(N-1) -> token N-1 alone
+ *            -> PREFILL(N) -> decode ... -> RETIRE(prompt + reply)
+ *
+ * Retirement stores the tokens whose K/V exist: the prompt and every
+ * generated token but the last (it was sampled, never forwarded). When one
+ * more forward makes the stored sequence more useful (the exact tier: always;
+ * the block tier: when it completes a block) the engine spends it, so that the
+ * next turn of the conversation warm-starts past the whole reply.
+ *
+ * Model contexts (scratch buffers, a thread pool) are not shareable, so the
+ * engine keeps a small stack of idle ones; a concurrent call creates another. */
+#include "engine/engine.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/clock.h"
+#include "core/log.h"
+
+#define ENGINE_MAX_IDLE_CTX 64
+
+struct engine {
+    const model *m;
+    engine_config cfg;
+    kv_pool *pool;
+    apc *cache;
+    int n_vocab;
+    pthread_mutex_t ctx_lock;
+    model_ctx *idle[ENGINE_MAX_IDLE_CTX];
+    int n_idle;
+};
+
+engine_config engine_default_config(void) {
+    engine_config c;
+    memset(&c, 0, sizeof c);
+    c.n_threads = 0;
+    c.prefill_step = 512;
+    c.num_blocks = 0;
+    c.n_ctx = 0;
+    c.cache = apc_default_config();
+    return c;
+}
+
+engine_request engine_default_request(void) {
+    engine_request r;
+    memset(&r, 0, sizeof r);
+    r.max_tokens = 16;
+    r.sampling = sampler_default_params();
+    r.sampling.temperature = 0.0f;
+    r.cache = ENGINE_CACHE_ON;
+    r.stop_at_eog = true;
+    return r;
+}
+
+int32_t engine_default_blocks(const model *m, int n_ctx) {
+    kv_pool_config kc;
+    model_kv_config(m, 1, &kc);
+    size_t row = 0;
+    for (int l = 0; l < kc.n_layer; l++) row += (size_t)kc.k_width[l] + (size_t)kc.v_width[l];
+    size_t block_bytes = (row ? row : 1) * KV_BLOCK_TOKENS * sizeof(float);
+    int64_t want = 4 * (((int64_t)n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    int64_t most = (int64_t)(((size_t)2 << 30) / block_bytes);
+    if (want > most) want = most;
+    if (want < 64) want = 64;
+    return (int32_t)want;
+}
+
+engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *err) {
+    engine_config cfg = cfg_in ? *cfg_in : engine_default_config();
+    const model_hparams *hp = model_get_hparams(m);
+    if (cfg.prefill_step < 1) cfg.prefill_step = 512;
+    if (cfg.n_ctx <= 0) cfg.n_ctx = hp->n_ctx_train > 0 ? hp->n_ctx_train : 2048;
+    if (cfg.num_blocks <= 0) cfg.num_blocks = engine_default_blocks(m, cfg.n_ctx);
+    engine *e = calloc(1, sizeof *e);
+    if (e == NULL) {
+        ember_fail(err, "engine: out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&e->ctx_lock, NULL);
+    e->m = m;
+    e->cfg = cfg;
+    e->n_vocab = hp->n_vocab;
+    kv_pool_config kc;
+    model_kv_config(m, cfg.num_blocks, &kc);
+    e->pool = kv_pool_create(&kc, err);
+    if (e->pool == NULL) goto fail;
+    ember_log(EMBER_LOG_INFO, "KV pool: %d blocks of %d tokens (%lld tokens, %.1f MiB)", cfg.num_blocks,
+              KV_BLOCK_TOKENS, (long long)cfg.num_blocks * KV_BLOCK_TOKENS,
+              (double)cfg.num_blocks * (double)kv_pool_block_bytes(e->pool) / (1024.0 * 1024.0));
+    e->cache = apc_create(e->pool, &kc, model_cache_stack(m), &cfg.cache, err);
+    if (e->cache == NULL) goto fail;
+    return e;
+fail:
+    engine_free(e);
+    return NULL;
+}
+
+void engine_free(engine *e) {
+    if (e == NULL) return;
+    for (int i = 0; i < e->n_idle; i++) model_ctx_free(e->idle[i]);
+    apc_free(e->cache);
+    kv_pool_free(e->pool);
+    pthread_mutex_destroy(&e->ctx_lock);
+    free(e);
+}
+
+apc *engine_cache(engine *e) { return e->cache; }
+kv_pool *engine_pool(engine *e) { return e->pool; }
+const model *engine_model(const engine *e) { return e->m; }
+int engine_n_ctx(const engine *e) { return e->cfg.n_ctx; }
+
+static model_ctx *ctx_borrow(engine *e, ember_error *err) {
+    pthread_mutex_lock(&e->ctx_lock);
+    model_ctx *c = e->n_idle > 0 ? e->idle[--e->n_idle] : NULL;
+    pthread_mutex_unlock(&e->ctx_lock);
+    if (c == NULL) c = model_ctx_create(e->m, e->pool, e->cfg.n_threads, e->cfg.prefill_step, err);
+    return c;
+}
+
+static void ctx_return(engine *e, model_ctx *c) {
+    pthread_mutex_lock(&e->ctx_lock);
+    if (e->n_idle < ENGINE_MAX_IDLE_CTX) {
+        e->idle[e->n_idle++] = c;
+        c = NULL;
+    }
+    pthread_mutex_unlock(&e->ctx_lock);
+    model_ctx_free(c);
+}
+
+void engine_result_free(engine_result *r) {
+    if (r == NULL) return;
+    free(r->tokens);
+    free(r->logits);
+    memset(r, 0, sizeof *r);
+}
+
+/* Per-request scratch for building batches. */
+typedef struct run_state {
+    engine *e;
+    model_ctx *ctx;
+    kv_seq seq;
+    int64_t *pos;
+    kv_seq **seqs;
+    bool *want;
+    float *logits;   /* (n_vocab) */
+    int64_t forwarded;
+} run_state;
+
+/* Forwards tokens[0, n) at the sequence's next positions; logits of the
+ * last one if want_last. n <= prefill_step. */
+static int forward(run_state *rs, const int32_t *tokens, int n, bool want_last, ember_error *err) {
+    if (apc_seq_prepare_append(rs->e->cache, &rs->seq, n, err) < 0) return -1;
+    for (int i = 0; i < n; i++) {
+        rs->pos[i] = rs->seq.n_tokens + i;
+        rs->seqs[i] = &rs->seq;
+        rs->want[i] = want_last && i == n - 1;
+    }
+    model_batch b = {n, tokens, rs->pos, rs->seqs, rs->want};
+    if (model_forward(rs->ctx, &b, rs->logits, err) < 0) return -1;
+    rs->seq.n_tokens += n;
+    rs->forwarded += n;
+    return 0;
+}
+
+int engine_generate(engine *e, const engine_request *req, engine_result *out, ember_error *err) {
+    memset(out, 0, sizeof *out);
+    const int64_t N = req->n_prompt;
+    const int V = e->n_vocab, step = e->cfg.prefill_step;
+    const int max_tokens = req->max_tokens > 0 ? req->max_tokens : 0;
+    if (N < 1 || req->prompt == NULL) return ember_fail(err, "the prompt has no tokens");
+    if (N > e->cfg.n_ctx)
+        return ember_fail(err, "the prompt has %lld tokens; the context holds %d", (long long)N, e->cfg.n_ctx);
+    for (int64_t i = 0; i < N; i++)
+        if (req->prompt[i] < 0 || req->prompt[i] >= V)
+            return ember_fail(err, "prompt token %lld is %d, outside the vocabulary of %d", (long long)i,
+                              req->prompt[i], V);
+    /* Admission: the longest this request can get, plus one block for a
+     * copy-on-write, must fit in the pool. */
+    int64_t longest = N + max_tokens < e->cfg.n_ctx ? N + max_tokens : e->cfg.n_ctx;
+    int64_t need = (longest + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS + 1;
+    if (need > kv_pool_n_blocks(e->pool))
+        return ember_fail(err,
+                          "the request needs up to %lld KV blocks (%lld prompt + %d new tokens) but the pool has "
+                          "%d (num_blocks)",
+                          (long long)need, (long long)N, max_tokens, kv_pool_n_blocks(e->pool));
+
+    double t0 = ember_now();
+    run_state rs;
+    memset(&rs, 0, sizeof rs);
+    rs.e = e;
+    kv_seq_init(&rs.seq);
+    sampler *smp = sampler_create(&req->sampling);
+    int32_t *all = malloc((size_t)(N + max_tokens + 1) * sizeof(int32_t)); /* prompt + reply */
+    rs.pos = malloc((size_t)step * sizeof *rs.pos);
+    rs.seqs = malloc((size_t)step * sizeof *rs.seqs);
+    rs.want = malloc((size_t)step * sizeof *rs.want);
+    rs.logits = malloc((size_t)V * sizeof(float));
+    out->tokens = malloc((size_t)(max_tokens ? max_tokens : 1) * sizeof(int32_t));
+    if (req->want_logits) out->logits = malloc((size_t)(max_tokens ? max_tokens : 1) * (size_t)V * sizeof(float));
+    int rc = -1;
+    if (smp == NULL || all == NULL || !rs.pos || !rs.seqs || !rs.want || !rs.logits || !out->tokens ||
+        (req->want_logits && out->logits == NULL)) {
+        ember_fail(err, "out of memory for a request of %lld tokens", (long long)N);
+        goto done;
+    }
+    rs.ctx = ctx_borrow(e, err);
+    if (rs.ctx == NULL) goto done;
+    memcpy(all, req->prompt, (size_t)N * sizeof(int32_t));
+    for (int64_t i = 0; i < N; i++) sampler_accept(smp, req->prompt[i]);
+    const bool lookup = req->cache == ENGINE_CACHE_ON;
+    const bool store = req->cache != ENGINE_CACHE_BYPASS;
+    apc *cache = e->cache;
+
+    /* 1. Lookup. */
+    if (lookup) {
+        apc_hit hit = apc_lookup(cache, req->prompt, N, req->salt, &rs.seq);
+        out->cached_tokens = hit.n_tokens;
+        out->cache_source = hit.source;
+    }
+    /* 2. Prefill [cached, N-1) on the grid, then pause at N-1. */
+    while (rs.seq.n_tokens < N - 1) {
+        int64_t p = rs.seq.n_tokens;
+        int64_t end = (p / step + 1) * step;
+        if (end > N - 1) end = N - 1;
+        if (forward(&rs, req->prompt + p, (int)(end - p), false, err) < 0) goto done;
+    }
+    if (store && N - 1 > out->cached_tokens) apc_store(cache, APC_STORE_PAUSE, req->prompt, N - 1, req->salt, &rs.seq);
+    /* 3. The last prompt token alone; then the post-prefill store. */
+    if (forward(&rs, req->prompt + N - 1, 1, true, err) < 0) goto done;
+    out->ttft_s = ember_now() - t0;
+    out->prompt_forwarded = rs.forwarded;
+    if (store) apc_store(cache, APC_STORE_PREFILL, req->prompt, N, req->salt, &rs.seq);
+
+    /* 4. Decode. */
+    out->finish = ENGINE_FINISH_LENGTH;
+    const tokenizer *tok = model_get_tokenizer(e->m);
+    for (int i = 0; i < max_tokens; i++) {
+        if (out->logits) memcpy(out->logits + (size_t)i * V, rs.logits, (size_t)V * sizeof(float));
+        int32_t next = sampler_sample(smp, rs.logits, V);
+        sampler_accept(smp, next);
+        out->tokens[out->n_tokens++] = next;
+        all[N + i] = next;
+        if (req->on_token && !req->on_token(req->user, next)) {
+            out->finish = ENGINE_FINISH_STOPPED;
+            break;
+        }
+        if (req->stop_at_eog && tok != NULL && tokenizer_is_eog(tok, next)) {
+            out->finish = ENGINE_FINISH_EOG;
+            break;
+        }
+        if (i + 1 == max_tokens) break;
+        if (rs.seq.n_tokens >= e->cfg.n_ctx) {
+            out->finish = ENGINE_FINISH_CTX;
+            break;
+        }
+        if (forward(&rs, &next, 1, true, err) < 0) goto done;
+    }
+
+    /* 5. Retirement. */
+    if (store && apc_get_tier(cache) != APC_TIER_NONE) {
+        int64_t have = rs.seq.n_tokens, total = N + out->n_tokens;
+        if (have == total - 1 && have < e->cfg.n_ctx && apc_retire_wants_last_token(cache, have)) {
+            ember_error ignored;
+            /* Best effort: without the extra token the store is one shorter. */
+            if (forward(&rs, &all[total - 1], 1, false, &ignored) < 0)
+                apc_seq_truncate(cache, &rs.seq, have);
+        }
+        apc_store(cache, APC_STORE_RETIRE, all, rs.seq.n_tokens, req->salt, &rs.seq);
+    }
+    out->n_vocab = V;
+    out->n_prompt = N;
+    out->forwarded = rs.forwarded;
+    out->total_s = ember_now() - t0;
+    rc = 0;
+done:
+    apc_seq_release(e->cache, &rs.seq);
+    if (rs.ctx) ctx_return(e, rs.ctx);
+    sampler_free(smp);
+    free(all);
+    free(rs.pos);
+    free(rs.seqs);
+    free(rs.want);
+    free(rs.logits);
+    if (rc < 0) engine_result_free(out);
+    return rc;
+}

@@ -1,0 +1,111 @@
+/* engine.h - one model, its KV pool and prompt cache, and a synchronous
+ * runner for single requests.
+ *
+ * Contract:
+ *  - engine_create binds a loaded model (which must outlive the engine) to a
+ *    paged KV pool of num_blocks blocks (logged with its capacity) and a
+ *    prompt cache routed from the model's cache stack (apc.h).
+ *  - engine_generate runs one request to completion, in the order of
+ *    design.md §2 and invariant 1:
+ *      1. cache lookup: the longest cached prefix (block or exact tier),
+ *         at most N-1 tokens, is adopted into the request's sequence;
+ *      2. the rest of the prompt up to N-1 is prefilled in chunks on the
+ *         fixed grid of absolute positions (chunk k covers
+ *         [k*step, (k+1)*step)); the cursor then pauses at N-1, where the
+ *         exact tier takes its snapshot;
+ *      3. the last prompt token is forwarded alone (its logits pick the
+ *         first token), then the post-prefill store runs;
+ *      4. decode, one token per step, greedy or sampled;
+ *      5. at finish, the retirement store of prompt + reply.
+ *    Because every kernel is batch-invariant and the chunk grid is fixed,
+ *    the logits of every generated step are bit-identical whether the
+ *    prefix came from the cache or not.
+ *  - engine_generate may be called from several threads at once: each call
+ *    borrows its own model context; the pool and the cache are shared under
+ *    the cache's lock. A request that cannot fit in the pool at all fails at
+ *    admission with a clear error; the cache itself never fails a request.
+ *  - Results are owned by the caller: engine_result_free. */
+#ifndef EMBER_ENGINE_H
+#define EMBER_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "apc/apc.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "sample/sampler.h"
+
+typedef struct engine engine;
+
+typedef struct engine_config {
+    int n_threads;        /* threads per forward pass; <= 0: all CPUs */
+    int prefill_step;     /* grid step and largest forward batch; default 512 */
+    int32_t num_blocks;   /* KV pool size; 0: default (see engine_default_blocks) */
+    int n_ctx;            /* largest sequence; 0: the model's training context */
+    apc_config cache;
+} engine_config;
+
+typedef enum engine_cache_mode {
+    ENGINE_CACHE_ON = 0,     /* lookup and store */
+    ENGINE_CACHE_BYPASS = 1, /* neither: a cold request that leaves no trace */
+    ENGINE_CACHE_STORE = 2,  /* store only: a cold request that feeds the cache */
+} engine_cache_mode;
+
+typedef enum engine_finish {
+    ENGINE_FINISH_LENGTH = 0, /* max_tokens reached */
+    ENGINE_FINISH_EOG = 1,    /* end-of-generation token */
+    ENGINE_FINISH_CTX = 2,    /* the context is full */
+    ENGINE_FINISH_STOPPED = 3,/* the token callback asked to stop */
+} engine_finish;
+
+/* Streaming: called with each generated token; return false to stop. */
+typedef bool (*engine_token_fn)(void *user, int32_t token);
+
+typedef struct engine_request {
+    const int32_t *prompt;
+    int64_t n_prompt;
+    int max_tokens;
+    sampler_params sampling;  /* temperature <= 0: greedy */
+    uint64_t salt;            /* tenant salt (apc_salt_for_tenant); 0: none */
+    engine_cache_mode cache;
+    bool stop_at_eog;         /* finish on the tokenizer's end-of-generation ids */
+    bool want_logits;         /* keep the logits of every generated step */
+    engine_token_fn on_token;
+    void *user;
+} engine_request;
+
+typedef struct engine_result {
+    int32_t *tokens;          /* (n_tokens) generated ids */
+    int n_tokens;
+    float *logits;            /* (n_tokens, n_vocab) raw logits that chose each token, if asked */
+    int n_vocab;
+    int64_t n_prompt;
+    int64_t cached_tokens;    /* prompt tokens adopted from the cache */
+    int64_t prompt_forwarded; /* n_prompt - cached_tokens */
+    int64_t forwarded;        /* every token forwarded (prompt suffix, decode, retirement) */
+    apc_source cache_source;
+    engine_finish finish;
+    double ttft_s;            /* request start to the first token's logits */
+    double total_s;
+} engine_result;
+
+/* ---- Lifetime ---- */
+engine_config engine_default_config(void);
+/* The default pool: four full contexts, at least 64 blocks, at most 2 GiB. */
+int32_t engine_default_blocks(const model *m, int n_ctx);
+engine *engine_create(const model *m, const engine_config *cfg, ember_error *err);
+void engine_free(engine *e);
+
+/* ---- Parts ---- */
+apc *engine_cache(engine *e);
+kv_pool *engine_pool(engine *e);
+const model *engine_model(const engine *e);
+int engine_n_ctx(const engine *e);
+
+/* ---- Running ---- */
+engine_request engine_default_request(void);
+int engine_generate(engine *e, const engine_request *req, engine_result *out, ember_error *err);
+void engine_result_free(engine_result *r);
+
+#endif
