@@ -48,10 +48,6 @@ static uint64_t name_hash(const char *s) {
     return h;
 }
 
-static double unit_open(uint64_t *state) { /* in (0, 1): safe for log */
-    return ((double)(splitmix64(state) >> 11) + 0.5) * 0x1.0p-53;
-}
-
 static void generate_row(const mk_fill *f, int64_t row, float *out, int64_t n) {
     uint64_t state = f->tensor_seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(row + 1));
     splitmix64(&state);
@@ -62,11 +58,14 @@ static void generate_row(const mk_fill *f, int64_t row, float *out, int64_t n) {
     case MK_INIT_MATRIX:
     case MK_INIT_HEAD:
     case MK_INIT_BIAS:
+        /* Single precision: twice as fast as double and ample for weights. */
         for (int64_t i = 0; i < n; i += 2) {
-            double u1 = unit_open(&state), u2 = unit_open(&state);
-            double radius = sqrt(-2.0 * log(u1)) * f->std, angle = 6.283185307179586 * u2;
-            out[i] = (float)(radius * cos(angle));
-            if (i + 1 < n) out[i + 1] = (float)(radius * sin(angle));
+            uint64_t bits = splitmix64(&state);
+            float u1 = ((float)(bits >> 40) + 0.5f) * 0x1.0p-24f; /* (0, 1): safe for log */
+            float u2 = (float)(bits & 0xFFFFFF) * 0x1.0p-24f;
+            float radius = sqrtf(-2.0f * logf(u1)) * f->std, angle = 6.2831853f * u2;
+            out[i] = radius * cosf(angle);
+            if (i + 1 < n) out[i + 1] = radius * sinf(angle);
         }
         return;
     }
