@@ -170,7 +170,7 @@ static void test_index_against_model(void **state) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         int b = (int)((rng >> 33) % NB);
         if (in[b]) apc_index_remove(&ix, b);
-        else apc_index_insert(&ix, b, &keys[b], &zero, 0, tokens);
+        else apc_index_insert(&ix, b, &keys[b], &zero, 0, tokens, 16);
         in[b] = !in[b];
         if (step % 97 == 0) {
             int count = 0;
@@ -287,10 +287,8 @@ static void test_block_resend_cap(void **state) {
         apc_reset(f.cache);
         assert_int_equal(request(&f, t, n, 0), 0);
         int64_t warm = request(&f, t, n, 0);
-        /* full blocks of the prompt, capped at n-1 */
-        int64_t want = (n / 16) * 16;
-        if (want > n - 1) want = n - 1;
-        assert_int_equal(warm, want);
+        /* full blocks and the partial tail: everything but the last token */
+        assert_int_equal(warm, n - 1);
     }
     /* The shared last block was copied, not written: a third resend of a
      * multiple of 16 still adopts clean rows. */
@@ -311,19 +309,22 @@ static void test_block_prefix_branch_salt(void **state) {
     b[40] = (b[40] + 1) % 500; /* diverges inside block 2 */
     assert_int_equal(request(&f, a, 100, 0), 0);
     assert_int_equal(request(&f, b, 100, 0), 32);
-    /* b's own blocks 2.. were stored on its branch */
-    assert_int_equal(request(&f, b, 100, 0), 96);
-    assert_int_equal(request(&f, a, 100, 0), 96);
+    /* b's own blocks 2.. and its tail were stored on its branch */
+    assert_int_equal(request(&f, b, 100, 0), 99);
+    assert_int_equal(request(&f, a, 100, 0), 99);
+    /* a prefix ending inside a stored full block gets the blocks before it */
+    assert_int_equal(request(&f, a, 70, 0), 64);
     /* another salt sees nothing */
     assert_int_equal(request(&f, a, 100, 99), 0);
-    assert_int_equal(request(&f, a, 100, 99), 96);
+    assert_int_equal(request(&f, a, 100, 99), 99);
     apc_stats s;
     apc_get_stats(f.cache, &s);
     assert_int_equal(s.lookups_miss, 2);
-    assert_int_equal(s.lookups_hit, 4);
-    assert_int_equal(s.matched_tokens, 32 + 96 * 3);
-    assert_int_equal(s.stores, 6 + 4 + 6);
-    assert_int_equal(s.served_tokens, 16 * 16);
+    assert_int_equal(s.lookups_hit, 5);
+    assert_int_equal(s.matched_tokens, 32 + 99 * 3 + 64);
+    /* a: 6 full + tail; b: 4 full + tail; a[0:70): tail; salted a: 6 + tail */
+    assert_int_equal(s.stores, 7 + 5 + 1 + 7);
+    assert_int_equal(s.served_tokens, 100 + 68 + 6 + 100);
     fx_close(&f);
 }
 
@@ -431,10 +432,10 @@ static void test_stats_json_fields(void **state) {
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "enabled")));
     assert_int_equal((int)cJSON_GetObjectItem(j, "block_size")->valuedouble, 16);
     assert_int_equal((int)cJSON_GetObjectItem(j, "num_blocks")->valuedouble, 16);
-    assert_int_equal((int)cJSON_GetObjectItem(j, "pool_used")->valuedouble, 2);
-    assert_int_equal((int)cJSON_GetObjectItem(j, "matched_tokens")->valuedouble, 32);
-    assert_int_equal((int)cJSON_GetObjectItem(j, "served_tokens")->valuedouble, 32);
-    assert_true(cJSON_GetObjectItem(j, "token_hit_rate")->valuedouble == 0.5);
+    assert_int_equal((int)cJSON_GetObjectItem(j, "pool_used")->valuedouble, 3); /* 2 full + the tail */
+    assert_int_equal((int)cJSON_GetObjectItem(j, "matched_tokens")->valuedouble, 39);
+    assert_int_equal((int)cJSON_GetObjectItem(j, "served_tokens")->valuedouble, 40);
+    assert_true(cJSON_GetObjectItem(j, "token_hit_rate")->valuedouble == 39.0 / 79.0);
     assert_string_equal(cJSON_GetObjectItem(j, "tier")->valuestring, "block");
     cJSON_Delete(j);
     fx_close(&f);
@@ -459,7 +460,7 @@ static void test_reset_keeps_live_blocks(void **state) {
     request(&f, t, 40, 0);
     kv_seq seq;
     kv_seq_init(&seq);
-    assert_int_equal(apc_lookup(f.cache, t, 40, 0, &seq).n_tokens, 32);
+    assert_int_equal(apc_lookup(f.cache, t, 40, 0, &seq).n_tokens, 39);
     apc_reset(f.cache);
     /* The adopted blocks stay the sequence's, with their rows. */
     check_rows(&f, &seq, t);

@@ -196,6 +196,15 @@ void apc_seq_release(apc *c, kv_seq *seq) {
 
 /* ---- Lookup ---- */
 
+/* Under the lock: whether block b holds exactly these rows as the child of
+ * parent under salt. */
+static bool block_matches(const apc *c, int32_t b, const apc_key *parent, uint64_t salt, const int32_t *tokens,
+                          int n_rows) {
+    const apc_block_meta *m = &c->index.meta[b];
+    return m->n_rows == n_rows && m->salt == salt && apc_key_eq(&m->parent, parent) &&
+           memcmp(m->tokens, tokens, (size_t)n_rows * sizeof(int32_t)) == 0;
+}
+
 static apc_hit lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq) {
     apc_hit hit = {0, APC_SOURCE_NONE};
     int64_t n_blocks = n / KV_BLOCK_TOKENS;
@@ -215,10 +224,7 @@ static apc_hit lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t 
     for (int64_t i = 0; i < n_blocks; i++) {
         int32_t b = apc_index_find(&c->index, &keys[i]);
         if (b < 0) break;
-        const apc_block_meta *m = &c->index.meta[b];
-        const apc_key *parent = i > 0 ? &keys[i - 1] : &zero;
-        if (m->salt != salt || !apc_key_eq(&m->parent, parent) ||
-            memcmp(m->tokens, tokens + i * KV_BLOCK_TOKENS, sizeof m->tokens) != 0) {
+        if (!block_matches(c, b, i > 0 ? &keys[i - 1] : &zero, salt, tokens + i * KV_BLOCK_TOKENS, KV_BLOCK_TOKENS)) {
             decline(c, APC_DECLINE_COLLISION, "a block key matched but its tokens, parent or salt did not");
             break;
         }
@@ -228,15 +234,36 @@ static apc_hit lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t 
         }
         matched++;
     }
+    int64_t adopted = matched * KV_BLOCK_TOKENS;
+    /* A partial tail block after the full ones: the longest one whose rows
+     * are all in the query, of which at most n-1 tokens in all are used. */
+    int64_t rest = n - adopted;
+    if (rest >= 2) {
+        const apc_key *parent = matched > 0 ? &keys[matched - 1] : &zero;
+        const int32_t *t = tokens + adopted;
+        for (int m = rest < KV_BLOCK_TOKENS ? (int)rest : KV_BLOCK_TOKENS - 1; m >= 1; m--) {
+            apc_key k = apc_partial_key(c->cfg.hash, parent, salt, t, m);
+            int32_t b = apc_index_find(&c->index, &k);
+            if (b < 0) continue;
+            if (!block_matches(c, b, parent, salt, t, m)) {
+                decline(c, APC_DECLINE_COLLISION, "a block key matched but its tokens, parent or salt did not");
+                break;
+            }
+            if (kv_seq_adopt_block(c->pool, seq, b, NULL) < 0) {
+                decline(c, APC_DECLINE_ALLOC, "out of memory growing a block table");
+                break;
+            }
+            adopted += m;
+            matched++;
+            break;
+        }
+    }
     if (matched == 0) {
         c->lookups_miss++;
     } else {
-        int64_t adopted = matched * KV_BLOCK_TOKENS;
-        if (adopted > n - 1) {
-            adopted = n - 1;
-            /* The last block stays shared; the pool copies it on append. */
-            kv_seq_truncate(c->pool, seq, adopted);
-        }
+        if (adopted > n - 1) adopted = n - 1;
+        /* A last block left partial stays shared; the pool copies it on append. */
+        if (seq->n_tokens > adopted) kv_seq_truncate(c->pool, seq, adopted);
         c->lookups_hit++;
         c->matched_tokens += (uint64_t)adopted;
         hit.n_tokens = adopted;
@@ -301,8 +328,8 @@ apc_hit apc_lookup(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_s
 static void store_blocks(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
                          const kv_seq *seq) {
     int64_t n_blocks = n / KV_BLOCK_TOKENS;
-    if (n_blocks == 0) return;
-    apc_key *keys = malloc((size_t)n_blocks * sizeof *keys);
+    int tail = (int)(n % KV_BLOCK_TOKENS);
+    apc_key *keys = malloc((size_t)(n_blocks + 1) * sizeof *keys);
     if (keys == NULL) {
         decline_locked(c, APC_DECLINE_ALLOC, "out of memory for the store's keys");
         return;
@@ -310,18 +337,26 @@ static void store_blocks(apc *c, apc_store_point point, const int32_t *tokens, i
     apc_chain_keys(c->cfg.hash, tokens, n_blocks, salt, keys);
     apc_key zero;
     memset(&zero, 0, sizeof zero);
-    uint64_t added = 0;
+    const apc_key *tail_parent = n_blocks > 0 ? &keys[n_blocks - 1] : &zero;
+    if (tail) keys[n_blocks] = apc_partial_key(c->cfg.hash, tail_parent, salt, tokens + n_blocks * KV_BLOCK_TOKENS, tail);
+    uint64_t added = 0, added_tokens = 0;
     pthread_mutex_lock(&c->lock);
-    for (int64_t i = 0; i < n_blocks; i++) {
+    for (int64_t i = 0; i < n_blocks + (tail ? 1 : 0); i++) {
         int32_t b = seq->blocks[i];
-        if (kv_block_is_indexed(c->pool, b)) continue;       /* adopted, or stored before */
+        int rows = i < n_blocks ? KV_BLOCK_TOKENS : tail;
+        if (kv_block_is_indexed(c->pool, b)) continue;          /* adopted, or stored before */
         if (apc_index_find(&c->index, &keys[i]) >= 0) continue; /* same content in another block */
-        apc_index_insert(&c->index, b, &keys[i], i > 0 ? &keys[i - 1] : &zero, salt, tokens + i * KV_BLOCK_TOKENS);
+        /* Indexing a live partial block makes its owner copy it on the next
+         * append; do that only while a block is free for the copy. */
+        if (rows < KV_BLOCK_TOKENS && point == APC_STORE_PREFILL && kv_pool_n_free(c->pool) < 1) continue;
+        apc_index_insert(&c->index, b, &keys[i], i > 0 ? &keys[i - 1] : &zero, salt, tokens + i * KV_BLOCK_TOKENS,
+                         rows);
         kv_block_set_indexed(c->pool, b, true);
         added++;
+        added_tokens += (uint64_t)rows;
     }
     c->stores += added;
-    c->served_tokens += added * KV_BLOCK_TOKENS;
+    c->served_tokens += added_tokens;
     if (point == APC_STORE_RETIRE && added > 0) c->retire_stores++;
     pthread_mutex_unlock(&c->lock);
     free(keys);

@@ -22,6 +22,11 @@
  *    resend of N tokens always forwards exactly one (when N is a multiple of
  *    16 the last adopted block is left shared and partial, and the pool
  *    copies it on the first append).
+ *    ember addition: the partial tail block of a stored sequence (N % 16
+ *    rows) is indexed too, under a key that also says how many rows it
+ *    holds, so a resend forwards one token for every N, not only from the
+ *    first full block on. An indexed block is never written again: its owner
+ *    copies a partial one before appending (kv_seq_prepare_append).
  *  - Exact tier. Whole-state snapshots (for a dense stack: the K/V rows of
  *    positions [0, n) of every layer) adopted only as a verbatim prefix of
  *    length <= N-1 with the same salt, into fresh blocks. LRU bounded by
@@ -127,6 +132,7 @@ typedef struct apc_config {
  * retire_fallback_full, ckpt_pool_evictions, ckpt_grid_truncate,
  * anchor_stores, anchor_hits) and the L0 fields (spec_prefix_*), all zero
  * until those tiers exist; enabled.
+ * served_tokens also counts the rows of indexed partial tail blocks.
  * ember's additions: tier, hash, pool_free (blocks with refcount 0),
  * pool_referenced, pool_capacity_tokens, pool_bytes, exact_entries,
  * exact_max_entries, exact_bytes, exact_max_bytes, exact_evictions,

@@ -48,12 +48,14 @@ int32_t apc_index_find(const apc_index *ix, const apc_key *key) {
 }
 
 void apc_index_insert(apc_index *ix, int32_t block, const apc_key *key, const apc_key *parent, uint64_t salt,
-                      const int32_t *tokens) {
+                      const int32_t *tokens, int n_rows) {
     apc_block_meta *m = &ix->meta[block];
     m->key = *key;
     m->parent = *parent;
     m->salt = salt;
-    memcpy(m->tokens, tokens, sizeof m->tokens);
+    memset(m->tokens, 0, sizeof m->tokens);
+    memcpy(m->tokens, tokens, (size_t)n_rows * sizeof(int32_t));
+    m->n_rows = n_rows;
     m->indexed = true;
     uint32_t i = home_of(ix, key);
     while (ix->slots[i] >= 0) i = (i + 1) & ix->mask;

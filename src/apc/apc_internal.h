@@ -17,7 +17,8 @@ typedef struct apc_block_meta {
     apc_key key;
     apc_key parent;
     uint64_t salt;
-    int32_t tokens[KV_BLOCK_TOKENS];
+    int32_t tokens[KV_BLOCK_TOKENS]; /* rows [0, n_rows) */
+    int n_rows;                      /* 16, or 1..15 for a sequence's partial tail */
     bool indexed;
 } apc_block_meta;
 
@@ -34,7 +35,7 @@ void apc_index_free(apc_index *ix);
 int32_t apc_index_find(const apc_index *ix, const apc_key *key);
 /* The key must not be present and the block not indexed. */
 void apc_index_insert(apc_index *ix, int32_t block, const apc_key *key, const apc_key *parent, uint64_t salt,
-                      const int32_t *tokens);
+                      const int32_t *tokens, int n_rows);
 void apc_index_remove(apc_index *ix, int32_t block);
 void apc_index_clear(apc_index *ix);
 

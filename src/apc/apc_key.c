@@ -20,22 +20,35 @@ static void put_u32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
+static apc_key digest_of(apc_hash_kind kind, const uint8_t *msg, size_t len) {
+    apc_key k;
+    if (kind == APC_HASH_XXH3) {
+        XXH128_hash_t h = XXH3_128bits(msg, len);
+        put_u64(k.b, h.low64);
+        put_u64(k.b + 8, h.high64);
+    } else {
+        uint8_t digest[SHA256_DIGEST_LENGTH];
+        SHA256(msg, len, digest);
+        memcpy(k.b, digest, 16);
+    }
+    return k;
+}
+
 apc_key apc_block_key(apc_hash_kind kind, const apc_key *parent, uint64_t salt, const int32_t *tokens16) {
     uint8_t msg[MSG_BYTES];
     memcpy(msg, parent->b, 16);
     put_u64(msg + 16, salt);
     for (int i = 0; i < KV_BLOCK_TOKENS; i++) put_u32(msg + 24 + 4 * i, (uint32_t)tokens16[i]);
-    apc_key k;
-    if (kind == APC_HASH_XXH3) {
-        XXH128_hash_t h = XXH3_128bits(msg, sizeof msg);
-        put_u64(k.b, h.low64);
-        put_u64(k.b + 8, h.high64);
-    } else {
-        uint8_t digest[SHA256_DIGEST_LENGTH];
-        SHA256(msg, sizeof msg, digest);
-        memcpy(k.b, digest, 16);
-    }
-    return k;
+    return digest_of(kind, msg, sizeof msg);
+}
+
+apc_key apc_partial_key(apc_hash_kind kind, const apc_key *parent, uint64_t salt, const int32_t *tokens, int m) {
+    uint8_t msg[MSG_BYTES + 4];
+    memcpy(msg, parent->b, 16);
+    put_u64(msg + 16, salt);
+    put_u32(msg + 24, 0x80000000u | (uint32_t)m);
+    for (int i = 0; i < m; i++) put_u32(msg + 28 + 4 * i, (uint32_t)tokens[i]);
+    return digest_of(kind, msg, 28 + 4 * (size_t)m);
 }
 
 void apc_chain_keys(apc_hash_kind kind, const int32_t *tokens, int64_t n_blocks, uint64_t salt, apc_key *keys) {

@@ -3,7 +3,10 @@
  * A block key is 128 bits: the first 16 bytes of SHA-256, or XXH3-128, over
  * the 88-byte message (parent key 16 bytes, salt u64 little-endian, the
  * block's 16 token ids as int32 little-endian). The first block's parent is
- * the all-zero key. Keys are content addresses: the same tokens under the
+ * the all-zero key. A partial block (m < 16 rows, the tail of a stored
+ * sequence) has its own key over (parent, salt, u32 0x80000000 | m, its m
+ * tokens): the marker can never be a token id, so a partial key never equals
+ * a full one. Keys are content addresses: the same tokens under the
  * same salt give the same key in every process. */
 #ifndef EMBER_APC_KEY_H
 #define EMBER_APC_KEY_H
@@ -24,6 +27,9 @@ static inline bool apc_key_eq(const apc_key *a, const apc_key *b) {
 
 /* The key of one block from its parent's key. */
 apc_key apc_block_key(apc_hash_kind kind, const apc_key *parent, uint64_t salt, const int32_t *tokens16);
+
+/* The key of the first m (1..15) rows of a block. */
+apc_key apc_partial_key(apc_hash_kind kind, const apc_key *parent, uint64_t salt, const int32_t *tokens, int m);
 
 /* keys[i] for blocks 0..n_blocks-1 of tokens (chained from the zero key). */
 void apc_chain_keys(apc_hash_kind kind, const int32_t *tokens, int64_t n_blocks, uint64_t salt, apc_key *keys);
