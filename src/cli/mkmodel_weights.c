@@ -9,6 +9,7 @@
  * quant_quantize_row - the same rounding llama-quantize uses - directly into
  * the writer's buffer, one tensor at a time, so a multi-gigabyte model is
  * never in memory at once. */
+#include "core/rng.h"
 #include "cli/mkmodel.h"
 
 #include <math.h>
@@ -34,13 +35,6 @@ struct mk_weights {
     int n;
 };
 
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* FNV-1a: a stable hash of the tensor name, so seeds follow names, not order. */
 static uint64_t name_hash(const char *s) {
     uint64_t h = 0xcbf29ce484222325ull;
@@ -50,7 +44,7 @@ static uint64_t name_hash(const char *s) {
 
 static void generate_row(const mk_fill *f, int64_t row, float *out, int64_t n) {
     uint64_t state = f->tensor_seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(row + 1));
-    splitmix64(&state);
+    rng_splitmix64(&state);
     switch (f->tensor->init) {
     case MK_INIT_ONES:
         for (int64_t i = 0; i < n; i++) out[i] = 1.0f;
@@ -60,7 +54,7 @@ static void generate_row(const mk_fill *f, int64_t row, float *out, int64_t n) {
     case MK_INIT_BIAS:
         /* Single precision: twice as fast as double and ample for weights. */
         for (int64_t i = 0; i < n; i += 2) {
-            uint64_t bits = splitmix64(&state);
+            uint64_t bits = rng_splitmix64(&state);
             float u1 = ((float)(bits >> 40) + 0.5f) * 0x1.0p-24f; /* (0, 1): safe for log */
             float u2 = (float)(bits & 0xFFFFFF) * 0x1.0p-24f;
             float radius = sqrtf(-2.0f * logf(u1)) * f->std, angle = 6.2831853f * u2;
@@ -122,7 +116,7 @@ mk_weights *mk_weights_add(gguf_writer *w, const mk_tensor *tensors, int n, cons
         mk_fill *f = &mw->fills[i];
         f->tensor = t;
         uint64_t s = seed ^ name_hash(t->name);
-        f->tensor_seed = splitmix64(&s);
+        f->tensor_seed = rng_splitmix64(&s);
         f->pool = pool;
         switch (t->init) {
         case MK_INIT_MATRIX: f->std = 1.0f / sqrtf((float)t->ne[0]); break;

@@ -16,6 +16,7 @@
  * Randomness: xoshiro256** (public-domain algorithm by Blackman and Vigna),
  * state seeded by four outputs of splitmix64 so any 64-bit seed, including
  * 0, gives a well-mixed state. Uniform doubles take the top 53 bits. */
+#include "core/rng.h"
 #include "sample/sampler.h"
 
 #include <math.h>
@@ -41,13 +42,6 @@ struct sampler {
 
 /* ---- random numbers ---- */
 
-static uint64_t splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 static uint64_t xoshiro_next(uint64_t s[4]) {
@@ -66,7 +60,7 @@ static double uniform01(uint64_t s[4]) { return (double)(xoshiro_next(s) >> 11) 
 
 static void seed_rng(sampler *s) {
     uint64_t sm = s->params.seed;
-    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&sm);
+    for (int i = 0; i < 4; i++) s->rng[i] = rng_splitmix64(&sm);
 }
 
 /* ---- lifetime ---- */
