@@ -222,7 +222,9 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
 
     /* 1. Lookup. */
     if (lookup) {
+        double tc = ember_now();
         apc_hit hit = apc_lookup(cache, req->prompt, N, req->salt, &rs.seq);
+        out->cache_s += ember_now() - tc;
         out->cached_tokens = hit.n_tokens;
         out->cache_source = hit.source;
     }
@@ -233,12 +235,20 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
         if (end > N - 1) end = N - 1;
         if (forward(&rs, req->prompt + p, (int)(end - p), false, err) < 0) goto done;
     }
-    if (store && N - 1 > out->cached_tokens) apc_store(cache, APC_STORE_PAUSE, req->prompt, N - 1, req->salt, &rs.seq);
+    if (store && N - 1 > out->cached_tokens) {
+        double tc = ember_now();
+        apc_store(cache, APC_STORE_PAUSE, req->prompt, N - 1, req->salt, &rs.seq);
+        out->cache_s += ember_now() - tc;
+    }
     /* 3. The last prompt token alone; then the post-prefill store. */
     if (forward(&rs, req->prompt + N - 1, 1, true, err) < 0) goto done;
     out->ttft_s = ember_now() - t0;
     out->prompt_forwarded = rs.forwarded;
-    if (store) apc_store(cache, APC_STORE_PREFILL, req->prompt, N, req->salt, &rs.seq);
+    if (store) {
+        double tc = ember_now();
+        apc_store(cache, APC_STORE_PREFILL, req->prompt, N, req->salt, &rs.seq);
+        out->cache_s += ember_now() - tc;
+    }
 
     /* 4. Decode. */
     out->finish = ENGINE_FINISH_LENGTH;
@@ -267,6 +277,7 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
 
     /* 5. Retirement. */
     if (store && apc_get_tier(cache) != APC_TIER_NONE) {
+        double tc = ember_now(); /* the extra forward is a cost of the store */
         int64_t have = rs.seq.n_tokens, total = N + out->n_tokens;
         if (have == total - 1 && have < e->cfg.n_ctx && apc_retire_wants_last_token(cache, have)) {
             ember_error ignored;
@@ -275,6 +286,7 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
                 apc_seq_truncate(cache, &rs.seq, have);
         }
         apc_store(cache, APC_STORE_RETIRE, all, rs.seq.n_tokens, req->salt, &rs.seq);
+        out->cache_s += ember_now() - tc;
     }
     out->n_vocab = V;
     out->n_prompt = N;

@@ -88,6 +88,7 @@ typedef struct engine_result {
     engine_finish finish;
     double ttft_s;            /* request start to the first token's logits */
     double total_s;
+    double cache_s;           /* time inside the cache's lookup and stores */
 } engine_result;
 
 /* ---- Lifetime ---- */
