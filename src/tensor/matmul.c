@@ -21,27 +21,35 @@
 
 #include "tensor/quant.h"
 
-struct matmul_scratch {
-    void *act;       /* converted activations, 64-byte aligned */
+typedef struct scratch_buf {
+    void *p;         /* 64-byte aligned */
     size_t capacity; /* bytes */
+} scratch_buf;
+
+struct matmul_scratch {
+    scratch_buf act;  /* converted activations */
+    scratch_buf meta; /* per activation block metadata for the panel GEMM */
+    scratch_buf pack; /* one packed weight panel per thread */
 };
 
 matmul_scratch *matmul_scratch_create(void) { return calloc(1, sizeof(matmul_scratch)); }
 
 void matmul_scratch_free(matmul_scratch *s) {
     if (!s) return;
-    free(s->act);
+    free(s->act.p);
+    free(s->meta.p);
+    free(s->pack.p);
     free(s);
 }
 
-static int scratch_reserve(matmul_scratch *s, size_t bytes) {
+static int scratch_reserve(scratch_buf *s, size_t bytes) {
     if (bytes <= s->capacity) return 0;
     void *p = NULL;
     size_t cap = bytes + bytes / 4;
     cap = (cap + 63) & ~(size_t)63;
     if (posix_memalign(&p, 64, cap) != 0) return -1;
-    free(s->act);
-    s->act = p;
+    free(s->p);
+    s->p = p;
     s->capacity = cap;
     return 0;
 }
@@ -59,7 +67,24 @@ typedef struct matmul_task {
     quant_dot_fn dot;
     quant_tile_fn tile;
     int tile_rows, tile_cols;
+    int32_t *meta;          /* panel GEMM: per (token, block) {-128 * sum(qs), f32 d}; or NULL */
+    uint8_t *pack;          /* panel GEMM: per-thread packed panels, or NULL */
+    size_t pack_bytes;      /* per thread */
 } matmul_task;
+
+enum { PANEL_ROWS = 16, PANEL_MIN_TOKENS = 8 };
+
+/* Q8_0 activation blocks [b0, b0 + count) of one row: the panel metadata. */
+static void q8_0_meta(const uint8_t *act, int32_t *meta, int64_t count) {
+    for (int64_t b = 0; b < count; b++, act += sizeof(block_q8_0)) {
+        const block_q8_0 *blk = (const block_q8_0 *)act;
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) sum += blk->qs[j];
+        float d = quant_f16_to_f32(blk->d);
+        meta[2 * b] = -128 * sum;
+        memcpy(&meta[2 * b + 1], &d, sizeof d);
+    }
+}
 
 static void convert_task(void *ctx, int ith, int nth) {
     const matmul_task *t = ctx;
@@ -74,6 +99,9 @@ static void convert_task(void *ctx, int ith, int nth) {
         quant_quantize_row(t->act_type, t->x + row * t->w->n_in + col * t->act_block,
                            act + row * t->act_row_bytes + col * t->act_block_bytes,
                            count * t->act_block);
+        if (t->meta)
+            q8_0_meta(act + row * t->act_row_bytes + col * t->act_block_bytes,
+                      t->meta + 2 * (row * blocks_per_row + col), count);
         b += (long)count;
     }
 }
@@ -95,9 +123,16 @@ static void compute_task(void *ctx, int ith, int nth) {
     const matmul_task *t = ctx;
     int64_t n_out = t->w->n_out, n_in = t->w->n_in;
     long begin, end;
-    long granule = t->tile ? t->tile_rows : 4;
+    long granule = t->pack ? PANEL_ROWS : t->tile ? t->tile_rows : 4;
     ember_split_range((long)n_out, granule, ith, nth, &begin, &end);
     if (begin >= end) return;
+    if (t->pack) {
+        matmul_avx512_panels(t->w->type, t->w->data, t->w->row_bytes, n_in, begin, end, t->act,
+                             t->act_row_bytes, t->meta, t->n_tokens, t->y, n_out,
+                             t->pack + (size_t)ith * t->pack_bytes);
+        begin += (end - begin) / PANEL_ROWS * PANEL_ROWS;
+        if (begin >= end) return;
+    }
     if (t->n_tokens == 1 || !t->tile) {
         dots_range(t, begin, end, 0, t->n_tokens);
         return;
@@ -136,8 +171,22 @@ int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight
         t.act_block = ai->block_elems;
         t.act_block_bytes = (size_t)ai->block_bytes;
         t.act_row_bytes = dtype_row_bytes(t.act_type, w->n_in);
-        if (scratch_reserve(scratch, t.act_row_bytes * (size_t)n_tokens) != 0) return -1;
-        t.act = scratch->act;
+        if (scratch_reserve(&scratch->act, t.act_row_bytes * (size_t)n_tokens) != 0) return -1;
+        t.act = scratch->act.p;
+        size_t pb = quant_get_isa() == QUANT_ISA_AVX512 && n_tokens >= PANEL_MIN_TOKENS
+                        ? matmul_avx512_panel_bytes(w->type, w->n_in)
+                        : 0;
+        if (pb > 0) {
+            int nth = ember_pool_size(pool);
+            if (scratch_reserve(&scratch->pack, pb * (size_t)nth) != 0) return -1;
+            t.pack = scratch->pack.p;
+            t.pack_bytes = pb;
+            if (w->type == DT_Q8_0) {
+                size_t mb = (size_t)(w->n_in / 32) * (size_t)n_tokens * 2 * sizeof(int32_t);
+                if (scratch_reserve(&scratch->meta, mb) != 0) return -1;
+                t.meta = scratch->meta.p;
+            }
+        }
         ember_pool_run(pool, convert_task, &t);
     }
     ember_pool_run(pool, compute_task, &t);

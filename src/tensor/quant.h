@@ -154,4 +154,16 @@ void quant_avx2_kernels(quant_dot_fn dots[DT_COUNT]);
 void quant_avx512_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[DT_COUNT],
                           int *tile_rows, int *tile_cols);
 
+/* matmul_avx512.c: 16-row panel GEMM (AVX-512 VNNI) for Q8_0 and Q4_K.
+ * panel_bytes: scratch one thread needs for a packed panel (0: type not
+ * handled). panels computes rows [o0, o1) rounded down to whole panels of 16
+ * (the caller does the rest) for all n_tokens, bit-identical to
+ * quant_vec_dot. act: converted activations, `as` bytes per token; meta (Q8_0
+ * only): per token and block {-128 * sum(qs), f32 scale bits}; pk: the
+ * panel scratch, 64-byte aligned. */
+size_t matmul_avx512_panel_bytes(ember_dtype type, int64_t n_in);
+void matmul_avx512_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0,
+                          int64_t o1, const uint8_t *act, size_t as, const int32_t *meta,
+                          int64_t n_tokens, float *y, int64_t n_out, uint8_t *pk);
+
 #endif

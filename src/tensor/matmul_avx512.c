@@ -1,0 +1,233 @@
+/* matmul_avx512.c - AVX-512 VNNI "row panel" GEMM for batches (prefill).
+ *
+ * The 4x4 tiles of quant_avx512.c compute one integer vector per
+ * (row, token) and then reduce 16 of them horizontally per block, which
+ * costs about as much as the products themselves. Here 16 weight rows are
+ * first repacked ("a panel") so that one zmm holds the same 4 bytes of all
+ * 16 rows, one row per 32-bit lane; a vpdpbusd with 4 activation bytes
+ * broadcast then adds the partial dot of each row into its own lane, so a
+ * block's 16 exact integer dots end up in one register with no reduction.
+ *
+ * Bit-identity: per (row, token) every block still yields the same exact
+ * integer dot, and it is folded with the same float operations in the same
+ * block order as quant_vec_dot (quant.h: quant_fold / quant_fold_min, one
+ * lane per row: cvt, dw * da, fma), so results do not depend on n_tokens or
+ * on the thread split.
+ *
+ * Q8_0: weights are stored unsigned (q + 128); the 128 * sum(a) excess of
+ * each activation block comes from matmul.c's per-block metadata
+ * (matmul_q8_meta: -128 * sum(a) and the f32 scale).
+ * Q4_K: the nibbles (0..15) are unsigned already; sub-block dots are scaled
+ * with vpmulld, mins go through the Q8_K bsums with vpdpwssd. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "tensor/quant.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 16")
+
+enum { PANEL = 16, Q8_PANEL_BLOCK = 8 * 64 + 64, Q4K_PANEL_BLOCK = (32 + 8 + 8 + 2) * 64 };
+
+ALWAYS_INLINE __m512i row_offsets(size_t wrb) {
+    return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                              _mm512_set1_epi32((int)wrb));
+}
+
+ALWAYS_INLINE __m512 gather_f16(__m512i idx, const uint8_t *base) {
+    __m512i v = _mm512_i32gather_epi32(idx, (const void *)base, 1);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+}
+
+ALWAYS_INLINE int32_t load_i32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+ALWAYS_INLINE float load_f32(const void *p) {
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+size_t matmul_avx512_panel_bytes(ember_dtype type, int64_t n_in) {
+    if (type == DT_Q8_0) return (size_t)(n_in / 32) * Q8_PANEL_BLOCK;
+    if (type == DT_Q4_K) return (size_t)(n_in / 256) * Q4K_PANEL_BLOCK;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ Q8_0 */
+
+static void pack_q8_0(const uint8_t *w, size_t wrb, int64_t nb, uint8_t *pk) {
+    const __m512i idx = row_offsets(wrb), flip = _mm512_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++, pk += Q8_PANEL_BLOCK) {
+        const uint8_t *base = w + b * 34;
+        UNROLL
+        for (int j = 0; j < 8; j++) {
+            __m512i v = _mm512_i32gather_epi32(idx, (const void *)(base + 2 + 4 * j), 1);
+            _mm512_store_si512((__m512i *)(pk + 64 * j), _mm512_xor_si512(v, flip));
+        }
+        _mm512_store_ps((float *)(pk + 512), gather_f16(idx, base));
+    }
+}
+
+/* T tokens against one packed panel, the whole reduction. */
+ALWAYS_INLINE void q8_0_panel(const int T, int64_t nb, const uint8_t *pk, const uint8_t *act, size_t as,
+                              const int32_t *meta, size_t ms, float *y, size_t ys) {
+    __m512 facc[8];
+    UNROLL
+    for (int t = 0; t < T; t++) facc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, pk += Q8_PANEL_BLOCK) {
+        __m512i w[8];
+        UNROLL
+        for (int j = 0; j < 8; j++) w[j] = _mm512_load_si512((const __m512i *)(pk + 64 * j));
+        __m512 dw = _mm512_load_ps((const float *)(pk + 512));
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            const uint8_t *a = act + t * as + b * 34 + 2;
+            const int32_t *m = meta + t * ms + 2 * b;
+            __m512i acc0 = _mm512_set1_epi32(m[0]), acc1 = _mm512_setzero_si512();
+            UNROLL
+            for (int j = 0; j < 8; j += 2) {
+                acc0 = _mm512_dpbusd_epi32(acc0, w[j], _mm512_set1_epi32(load_i32(a + 4 * j)));
+                acc1 = _mm512_dpbusd_epi32(acc1, w[j + 1], _mm512_set1_epi32(load_i32(a + 4 * j + 4)));
+            }
+            __m512i isum = _mm512_add_epi32(acc0, acc1);
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
+                                      _mm512_mul_ps(dw, _mm512_set1_ps(load_f32(m + 1))), facc[t]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < T; t++) _mm512_storeu_ps(y + t * ys, facc[t]);
+}
+
+#define Q8_PANEL_T(N)                                                                           \
+    static void q8_0_panel_##N(int64_t nb, const uint8_t *pk, const uint8_t *act, size_t as,    \
+                               const int32_t *meta, size_t ms, float *y, size_t ys) {           \
+        q8_0_panel(N, nb, pk, act, as, meta, ms, y, ys);                                        \
+    }
+Q8_PANEL_T(1) Q8_PANEL_T(2) Q8_PANEL_T(3) Q8_PANEL_T(4)
+Q8_PANEL_T(5) Q8_PANEL_T(6) Q8_PANEL_T(7) Q8_PANEL_T(8)
+
+typedef void (*q8_panel_fn)(int64_t, const uint8_t *, const uint8_t *, size_t, const int32_t *, size_t,
+                            float *, size_t);
+static const q8_panel_fn q8_panels[9] = {NULL, q8_0_panel_1, q8_0_panel_2, q8_0_panel_3, q8_0_panel_4,
+                                         q8_0_panel_5, q8_0_panel_6, q8_0_panel_7, q8_0_panel_8};
+
+/* ------------------------------------------------------------------ Q4_K */
+
+/* Panel super-block: 32 zmm raw nibble bytes (group g, dword j), 8 zmm
+ * int32 scales, 8 zmm int16 (min, min) pairs, d, dmin. */
+static void pack_q4_K(const uint8_t *w, size_t wrb, int64_t nb, uint8_t *pk) {
+    const __m512i idx = row_offsets(wrb);
+    for (int64_t b = 0; b < nb; b++, pk += Q4K_PANEL_BLOCK) {
+        const uint8_t *base = w + b * sizeof(block_q4_K);
+        UNROLL
+        for (int j = 0; j < 32; j++) {
+            __m512i v = _mm512_i32gather_epi32(idx, (const void *)(base + offsetof(block_q4_K, qs) + 4 * j), 1);
+            _mm512_store_si512((__m512i *)(pk + 64 * j), v);
+        }
+        int32_t *sc = (int32_t *)(pk + 32 * 64), *mn = (int32_t *)(pk + 40 * 64);
+        for (int r = 0; r < PANEL; r++) {
+            const block_q4_K *blk = (const block_q4_K *)(base + r * wrb);
+            for (int k = 0; k < 8; k++) {
+                uint8_t s, m;
+                quant_k4_scale_min(k, blk->scales, &s, &m);
+                sc[16 * k + r] = s;
+                mn[16 * k + r] = (int32_t)((uint32_t)m | ((uint32_t)m << 16));
+            }
+        }
+        _mm512_store_ps((float *)(pk + 48 * 64), gather_f16(idx, base + offsetof(block_q4_K, d)));
+        _mm512_store_ps((float *)(pk + 49 * 64), gather_f16(idx, base + offsetof(block_q4_K, dmin)));
+    }
+}
+
+ALWAYS_INLINE void q4_K_panel(const int T, int64_t nb, const uint8_t *pk, const uint8_t *act, size_t as,
+                              float *y, size_t ys) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    __m512 facc[8];
+    UNROLL
+    for (int t = 0; t < T; t++) facc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, pk += Q4K_PANEL_BLOCK) {
+        const __m512i *raw = (const __m512i *)pk, *sc = raw + 32, *mn = raw + 40;
+        __m512i isum[8];
+        UNROLL
+        for (int t = 0; t < T; t++) isum[t] = _mm512_setzero_si512();
+        for (int k = 0; k < 8; k++) {
+            __m512i w[8];
+            UNROLL
+            for (int j = 0; j < 8; j++) {
+                __m512i r = _mm512_load_si512(raw + 8 * (k >> 1) + j);
+                w[j] = (k & 1) ? _mm512_and_si512(_mm512_srli_epi16(r, 4), m4) : _mm512_and_si512(r, m4);
+            }
+            __m512i sck = _mm512_load_si512(sc + k);
+            UNROLL
+            for (int t = 0; t < T; t++) {
+                const uint8_t *a = act + t * as + b * sizeof(block_q8_K) + offsetof(block_q8_K, qs) + 32 * k;
+                __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
+                UNROLL
+                for (int j = 0; j < 8; j += 2) {
+                    acc0 = _mm512_dpbusd_epi32(acc0, w[j], _mm512_set1_epi32(load_i32(a + 4 * j)));
+                    acc1 = _mm512_dpbusd_epi32(acc1, w[j + 1], _mm512_set1_epi32(load_i32(a + 4 * j + 4)));
+                }
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(_mm512_add_epi32(acc0, acc1), sck));
+            }
+        }
+        __m512 dw = _mm512_load_ps((const float *)(raw + 48)), dmw = _mm512_load_ps((const float *)(raw + 49));
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            const uint8_t *ab = act + t * as + b * sizeof(block_q8_K);
+            const uint8_t *bs = ab + offsetof(block_q8_K, bsums);
+            __m512i msum = _mm512_setzero_si512();
+            UNROLL
+            for (int k = 0; k < 8; k++)
+                msum = _mm512_dpwssd_epi32(msum, _mm512_load_si512(mn + k), _mm512_set1_epi32(load_i32(bs + 4 * k)));
+            __m512 da = _mm512_set1_ps(load_f32(ab));
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), _mm512_mul_ps(dw, da), facc[t]);
+            facc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmw, da), facc[t]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < T; t++) _mm512_storeu_ps(y + t * ys, facc[t]);
+}
+
+#define Q4K_PANEL_T(N)                                                                          \
+    static void q4_K_panel_##N(int64_t nb, const uint8_t *pk, const uint8_t *act, size_t as,    \
+                               float *y, size_t ys) {                                           \
+        q4_K_panel(N, nb, pk, act, as, y, ys);                                                  \
+    }
+Q4K_PANEL_T(1) Q4K_PANEL_T(2) Q4K_PANEL_T(3) Q4K_PANEL_T(4)
+Q4K_PANEL_T(5) Q4K_PANEL_T(6) Q4K_PANEL_T(7) Q4K_PANEL_T(8)
+
+typedef void (*q4k_panel_fn)(int64_t, const uint8_t *, const uint8_t *, size_t, float *, size_t);
+static const q4k_panel_fn q4k_panels[9] = {NULL, q4_K_panel_1, q4_K_panel_2, q4_K_panel_3, q4_K_panel_4,
+                                           q4_K_panel_5, q4_K_panel_6, q4_K_panel_7, q4_K_panel_8};
+
+/* ------------------------------------------------------------------ driver */
+
+void matmul_avx512_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0,
+                          int64_t o1, const uint8_t *act, size_t as, const int32_t *meta,
+                          int64_t n_tokens, float *y, int64_t n_out, uint8_t *pk) {
+    enum { TB = 8 };
+    if (type == DT_Q8_0) {
+        int64_t nb = n_in / 32;
+        size_t ms = 2 * (size_t)nb;
+        for (int64_t o = o0; o + PANEL <= o1; o += PANEL) {
+            pack_q8_0(w + (size_t)o * wrb, wrb, nb, pk);
+            for (int64_t t = 0; t < n_tokens; t += TB) {
+                int64_t n = n_tokens - t < TB ? n_tokens - t : TB;
+                q8_panels[n](nb, pk, act + (size_t)t * as, as, meta + (size_t)t * ms, ms,
+                             y + t * n_out + o, (size_t)n_out);
+            }
+        }
+    } else if (type == DT_Q4_K) {
+        int64_t nb = n_in / 256;
+        for (int64_t o = o0; o + PANEL <= o1; o += PANEL) {
+            pack_q4_K(w + (size_t)o * wrb, wrb, nb, pk);
+            for (int64_t t = 0; t < n_tokens; t += TB) {
+                int64_t n = n_tokens - t < TB ? n_tokens - t : TB;
+                q4k_panels[n](nb, pk, act + (size_t)t * as, as, y + t * n_out + o, (size_t)n_out);
+            }
+        }
+    }
+}
