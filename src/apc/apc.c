@@ -94,6 +94,8 @@ static void log_route(const apc *c) {
     ember_log(EMBER_LOG_INFO, "APC tier: %s (layers: %d kv / %d rot / %d arr)", apc_tier_name(r->tier), r->n_kv,
               r->n_rot, r->n_arr);
     if (r->forced) ember_log(EMBER_LOG_INFO, "APC tier forced by EMBER_APC_FORCE_TIER");
+    if (r->tier == APC_TIER_CKPT)
+        ember_log(EMBER_LOG_WARN, "APC checkpoint tier is not built yet: requests on this model prefill cold");
     size_t bb = kv_pool_block_bytes(c->pool);
     int32_t nb = kv_pool_n_blocks(c->pool);
     ember_log(EMBER_LOG_INFO,
