@@ -117,12 +117,16 @@ void model_ctx_free(model_ctx *c) {
 
 int model_ctx_max_batch(const model_ctx *c) { return c->max_batch; }
 
+/* Rows per attention unit (task_attention). */
+enum { ATT_ROWS = 4 };
+
 /* Grows the per-thread attention scratch to hold n_keys keys. */
 static int reserve_attention(model_ctx *c, int64_t n_keys, ember_error *err) {
     int32_t n_blocks = (int32_t)((n_keys + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     if (n_keys > c->att_cap) {
         int64_t cap = n_keys + 1024;
-        float *s = realloc(c->att_scores, (size_t)c->n_threads * (size_t)cap * sizeof(float));
+        size_t slots = (size_t)ATT_ROWS * (size_t)(c->m->hp.n_head / c->m->hp.n_head_kv);
+        float *s = realloc(c->att_scores, (size_t)c->n_threads * slots * (size_t)cap * sizeof(float));
         if (s == NULL) return ember_fail(err, "out of memory for attention over %lld keys", (long long)n_keys);
         c->att_scores = s;
         c->att_cap = cap;
@@ -177,38 +181,52 @@ static void task_qk_prepare(void *arg, int ith, int nth) {
     }
 }
 
+/* Units are (kv head, block of ATT_ROWS rows) in kv-head-major order: every
+ * thread gets the same share of kv heads over all rows (balanced under the
+ * causal mask), and one unit's 2 * ATT_ROWS queries (for GQA pairs) read
+ * each key and value row once. Each query's arithmetic is independent of
+ * the split (op_attention_paged_rows). */
 static void task_attention(void *arg, int ith, int nth) {
     layer_task *t = arg;
     model_ctx *c = t->c;
     const model_hparams *hp = &c->m->hp;
-    long units = (long)t->b->n_tokens * hp->n_head, u0, u1;
+    long n_rows = t->b->n_tokens;
+    long row_blocks = (n_rows + ATT_ROWS - 1) / ATT_ROWS;
+    int group = hp->n_head / hp->n_head_kv;
+    long units = row_blocks * hp->n_head_kv, u0, u1;
     ember_split_range(units, 1, ith, nth, &u0, &u1);
     float **k_ptrs = c->k_ptrs + (size_t)ith * c->ptr_cap;
     float **v_ptrs = c->v_ptrs + (size_t)ith * c->ptr_cap;
-    float *scores = c->att_scores + (size_t)ith * c->att_cap;
+    float *scores = c->att_scores + (size_t)ith * c->att_cap * ATT_ROWS * (size_t)group;
     const kv_seq *built = NULL;
     int32_t n_built = 0;
     float scale = 1.0f / sqrtf((float)hp->d_k);
-    for (long u = u0; u < u1;) {
-        long r = u / hp->n_head;
-        int h0 = (int)(u % hp->n_head);
-        int h1 = hp->n_head;
-        if (r * hp->n_head + h1 > u1) h1 = (int)(u1 - r * hp->n_head);
-        const kv_seq *seq = t->b->seqs[r];
-        int64_t n_keys = t->b->pos[r] + 1;
-        int32_t need = (int32_t)((n_keys + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
-        if (seq != built || need > n_built) {
-            for (int32_t i = 0; i < need; i++) {
-                k_ptrs[i] = kv_block_k(c->pool, seq->blocks[i], t->layer);
-                v_ptrs[i] = kv_block_v(c->pool, seq->blocks[i], t->layer);
+    size_t q_stride = (size_t)hp->n_head * hp->d_k, out_stride = (size_t)hp->n_head * hp->d_v;
+    for (long u = u0; u < u1; u++) {
+        int g = (int)(u / row_blocks);
+        long r0 = (u % row_blocks) * ATT_ROWS, r1 = r0 + ATT_ROWS < n_rows ? r0 + ATT_ROWS : n_rows;
+        for (long r = r0; r < r1;) {
+            const kv_seq *seq = t->b->seqs[r];
+            long re = r + 1;
+            int64_t n_keys = t->b->pos[r] + 1;
+            while (re < r1 && t->b->seqs[re] == seq) {
+                if (t->b->pos[re] + 1 > n_keys) n_keys = t->b->pos[re] + 1;
+                re++;
             }
-            built = seq;
-            n_built = need;
+            int32_t need = (int32_t)((n_keys + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+            if (seq != built || need > n_built) {
+                for (int32_t i = 0; i < need; i++) {
+                    k_ptrs[i] = kv_block_k(c->pool, seq->blocks[i], t->layer);
+                    v_ptrs[i] = kv_block_v(c->pool, seq->blocks[i], t->layer);
+                }
+                built = seq;
+                n_built = need;
+            }
+            op_attention_paged_rows(c->attn + r * out_stride, out_stride, c->q + r * q_stride, q_stride, k_ptrs,
+                                    v_ptrs, t->b->pos + r, (int)(re - r), hp->n_head, hp->n_head_kv, hp->d_k,
+                                    hp->d_v, scale, 0, g * group, (g + 1) * group, scores);
+            r = re;
         }
-        op_attention_paged(c->attn + r * hp->n_head * hp->d_v, c->q + r * hp->n_head * hp->d_k, k_ptrs, v_ptrs,
-                           n_keys, t->b->pos[r], hp->n_head, hp->n_head_kv, hp->d_k, hp->d_v, scale, 0, h0, h1,
-                           scores);
-        u = r * hp->n_head + h1;
     }
 }
 

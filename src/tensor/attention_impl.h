@@ -21,5 +21,8 @@ typedef struct attention_head_args {
 
 void attention_head_scalar(const attention_head_args *a);
 void attention_head_avx512(const attention_head_args *a);
+/* n heads; the same bits as attention_head_avx512 on each, faster when
+ * neighbours share a kv head (same blocks and offsets). */
+void attention_heads_avx512(const attention_head_args *a, int n);
 
 #endif

@@ -130,3 +130,33 @@ void op_attention_paged(float *out, const float *q, float *const *k_blocks, floa
         head_fn(&a);
     }
 }
+
+void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size_t q_stride,
+                             float *const *k_blocks, float *const *v_blocks, const int64_t *query_pos,
+                             int n_rows, int n_head, int n_head_kv, int d_k, int d_v, float scale,
+                             int64_t window, int head_begin, int head_end, float *scratch) {
+    enum { MAX_PAIRS = 64 };
+    attention_head_args args[MAX_PAIRS];
+    int group = n_head / n_head_kv, n = 0;
+    int64_t max_keys = 0;
+    for (int r = 0; r < n_rows; r++)
+        if (query_pos[r] + 1 > max_keys) max_keys = query_pos[r] + 1;
+    /* Head-major within a kv group, rows inner: neighbours share a kv head. */
+    for (int h = head_begin; h < head_end; h++) {
+        for (int r = 0; r < n_rows && n < MAX_PAIRS; r++) {
+            int64_t first = 0;
+            if (window > 0 && query_pos[r] - window + 1 > 0) first = query_pos[r] - window + 1;
+            int kvh = h / group;
+            args[n] = (attention_head_args){out + r * out_stride + (int64_t)h * d_v, q + r * q_stride + (int64_t)h * d_k,
+                                            k_blocks, v_blocks, first, query_pos[r] + 1, n_head_kv * d_k,
+                                            n_head_kv * d_v, kvh * d_k, kvh * d_v, d_k, d_v, scale,
+                                            scratch + (size_t)n * (size_t)max_keys};
+            n++;
+        }
+    }
+    if (quant_get_isa() == QUANT_ISA_AVX512) {
+        attention_heads_avx512(args, n);
+    } else {
+        for (int i = 0; i < n; i++) attention_head_scalar(&args[i]);
+    }
+}

@@ -8,6 +8,7 @@
 #ifndef EMBER_TENSOR_OPS_H
 #define EMBER_TENSOR_OPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum rope_mode {
@@ -49,5 +50,16 @@ void op_add(float *x, const float *y, int n);
 void op_attention_paged(float *out, const float *q, float *const *k_blocks, float *const *v_blocks,
                         int64_t n_keys, int64_t query_pos, int n_head, int n_head_kv, int d_k, int d_v,
                         float scale, int64_t window, int head_begin, int head_end, float *scratch);
+/* op_attention_paged for n_rows query tokens of one sequence at once: row r
+ * has q at q + r * q_stride, out at out + r * out_stride, position
+ * query_pos[r] (keys [0, query_pos[r] + 1)). Each (row, head) gives the same
+ * bits as op_attention_paged; heads that share a kv head and the rows are
+ * computed together so each key and value row is loaded once for all of them.
+ * scratch: n_rows * (head_end - head_begin) * (max query_pos + 1) floats;
+ * at most 64 (row, head) pairs per call. */
+void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size_t q_stride,
+                             float *const *k_blocks, float *const *v_blocks, const int64_t *query_pos,
+                             int n_rows, int n_head, int n_head_kv, int d_k, int d_v, float scale,
+                             int64_t window, int head_begin, int head_end, float *scratch);
 
 #endif
