@@ -28,6 +28,11 @@
 #define UNROLL _Pragma("GCC unroll 16")
 
 enum { TILE = 4 };
+/* Dot products stream weight rows that are contiguous in memory: prefetching
+ * this far ahead (into the next rows) keeps enough lines in flight for the
+ * decode GEMV to approach memory bandwidth (1 thread, qwen3-0.6b q8_0 decode:
+ * 9 -> 15 tok/s). Prefetches never fault, past the matrix included. */
+enum { GEMV_PREFETCH = 4096 };
 
 ALWAYS_INLINE float load_f16(const void *p) {
     uint16_t h;
@@ -113,6 +118,7 @@ ALWAYS_INLINE __m256i unpack_q8_0(const uint8_t *b) {
         const __m256i offv = _mm256_set1_epi8((char)(OFF));                                    \
         float acc = 0;                                                                         \
         for (int64_t i = 0; i < n / 32; i++, x += (WB), y += (AB)) {                           \
+            _mm_prefetch((const char *)x + GEMV_PREFETCH, _MM_HINT_T0);                        \
             __m256i av = _mm256_loadu_si256((const __m256i *)(y + (AQ)));                      \
             __m256i t = _mm256_dpbusd_epi32(_mm256_setzero_si256(), unpack_##NAME(x), av);     \
             if (OFF) t = _mm256_sub_epi32(t, _mm256_dpbusd_epi32(_mm256_setzero_si256(), offv, av)); \
@@ -361,6 +367,8 @@ ALWAYS_INLINE int32_t hsum_madd16(__m256i a, __m256i b) {
         float acc = 0;                                                                         \
         for (int64_t i = 0; i < n / 256; i++) {                                                \
             kblock kb;                                                                         \
+            for (size_t off = 0; off < sizeof(block_##NAME); off += 64)                        \
+                _mm_prefetch((const char *)x + i * sizeof(block_##NAME) + GEMV_PREFETCH + off, _MM_HINT_T0); \
             unpack_##NAME(x + i * sizeof(block_##NAME), &kb);                                  \
             __m512i lanes = kdot_lanes(&kb, y[i].qs);                                          \
             int32_t isum = _mm512_reduce_add_epi32(lanes);                                     \
