@@ -833,14 +833,20 @@ int quant_quantize_row(ember_dtype type, const float *src, void *dst, int64_t n)
     case DT_Q4_1: quant_q4_1(src, dst, n / QK); return 0;
     case DT_Q5_0: quant_q5_0(src, dst, n / QK); return 0;
     case DT_Q5_1: quant_q5_1(src, dst, n / QK); return 0;
-    case DT_Q8_0: quant_q8_0(src, dst, n / QK); return 0;
+    case DT_Q8_0:
+        if (quant_get_isa() == QUANT_ISA_AVX512) quant_avx512_q8_0(src, dst, n / QK);
+        else quant_q8_0(src, dst, n / QK);
+        return 0;
     case DT_Q8_1: quant_q8_1(src, dst, n / QK); return 0;
     case DT_Q2_K: quant_q2_K(src, dst, n / QKK); return 0;
     case DT_Q3_K: quant_q3_K(src, dst, n / QKK); return 0;
     case DT_Q4_K: quant_q4_K(src, dst, n / QKK); return 0;
     case DT_Q5_K: quant_q5_K(src, dst, n / QKK); return 0;
     case DT_Q6_K: quant_q6_K(src, dst, n / QKK); return 0;
-    case DT_Q8_K: quant_q8_K(src, dst, n / QKK); return 0;
+    case DT_Q8_K:
+        if (quant_get_isa() == QUANT_ISA_AVX512) quant_avx512_q8_K(src, dst, n / QKK);
+        else quant_q8_K(src, dst, n / QKK);
+        return 0;
     default: return -1;
     }
 }

@@ -154,6 +154,11 @@ void quant_avx2_kernels(quant_dot_fn dots[DT_COUNT]);
 void quant_avx512_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[DT_COUNT],
                           int *tile_rows, int *tile_cols);
 
+/* AVX-512 activation quantizers, byte-identical to the scalar ones
+ * (quant_quantize_row uses them when the ISA in use is AVX-512). */
+void quant_avx512_q8_0(const float *x, void *dst, int64_t nb);
+void quant_avx512_q8_K(const float *x, void *dst, int64_t nb);
+
 /* matmul_avx512.c: 16-row panel GEMM (AVX-512 VNNI) for Q8_0 and Q4_K.
  * panel_bytes: scratch one thread needs for a packed panel (0: type not
  * handled). panels computes rows [o0, o1) rounded down to whole panels of 16

@@ -493,6 +493,64 @@ static float dot_q4_K_gemv(int64_t n, const void *w, const void *a) {
     return acc;
 }
 
+/* ------------------------------------------------ activation quantizers */
+
+/* Same bytes as quant.c's quant_q8_0: amax is order-free, d and id are the
+ * same scalar expressions, x * id is the same IEEE product, and vcvtps2dq
+ * (round to nearest even) equals the magic-number rounding for |v| < 2^22. */
+void quant_avx512_q8_0(const float *x, void *dst, int64_t nb) {
+    block_q8_0 *b = dst;
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        __m512 a = _mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1));
+        float amax = _mm512_reduce_max_ps(a);
+        float d = amax / 127, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        b[i].d = quant_f32_to_f16(d);
+        __m512 idv = _mm512_set1_ps(id);
+        __m128i q0 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, idv)));
+        __m128i q1 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, idv)));
+        _mm_storeu_si128((__m128i *)b[i].qs, q0);
+        _mm_storeu_si128((__m128i *)(b[i].qs + 16), q1);
+    }
+}
+
+/* Same bytes as quant_q8_K: the signed max is the first element of largest
+ * magnitude; nearest_int is round-half-even like vcvtps2dq. */
+void quant_avx512_q8_K(const float *x, void *dst, int64_t nb) {
+    block_q8_K *b = dst;
+    for (int64_t i = 0; i < nb; i++, x += 256) {
+        __m512 a = _mm512_setzero_ps();
+        UNROLL
+        for (int k = 0; k < 16; k++) a = _mm512_max_ps(a, _mm512_abs_ps(_mm512_loadu_ps(x + 16 * k)));
+        float amax = _mm512_reduce_max_ps(a);
+        if (amax == 0) {
+            memset(&b[i], 0, sizeof b[i]);
+            continue;
+        }
+        float max = 0;
+        __m512 av = _mm512_set1_ps(amax);
+        for (int k = 0; k < 16; k++) {
+            __mmask16 m = _mm512_cmpeq_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + 16 * k)), av);
+            if (m) {
+                max = x[16 * k + __builtin_ctz(m)];
+                break;
+            }
+        }
+        float iscale = -127.f / max;
+        __m512 is = _mm512_set1_ps(iscale);
+        __m512i t[16];
+        UNROLL
+        for (int k = 0; k < 16; k++) {
+            __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(is, _mm512_loadu_ps(x + 16 * k)));
+            v = _mm512_min_epi32(v, _mm512_set1_epi32(127));
+            _mm_storeu_si128((__m128i *)(b[i].qs + 16 * k), _mm512_cvtepi32_epi8(v));
+            t[k] = v;
+        }
+        _mm256_storeu_si256((__m256i *)b[i].bsums, _mm512_cvtepi32_epi16(reduce16_512(t)));
+        b[i].d = 1 / iscale;
+    }
+}
+
 /* ---------------------------------------------------------- float rows */
 
 /* 16 lanes x 2 accumulators, fixed order; deterministic for this ISA. */
