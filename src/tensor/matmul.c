@@ -187,7 +187,9 @@ int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight
                 t.meta = scratch->meta.p;
             }
         }
-        ember_pool_run(pool, convert_task, &t);
+        /* A few rows convert faster than a dispatch and barrier cost. */
+        if (n_tokens < 4) convert_task(&t, 0, 1);
+        else ember_pool_run(pool, convert_task, &t);
     }
     ember_pool_run(pool, compute_task, &t);
     return 0;
