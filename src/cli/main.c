@@ -11,6 +11,7 @@ typedef struct subcommand {
 } subcommand;
 
 static const subcommand subcommands[] = {
+    {"serve", cmd_serve, "serve a model over an OpenAI-compatible HTTP API"},
     {"run", cmd_run, "generate text from a prompt"},
     {"logits", cmd_logits, "write float32 logits for every prompt position"},
     {"inspect", cmd_inspect, "show metadata, tensors, tokenizer and cache stack"},

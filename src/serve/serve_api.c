@@ -1,0 +1,611 @@
+/* serve_api.c - OpenAI request validation and response rendering (see
+ * serve_api.h).
+ *
+ * Validation runs in the order OpenAI reports problems: the body must be
+ * UTF-8 and JSON, an object; then the required field (messages / prompt);
+ * then every optional field's type and range; then the rendered, tokenized
+ * prompt against the context. Each failure names the field in `param`. */
+#include "serve/serve_api.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "apc/apc.h"
+
+int api_fail(api_error *e, int status, const char *type, const char *param, const char *code, const char *fmt, ...) {
+    e->status = status;
+    snprintf(e->type, sizeof e->type, "%s", type);
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+char *api_error_json(const api_error *e) {
+    cJSON *root = cJSON_CreateObject(), *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(root, "error", o);
+    cJSON_AddStringToObject(o, "message", e->message);
+    cJSON_AddStringToObject(o, "type", e->type);
+    if (e->param[0]) cJSON_AddStringToObject(o, "param", e->param);
+    else cJSON_AddNullToObject(o, "param");
+    if (e->code[0]) cJSON_AddStringToObject(o, "code", e->code);
+    else cJSON_AddNullToObject(o, "code");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+/* Strict UTF-8 (no overlongs, no surrogates, <= U+10FFFF). */
+bool api_utf8_valid(const char *str, size_t len) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int n;
+        unsigned cp;
+        if (c >= 0xC2 && c <= 0xDF) n = 1, cp = c & 0x1F;
+        else if (c >= 0xE0 && c <= 0xEF) n = 2, cp = c & 0x0F;
+        else if (c >= 0xF0 && c <= 0xF4) n = 3, cp = c & 0x07;
+        else return false;
+        for (int k = 1; k <= n; k++) {
+            if (i + (size_t)k >= len || (s[i + k] & 0xC0) != 0x80) return false;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return false;
+        i += (size_t)n + 1;
+    }
+    return true;
+}
+
+/* ---- field helpers ---- */
+
+static const char *type_name(const cJSON *v) {
+    if (cJSON_IsString(v)) return "a string";
+    if (cJSON_IsNumber(v)) return "a number";
+    if (cJSON_IsBool(v)) return "a boolean";
+    if (cJSON_IsArray(v)) return "an array";
+    if (cJSON_IsObject(v)) return "an object";
+    if (cJSON_IsNull(v)) return "null";
+    return "something else";
+}
+
+static int bad_type(api_error *e, const char *name, const char *want, const cJSON *v) {
+    return api_fail(e, 400, "invalid_request_error", name, "invalid_type",
+                    "Invalid type for '%s': expected %s, but got %s instead.", name, want, type_name(v));
+}
+
+/* Missing or null: 0 with *out untouched; an integer in [lo, hi]: 1. */
+static int get_int(const cJSON *o, const char *name, long long lo, long long hi, long long *out, api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (v == NULL || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || !isfinite(v->valuedouble))
+        return bad_type(e, name, "an integer", v);
+    double d = v->valuedouble;
+    if (d < (double)lo)
+        return api_fail(e, 400, "invalid_request_error", name, "integer_below_min_value",
+                        "Invalid '%s': integer below minimum value. Expected a value >= %lld, but got %.0f instead.",
+                        name, lo, d);
+    if (d > (double)hi)
+        return api_fail(e, 400, "invalid_request_error", name, "integer_above_max_value",
+                        "Invalid '%s': integer above maximum value. Expected a value <= %lld, but got %.0f instead.",
+                        name, hi, d);
+    *out = (long long)d;
+    return 1;
+}
+
+static int get_num(const cJSON *o, const char *name, double lo, double hi, double *out, api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (v == NULL || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return bad_type(e, name, "a number", v);
+    if (v->valuedouble < lo || v->valuedouble > hi)
+        return api_fail(e, 400, "invalid_request_error", name, v->valuedouble < lo ? "decimal_below_min_value"
+                                                                                 : "decimal_above_max_value",
+                        "Invalid '%s': expected a value in [%g, %g], but got %g instead.", name, lo, hi,
+                        v->valuedouble);
+    *out = v->valuedouble;
+    return 1;
+}
+
+static int get_bool(const cJSON *o, const char *name, bool *out, api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (v == NULL || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsBool(v)) return bad_type(e, name, "a boolean", v);
+    *out = cJSON_IsTrue(v);
+    return 1;
+}
+
+static int tokenize(const api_ctx *ctx, const char *text, bool add_special, api_req *out, api_error *e) {
+    ember_error err;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    bool bos = add_special && tokenizer_add_bos(ctx->tok);
+    /* A rendered template that already starts with the BOS text keeps one BOS. */
+    if (bos) {
+        size_t bl = 0;
+        const char *bt = tokenizer_token_text(ctx->tok, tokenizer_bos(ctx->tok), &bl);
+        if (bt && bl > 0 && strncmp(text, bt, bl) == 0) bos = false;
+    }
+    if (tokenizer_encode(ctx->tok, text, strlen(text), bos, true, &ids, &n, &err) < 0)
+        return api_fail(e, 400, "invalid_request_error", out->chat ? "messages" : "prompt", NULL,
+                        "Cannot tokenize the prompt: %s", err.msg);
+    out->p.prompt = ids;
+    out->p.n_prompt = (int64_t)n;
+    return 0;
+}
+
+static int parse_stop(const cJSON *body, api_req *out, api_error *e) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, "stop");
+    if (v == NULL || cJSON_IsNull(v)) return 0;
+    if (cJSON_IsString(v)) {
+        if (v->valuestring[0]) out->p.stop[out->p.n_stop++] = strdup(v->valuestring);
+        return 0;
+    }
+    if (!cJSON_IsArray(v)) return bad_type(e, "stop", "a string or an array of strings", v);
+    if (cJSON_GetArraySize(v) > 4 && cJSON_GetArraySize(v) > SCHED_MAX_STOP)
+        return api_fail(e, 400, "invalid_request_error", "stop", "array_above_max_length",
+                        "Invalid 'stop': at most %d stop sequences are supported.", SCHED_MAX_STOP);
+    const cJSON *s;
+    int i = 0;
+    cJSON_ArrayForEach(s, v) {
+        char name[32];
+        snprintf(name, sizeof name, "stop[%d]", i++);
+        if (!cJSON_IsString(s)) return bad_type(e, name, "a string", s);
+        if (s->valuestring[0] && out->p.n_stop < SCHED_MAX_STOP) out->p.stop[out->p.n_stop++] = strdup(s->valuestring);
+    }
+    return 0;
+}
+
+static uint64_t random_seed(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    static unsigned counter;
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ ((uint64_t)__atomic_add_fetch(&counter, 1, 0) << 48);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return x;
+}
+
+void api_req_free(api_req *r) {
+    free(r->p.prompt);
+    for (int i = 0; i < r->p.n_stop; i++) free(r->p.stop[i]);
+    memset(r, 0, sizeof *r);
+}
+
+int api_parse(const api_ctx *ctx, bool chat, const char *body_text, size_t len, const char *tenant, api_req *out,
+              api_error *e) {
+    memset(out, 0, sizeof *out);
+    out->chat = chat;
+    out->p.top_logprobs = -1;
+    if (!api_utf8_valid(body_text, len))
+        return api_fail(e, 400, "invalid_request_error", NULL, "invalid_encoding",
+                        "The request body is not valid UTF-8.");
+    const char *end = NULL;
+    cJSON *body = cJSON_ParseWithLengthOpts(body_text, len, &end, false);
+    if (body != NULL && end != NULL) {
+        while ((size_t)(end - body_text) < len && (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t')) end++;
+        if ((size_t)(end - body_text) < len) {
+            cJSON_Delete(body);
+            body = NULL;
+        }
+    }
+    if (body == NULL)
+        return api_fail(e, 400, "invalid_request_error", NULL, "invalid_json",
+                        "We could not parse the JSON body of your request. (HINT: This likely means you aren't using "
+                        "your HTTP library correctly. The OpenAI API expects a JSON payload.)");
+    int rc = -1;
+    char *text = NULL;
+    if (!cJSON_IsObject(body)) {
+        api_fail(e, 400, "invalid_request_error", NULL, "invalid_type", "The request body must be a JSON object.");
+        goto done;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
+    if (model && !cJSON_IsNull(model) && !cJSON_IsString(model)) {
+        bad_type(e, "model", "a string", model);
+        goto done;
+    }
+    /* ---- sampling ---- */
+    sampler_params sp = sampler_default_params();
+    sp.temperature = 1.0f;
+    sp.top_p = 1.0f;
+    sp.top_k = 0;
+    sp.min_p = 0.0f;
+    sp.repeat_penalty = 1.0f;
+    double d;
+    long long ll;
+    int got;
+    if ((got = get_num(body, "temperature", 0, 2, &d, e)) < 0) goto done;
+    if (got) sp.temperature = (float)d;
+    if ((got = get_num(body, "top_p", 0, 1, &d, e)) < 0) goto done;
+    if (got) sp.top_p = (float)d;
+    if ((got = get_int(body, "top_k", -1, 1 << 30, &ll, e)) < 0) goto done;
+    if (got) sp.top_k = (int32_t)(ll < 0 ? 0 : ll);
+    if ((got = get_num(body, "min_p", 0, 1, &d, e)) < 0) goto done;
+    if (got) sp.min_p = (float)d;
+    if ((got = get_num(body, "repetition_penalty", 0.01, 100, &d, e)) < 0) goto done;
+    if (got) sp.repeat_penalty = (float)d;
+    if (get_num(body, "presence_penalty", -2, 2, &d, e) < 0) goto done;
+    if (get_num(body, "frequency_penalty", -2, 2, &d, e) < 0) goto done;
+    if ((got = get_int(body, "seed", -9223372036854775807LL, 9223372036854775807LL, &ll, e)) < 0) goto done;
+    sp.seed = got ? (uint64_t)ll : random_seed();
+    out->p.sampling = sp;
+    if ((got = get_int(body, "n", 1, 1, &ll, e)) < 0) {
+        snprintf(e->message, sizeof e->message, "Invalid 'n': only n = 1 is supported.");
+        goto done;
+    }
+    if (get_bool(body, "stream", &out->stream, e) < 0) goto done;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(body, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so)) {
+            bad_type(e, "stream_options", "an object", so);
+            goto done;
+        }
+        if (get_bool(so, "include_usage", &out->include_usage, e) < 0) {
+            snprintf(e->param, sizeof e->param, "stream_options.include_usage");
+            goto done;
+        }
+    }
+    if (get_bool(body, "ignore_eos", &out->p.ignore_eos, e) < 0) goto done;
+    if (parse_stop(body, out, e) < 0) goto done;
+    if (chat) {
+        if (get_bool(body, "logprobs", &out->logprobs, e) < 0) goto done;
+        if ((got = get_int(body, "top_logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &ll, e)) < 0) goto done;
+        out->top_logprobs = got ? (int)ll : 0;
+        if (got && !out->logprobs) {
+            api_fail(e, 400, "invalid_request_error", "top_logprobs", "invalid_value",
+                     "Invalid 'top_logprobs': 'logprobs' must be true when 'top_logprobs' is set.");
+            goto done;
+        }
+    } else {
+        if ((got = get_int(body, "logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &ll, e)) < 0) goto done;
+        out->logprobs = got;
+        out->top_logprobs = got ? (int)ll : 0;
+        bool echo = false;
+        if (get_bool(body, "echo", &echo, e) < 0) goto done;
+        if (echo) {
+            api_fail(e, 400, "invalid_request_error", "echo", "unsupported_value", "'echo' is not supported.");
+            goto done;
+        }
+    }
+    out->p.top_logprobs = out->logprobs ? out->top_logprobs : -1;
+    /* ---- tenant ---- */
+    const cJSON *salt = cJSON_GetObjectItemCaseSensitive(body, "cache_salt");
+    if (salt && !cJSON_IsNull(salt) && !cJSON_IsString(salt)) {
+        bad_type(e, "cache_salt", "a string", salt);
+        goto done;
+    }
+    if (tenant && tenant[0]) out->p.salt = apc_salt_for_tenant(tenant, strlen(tenant));
+    else if (salt && cJSON_IsString(salt) && salt->valuestring[0])
+        out->p.salt = apc_salt_for_tenant(salt->valuestring, strlen(salt->valuestring));
+    /* ---- the prompt ---- */
+    if (chat) {
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(body, "messages");
+        if (msgs == NULL || cJSON_IsNull(msgs)) {
+            api_fail(e, 400, "invalid_request_error", "messages", "missing_required_parameter",
+                     "Missing required parameter: 'messages'.");
+            goto done;
+        }
+        if (!cJSON_IsArray(msgs)) {
+            bad_type(e, "messages", "an array", msgs);
+            goto done;
+        }
+        if (cJSON_GetArraySize(msgs) == 0) {
+            api_fail(e, 400, "invalid_request_error", "messages", "empty_array",
+                     "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty "
+                     "array instead.");
+            goto done;
+        }
+        const cJSON *tools = cJSON_GetObjectItemCaseSensitive(body, "tools");
+        if (tools && !cJSON_IsNull(tools) && !cJSON_IsArray(tools)) {
+            bad_type(e, "tools", "an array", tools);
+            goto done;
+        }
+        const cJSON *kwargs = cJSON_GetObjectItemCaseSensitive(body, "chat_template_kwargs");
+        if (kwargs && !cJSON_IsNull(kwargs) && !cJSON_IsObject(kwargs)) {
+            bad_type(e, "chat_template_kwargs", "an object", kwargs);
+            goto done;
+        }
+        ember_error err;
+        char param[96] = "messages";
+        if (serve_chat_render(ctx->chat, msgs, tools, kwargs, &text, &out->thinking_open, param, sizeof param, &err) <
+            0) {
+            api_fail(e, 400, "invalid_request_error", param,
+                     strstr(err.msg, "Missing") ? "missing_required_parameter"
+                     : strstr(err.msg, "Invalid value") ? "invalid_value"
+                                                         : "invalid_type",
+                     "%s", err.msg);
+            goto done;
+        }
+        if (tokenize(ctx, text, true, out, e) < 0) goto done;
+    } else {
+        const cJSON *pr = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+        if (pr == NULL || cJSON_IsNull(pr)) {
+            api_fail(e, 400, "invalid_request_error", "prompt", "missing_required_parameter",
+                     "Missing required parameter: 'prompt'.");
+            goto done;
+        }
+        /* ["text"] and [[ids]] are one prompt in a list. */
+        if (cJSON_IsArray(pr) && cJSON_GetArraySize(pr) == 1 &&
+            (cJSON_IsString(pr->child) || cJSON_IsArray(pr->child)))
+            pr = pr->child;
+        if (cJSON_IsString(pr)) {
+            if (tokenize(ctx, pr->valuestring, true, out, e) < 0) goto done;
+        } else if (cJSON_IsArray(pr)) {
+            int n = cJSON_GetArraySize(pr), i = 0;
+            out->p.prompt = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+            if (out->p.prompt == NULL) {
+                api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+                goto done;
+            }
+            const cJSON *t;
+            cJSON_ArrayForEach(t, pr) {
+                char name[32];
+                snprintf(name, sizeof name, "prompt[%d]", i);
+                if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble)) {
+                    bad_type(e, name, "an integer token id", t);
+                    goto done;
+                }
+                int32_t nv = tokenizer_n_vocab(ctx->tok);
+                if (t->valuedouble < 0 || t->valuedouble >= nv) {
+                    api_fail(e, 400, "invalid_request_error", name, "invalid_value",
+                             "Invalid '%s': token id %.0f is outside the vocabulary [0, %d).", name, t->valuedouble,
+                             nv);
+                    goto done;
+                }
+                out->p.prompt[i++] = (int32_t)t->valuedouble;
+            }
+            out->p.n_prompt = n;
+        } else {
+            bad_type(e, "prompt", "a string or an array of token ids", pr);
+            goto done;
+        }
+    }
+    const char *pname = chat ? "messages" : "prompt";
+    if (out->p.n_prompt == 0) {
+        api_fail(e, 400, "invalid_request_error", pname, "empty_prompt", "The prompt is empty (0 tokens).");
+        goto done;
+    }
+    if (out->p.n_prompt >= ctx->n_ctx) {
+        api_fail(e, 400, "invalid_request_error", pname, "context_length_exceeded",
+                 "This model's maximum context length is %d tokens. However, your %s resulted in %lld tokens. "
+                 "Please reduce the length of the %s.",
+                 ctx->n_ctx, chat ? "messages" : "prompt", (long long)out->p.n_prompt, pname);
+        goto done;
+    }
+    /* ---- length ---- */
+    long long mt = ctx->n_ctx - out->p.n_prompt;
+    const char *mname = "max_tokens";
+    if ((got = get_int(body, "max_tokens", 1, ctx->n_ctx, &ll, e)) < 0) goto done;
+    if (got) mt = ll;
+    if ((got = get_int(body, "max_completion_tokens", 1, ctx->n_ctx, &ll, e)) < 0) goto done;
+    if (got) {
+        mt = ll;
+        mname = "max_completion_tokens";
+    }
+    (void)mname;
+    if (mt > ctx->n_ctx - out->p.n_prompt) mt = ctx->n_ctx - out->p.n_prompt; /* finish_reason "length" at the end */
+    out->p.max_tokens = (int)mt;
+    rc = 0;
+done:
+    free(text);
+    cJSON_Delete(body);
+    if (rc < 0) api_req_free(out);
+    return rc;
+}
+
+/* ---- responses ---- */
+
+const char *api_finish_reason(sreq_finish f) {
+    switch (f) {
+    case SREQ_STOP: return "stop";
+    case SREQ_LENGTH: return "length";
+    case SREQ_CANCELLED: return "cancelled";
+    default: return "error";
+    }
+}
+
+/* A token's text as a JSON-safe string: invalid UTF-8 becomes U+FFFD. */
+static char *safe_text(const char *p, int n) {
+    char *o = malloc((size_t)n * 3 + 1);
+    if (o == NULL) return NULL;
+    size_t k = 0;
+    int i = 0;
+    while (i < n) {
+        int l = 1;
+        unsigned char c = (unsigned char)p[i];
+        if (c >= 0xC2 && c <= 0xDF) l = 2;
+        else if (c >= 0xE0 && c <= 0xEF) l = 3;
+        else if (c >= 0xF0 && c <= 0xF4) l = 4;
+        if (c < 0x80 || (i + l <= n && api_utf8_valid(p + i, (size_t)l) && c >= 0xC2)) {
+            if (c == 0) {
+                memcpy(o + k, "\xEF\xBF\xBD", 3);
+                k += 3;
+                i++;
+                continue;
+            }
+            memcpy(o + k, p + i, (size_t)l);
+            k += (size_t)l;
+            i += l;
+        } else {
+            memcpy(o + k, "\xEF\xBF\xBD", 3);
+            k += 3;
+            i++;
+        }
+    }
+    o[k] = 0;
+    return o;
+}
+
+static cJSON *bytes_array(const char *p, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)p[i]));
+    return a;
+}
+
+static void add_token_text(cJSON *o, const char *key, const char *p, int n) {
+    char *s = safe_text(p, n);
+    cJSON_AddStringToObject(o, key, s ? s : "");
+    free(s);
+}
+
+static char *piece_of(const api_ctx *ctx, int32_t id, int *n) {
+    int need = tokenizer_token_to_piece(ctx->tok, id, false, NULL, 0);
+    int len = need < 0 ? -need : need;
+    char *b = malloc((size_t)len + 1);
+    if (b == NULL) {
+        *n = 0;
+        return NULL;
+    }
+    *n = len > 0 ? tokenizer_token_to_piece(ctx->tok, id, false, b, (size_t)len + 1) : 0;
+    if (*n < 0) *n = 0;
+    b[*n] = 0;
+    return b;
+}
+
+static cJSON *chat_logprobs(const api_ctx *ctx, sreq *r, int from, int to) {
+    cJSON *lp = cJSON_CreateObject(), *content = cJSON_CreateArray();
+    cJSON_AddItemToObject(lp, "content", content);
+    for (int i = from; i < to; i++) {
+        const sreq_logprob *e = sreq_logprob_at(r, i);
+        if (e == NULL) break;
+        cJSON *t = cJSON_CreateObject();
+        add_token_text(t, "token", e->piece ? e->piece : "", e->piece_len);
+        cJSON_AddNumberToObject(t, "logprob", e->logprob);
+        cJSON_AddItemToObject(t, "bytes", bytes_array(e->piece ? e->piece : "", e->piece_len));
+        cJSON *tops = cJSON_CreateArray();
+        for (int k = 0; k < e->n_top; k++) {
+            int n;
+            char *pc = piece_of(ctx, e->top_ids[k], &n);
+            cJSON *x = cJSON_CreateObject();
+            add_token_text(x, "token", pc ? pc : "", n);
+            cJSON_AddNumberToObject(x, "logprob", e->top_lp[k]);
+            cJSON_AddItemToObject(x, "bytes", bytes_array(pc ? pc : "", n));
+            cJSON_AddItemToArray(tops, x);
+            free(pc);
+        }
+        cJSON_AddItemToObject(t, "top_logprobs", tops);
+        cJSON_AddItemToArray(content, t);
+    }
+    return lp;
+}
+
+static cJSON *completion_logprobs(const api_ctx *ctx, sreq *r, int from, int to, size_t offset0) {
+    cJSON *lp = cJSON_CreateObject(), *tokens = cJSON_CreateArray(), *tlp = cJSON_CreateArray(),
+          *top = cJSON_CreateArray(), *off = cJSON_CreateArray();
+    size_t offset = offset0;
+    for (int i = from; i < to; i++) {
+        const sreq_logprob *e = sreq_logprob_at(r, i);
+        if (e == NULL) break;
+        char *s = safe_text(e->piece ? e->piece : "", e->piece_len);
+        cJSON_AddItemToArray(tokens, cJSON_CreateString(s ? s : ""));
+        free(s);
+        cJSON_AddItemToArray(tlp, cJSON_CreateNumber(e->logprob));
+        cJSON *m = cJSON_CreateObject();
+        for (int k = 0; k < e->n_top; k++) {
+            int n;
+            char *pc = piece_of(ctx, e->top_ids[k], &n);
+            char *ps = safe_text(pc ? pc : "", n);
+            if (ps && !cJSON_HasObjectItem(m, ps)) cJSON_AddNumberToObject(m, ps, e->top_lp[k]);
+            free(ps);
+            free(pc);
+        }
+        cJSON_AddItemToArray(top, m);
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)offset));
+        offset += (size_t)e->piece_len;
+    }
+    cJSON_AddItemToObject(lp, "tokens", tokens);
+    cJSON_AddItemToObject(lp, "token_logprobs", tlp);
+    cJSON_AddItemToObject(lp, "top_logprobs", top);
+    cJSON_AddItemToObject(lp, "text_offset", off);
+    return lp;
+}
+
+static cJSON *usage_json(const sreq_usage *u) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "prompt_tokens", (double)u->prompt_tokens);
+    cJSON_AddNumberToObject(o, "completion_tokens", u->completion_tokens);
+    cJSON_AddNumberToObject(o, "total_tokens", (double)(u->prompt_tokens + u->completion_tokens));
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddNumberToObject(d, "cached_tokens", (double)u->cached_tokens);
+    cJSON_AddItemToObject(o, "prompt_tokens_details", d);
+    return o;
+}
+
+static cJSON *envelope(const api_ctx *ctx, const char *id, long created, const char *object) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)created);
+    cJSON_AddStringToObject(o, "model", ctx->model_id);
+    cJSON_AddStringToObject(o, "system_fingerprint", "ember");
+    return o;
+}
+
+char *api_response_json(const api_ctx *ctx, const api_req *q, const char *id, long created, const char *text,
+                        sreq *r, int n_lp, const sreq_usage *u, sreq_finish f) {
+    cJSON *o = envelope(ctx, id, created, q->chat ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (q->chat) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", text);
+        cJSON_AddItemToObject(c, "message", m);
+    } else {
+        cJSON_AddStringToObject(c, "text", text);
+    }
+    if (q->logprobs) cJSON_AddItemToObject(c, "logprobs", q->chat ? chat_logprobs(ctx, r, 0, n_lp)
+                                                                     : completion_logprobs(ctx, r, 0, n_lp, 0));
+    else cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddStringToObject(c, "finish_reason", api_finish_reason(f));
+    cJSON_AddItemToObject(o, "usage", usage_json(u));
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+char *api_chunk_json(const api_ctx *ctx, const api_req *q, const char *id, long created, const char *text,
+                     bool role, sreq *r, int lp_from, int lp_to, const char *finish, const sreq_usage *u,
+                     bool usage_only) {
+    cJSON *o = envelope(ctx, id, created, q->chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    if (!usage_only) {
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddItemToArray(choices, c);
+        cJSON_AddNumberToObject(c, "index", 0);
+        if (q->chat) {
+            cJSON *d = cJSON_CreateObject();
+            if (role) cJSON_AddStringToObject(d, "role", "assistant");
+            if (text) cJSON_AddStringToObject(d, "content", text);
+            cJSON_AddItemToObject(c, "delta", d);
+        } else {
+            cJSON_AddStringToObject(c, "text", text ? text : "");
+        }
+        if (q->logprobs && lp_to > lp_from)
+            cJSON_AddItemToObject(c, "logprobs", q->chat ? chat_logprobs(ctx, r, lp_from, lp_to)
+                                                         : completion_logprobs(ctx, r, lp_from, lp_to, 0));
+        else cJSON_AddNullToObject(c, "logprobs");
+        if (finish) cJSON_AddStringToObject(c, "finish_reason", finish);
+        else cJSON_AddNullToObject(c, "finish_reason");
+    }
+    if (q->include_usage) {
+        if (usage_only && u) cJSON_AddItemToObject(o, "usage", usage_json(u));
+        else cJSON_AddNullToObject(o, "usage");
+    }
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}

@@ -1,0 +1,77 @@
+/* serve_api.h - the OpenAI request and response shapes.
+ *
+ * Contract:
+ *  - api_parse turns a request body of /v1/chat/completions or
+ *    /v1/completions into scheduler parameters, or into an api_error with
+ *    the HTTP status, type, param and code OpenAI would send: malformed
+ *    JSON, invalid UTF-8, wrong types, missing or empty fields, unknown
+ *    roles, out-of-range sampling values, a prompt longer than the context.
+ *    Sampling defaults are OpenAI's (temperature 1, top_p 1), plus top_k and
+ *    min_p off; a missing seed draws one.
+ *  - The tenant salt is the first present of: the X-APC-Tenant header, the
+ *    X-Tenant-Id header, the body's cache_salt.
+ *  - Responses are rendered with cJSON: whole objects (chat.completion,
+ *    text_completion), SSE chunk objects (chat.completion.chunk and streamed
+ *    text_completion), the usage object with
+ *    prompt_tokens_details.cached_tokens, logprobs in the chat shape
+ *    ({content: [{token, logprob, bytes, top_logprobs}]}) or the legacy
+ *    completions shape, and error bodies {"error": {message, type, param,
+ *    code}}. Token texts that are not valid UTF-8 by themselves are shown
+ *    with U+FFFD; their exact bytes are in "bytes". */
+#ifndef EMBER_SERVE_API_H
+#define EMBER_SERVE_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "serve/serve_chat.h"
+#include "serve/serve_sched.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct api_error {
+    int status;
+    char type[40];
+    char param[96];      /* "" renders null */
+    char code[48];       /* "" renders null */
+    char message[600];
+    int retry_after;     /* > 0: a Retry-After header */
+} api_error;
+
+typedef struct api_ctx {
+    const tokenizer *tok;
+    const serve_chat *chat;
+    const char *model_id;
+    int n_ctx;
+} api_ctx;
+
+typedef struct api_req {
+    bool chat;
+    bool stream, include_usage;
+    bool logprobs;       /* chat: logprobs; completions: logprobs != null */
+    int top_logprobs;
+    bool thinking_open;
+    sreq_params p;
+} api_req;
+
+/* ---- API ---- */
+int api_fail(api_error *e, int status, const char *type, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+char *api_error_json(const api_error *e);
+bool api_utf8_valid(const char *s, size_t len);
+
+int api_parse(const api_ctx *ctx, bool chat, const char *body, size_t len, const char *tenant, api_req *out,
+              api_error *e);
+void api_req_free(api_req *r);
+
+const char *api_finish_reason(sreq_finish f);
+/* The whole response object. */
+char *api_response_json(const api_ctx *ctx, const api_req *q, const char *id, long created, const char *text,
+                        sreq *r, int n_lp, const sreq_usage *u, sreq_finish f);
+/* One SSE chunk object: text (may be NULL), the role delta for the first chat
+ * chunk, logprob entries [lp_from, lp_to), a finish reason (NULL: null), and
+ * when usage_only the final {choices: [], usage} chunk. */
+char *api_chunk_json(const api_ctx *ctx, const api_req *q, const char *id, long created, const char *text,
+                     bool role, sreq *r, int lp_from, int lp_to, const char *finish, const sreq_usage *u,
+                     bool usage_only);
+
+#endif

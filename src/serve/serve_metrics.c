@@ -1,0 +1,266 @@
+/* serve_metrics.c - counters, histograms and the Prometheus text rendering
+ * (see serve_metrics.h).
+ *
+ * Histograms use fixed bucket bounds chosen for CPU inference (a token takes
+ * milliseconds, a long prefill seconds). Requests are counted per (route,
+ * status) in a small open table; routes are the fixed API paths, so the
+ * label set stays bounded whatever URLs clients send ("other" catches the
+ * rest). */
+#include "serve/serve_metrics.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const double bounds_latency[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                        0.5,   1,      2.5,   5,    10,    30,   60, 120};
+#define N_BOUNDS (sizeof bounds_latency / sizeof bounds_latency[0])
+
+typedef struct hist {
+    uint64_t buckets[N_BOUNDS]; /* non-cumulative */
+    uint64_t count;
+    double sum;
+} hist;
+
+#define MAX_ROUTE_ROWS 64
+typedef struct route_row {
+    char route[40];
+    int status;
+    uint64_t n;
+} route_row;
+
+#define MAX_FINISH 8
+struct serve_metrics {
+    pthread_mutex_t lock;
+    hist h[HIST_COUNT_];
+    route_row rows[MAX_ROUTE_ROWS];
+    int n_rows;
+    uint64_t prompt_tokens, cached_tokens, completion_tokens, generations;
+    char finish_name[MAX_FINISH][16];
+    uint64_t finish_n[MAX_FINISH];
+    int n_finish;
+};
+
+static const struct {
+    const char *name, *help;
+} hist_desc[HIST_COUNT_] = {
+    {"ember_request_duration_seconds", "Time from arrival to the end of a generation request."},
+    {"ember_time_to_first_token_seconds", "Time from arrival to the first generated token."},
+    {"ember_time_per_output_token_seconds", "Time between consecutive generated tokens of a request."},
+    {"ember_queue_wait_seconds", "Time from arrival to admission by the scheduler."},
+};
+
+serve_metrics *serve_metrics_create(void) {
+    serve_metrics *m = calloc(1, sizeof *m);
+    if (m) pthread_mutex_init(&m->lock, NULL);
+    return m;
+}
+
+void serve_metrics_free(serve_metrics *m) {
+    if (m == NULL) return;
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+void serve_metrics_observe(serve_metrics *m, serve_hist which, double s) {
+    if (m == NULL || which < 0 || which >= HIST_COUNT_) return;
+    if (!(s >= 0)) s = 0;
+    pthread_mutex_lock(&m->lock);
+    hist *h = &m->h[which];
+    size_t b = 0;
+    while (b < N_BOUNDS && s > bounds_latency[b]) b++;
+    if (b < N_BOUNDS) h->buckets[b]++;
+    h->count++;
+    h->sum += s;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void serve_metrics_request(serve_metrics *m, const char *route, int status) {
+    if (m == NULL) return;
+    pthread_mutex_lock(&m->lock);
+    int i;
+    for (i = 0; i < m->n_rows; i++)
+        if (m->rows[i].status == status && strcmp(m->rows[i].route, route) == 0) break;
+    if (i == m->n_rows && m->n_rows < MAX_ROUTE_ROWS) {
+        snprintf(m->rows[i].route, sizeof m->rows[i].route, "%s", route);
+        m->rows[i].status = status;
+        m->n_rows++;
+    }
+    if (i < m->n_rows) m->rows[i].n++;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void serve_metrics_tokens(serve_metrics *m, int64_t prompt, int64_t cached, int64_t completion) {
+    if (m == NULL) return;
+    pthread_mutex_lock(&m->lock);
+    m->prompt_tokens += (uint64_t)prompt;
+    m->cached_tokens += (uint64_t)cached;
+    m->completion_tokens += (uint64_t)completion;
+    m->generations++;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void serve_metrics_finish(serve_metrics *m, const char *reason) {
+    if (m == NULL) return;
+    pthread_mutex_lock(&m->lock);
+    int i;
+    for (i = 0; i < m->n_finish; i++)
+        if (strcmp(m->finish_name[i], reason) == 0) break;
+    if (i == m->n_finish && m->n_finish < MAX_FINISH) {
+        snprintf(m->finish_name[i], sizeof m->finish_name[i], "%s", reason);
+        m->n_finish++;
+    }
+    if (i < m->n_finish) m->finish_n[i]++;
+    pthread_mutex_unlock(&m->lock);
+}
+
+/* ---- rendering ---- */
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+__attribute__((format(printf, 2, 3))) static void out(sbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap * 2 + (size_t)n;
+        char *np = realloc(b->p, cap);
+        if (np == NULL) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+}
+
+static void family(sbuf *b, const char *name, const char *type, const char *help) {
+    out(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void counter(sbuf *b, const char *name, const char *help, double v) {
+    family(b, name, "counter", help);
+    out(b, "%s %.17g\n", name, v);
+}
+
+static void gauge(sbuf *b, const char *name, const char *help, double v) {
+    family(b, name, "gauge", help);
+    out(b, "%s %.17g\n", name, v);
+}
+
+char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waiting, size_t *len) {
+    sbuf b = {malloc(8192), 0, 8192, 0};
+    if (b.p == NULL) return NULL;
+    b.p[0] = 0;
+    pthread_mutex_lock(&m->lock);
+    family(&b, "ember_http_requests_total", "counter", "HTTP requests answered, by route and status code.");
+    for (int i = 0; i < m->n_rows; i++)
+        out(&b, "ember_http_requests_total{route=\"%s\",code=\"%d\"} %llu\n", m->rows[i].route, m->rows[i].status,
+            (unsigned long long)m->rows[i].n);
+    counter(&b, "ember_generations_total", "Generation requests that finished.", (double)m->generations);
+    family(&b, "ember_generation_finish_total", "counter", "Finished generations by finish reason.");
+    for (int i = 0; i < m->n_finish; i++)
+        out(&b, "ember_generation_finish_total{reason=\"%s\"} %llu\n", m->finish_name[i],
+            (unsigned long long)m->finish_n[i]);
+    counter(&b, "ember_prompt_tokens_total", "Prompt tokens of finished generations.", (double)m->prompt_tokens);
+    counter(&b, "ember_prompt_cached_tokens_total", "Prompt tokens adopted from the prompt cache.",
+            (double)m->cached_tokens);
+    counter(&b, "ember_completion_tokens_total", "Generated tokens.", (double)m->completion_tokens);
+    for (int h = 0; h < HIST_COUNT_; h++) {
+        const hist *hh = &m->h[h];
+        family(&b, hist_desc[h].name, "histogram", hist_desc[h].help);
+        uint64_t cum = 0;
+        for (size_t i = 0; i < N_BOUNDS; i++) {
+            cum += hh->buckets[i];
+            out(&b, "%s_bucket{le=\"%g\"} %llu\n", hist_desc[h].name, bounds_latency[i], (unsigned long long)cum);
+        }
+        out(&b, "%s_bucket{le=\"+Inf\"} %llu\n", hist_desc[h].name, (unsigned long long)hh->count);
+        out(&b, "%s_sum %.17g\n%s_count %llu\n", hist_desc[h].name, hh->sum, hist_desc[h].name,
+            (unsigned long long)hh->count);
+    }
+    pthread_mutex_unlock(&m->lock);
+    gauge(&b, "ember_requests_running", "Requests admitted by the scheduler (prefilling or decoding).", running);
+    gauge(&b, "ember_requests_waiting", "Requests queued for admission.", waiting);
+
+    apc_stats s;
+    memset(&s, 0, sizeof s);
+    if (cache) apc_get_stats(cache, &s);
+    gauge(&b, "ember_apc_enabled", "1 when the prompt cache serves this model.", s.enabled && s.tier != APC_TIER_NONE);
+    family(&b, "ember_apc_tier_info", "gauge", "The prompt-cache tier routed for this model.");
+    out(&b, "ember_apc_tier_info{tier=\"%s\",hash=\"%s\"} 1\n", apc_tier_name(s.tier),
+        s.hash == APC_HASH_XXH3 ? "xxh3" : "sha256");
+    gauge(&b, "ember_apc_block_size_tokens", "Tokens per KV block.", s.block_size);
+    gauge(&b, "ember_apc_num_blocks", "Blocks in the KV pool.", s.num_blocks);
+    gauge(&b, "ember_apc_pool_used_blocks", "Blocks holding an indexed prefix.", s.pool_used);
+    gauge(&b, "ember_apc_pool_free_blocks", "Blocks with no reference (cached or empty).", s.pool_free);
+    gauge(&b, "ember_apc_pool_referenced_blocks", "Blocks referenced by live sequences.", s.pool_referenced);
+    gauge(&b, "ember_apc_pool_bytes", "Bytes of the KV pool.", (double)s.block_bytes * (double)s.num_blocks);
+    counter(&b, "ember_apc_lookups_hit_total", "Cache lookups that adopted something.", (double)s.lookups_hit);
+    counter(&b, "ember_apc_lookups_miss_total", "Block-chain walks that matched nothing.", (double)s.lookups_miss);
+    counter(&b, "ember_apc_matched_tokens_total", "Prompt tokens adopted from the cache.", (double)s.matched_tokens);
+    counter(&b, "ember_apc_served_tokens_total", "Tokens written into newly indexed blocks.", (double)s.served_tokens);
+    gauge(&b, "ember_apc_token_hit_rate", "matched / (matched + served).",
+          s.matched_tokens + s.served_tokens
+              ? (double)s.matched_tokens / (double)(s.matched_tokens + s.served_tokens)
+              : 0.0);
+    counter(&b, "ember_apc_evictions_total", "Indexed blocks reclaimed by the pool's LRU.", (double)s.evictions);
+    counter(&b, "ember_apc_stores_total", "Blocks newly indexed.", (double)s.stores);
+    counter(&b, "ember_apc_disk_hits_total", "SSD tier hits.", (double)s.disk_hits);
+    counter(&b, "ember_apc_disk_writes_total", "SSD tier writes.", (double)s.disk_writes);
+    counter(&b, "ember_apc_exact_hits_total", "Exact-tier snapshot hits.", (double)s.exact_hits);
+    counter(&b, "ember_apc_exact_stores_total", "Exact-tier snapshots stored.", (double)s.exact_stores);
+    gauge(&b, "ember_apc_exact_entries", "Exact-tier snapshots held.", s.exact_entries);
+    gauge(&b, "ember_apc_exact_max_entries", "Exact-tier capacity in entries.", s.exact_max_entries);
+    gauge(&b, "ember_apc_exact_bytes", "Bytes of exact-tier snapshots.", (double)s.exact_bytes);
+    gauge(&b, "ember_apc_exact_max_bytes", "Exact-tier capacity in bytes.", (double)s.exact_max_bytes);
+    counter(&b, "ember_apc_exact_evictions_total", "Exact-tier snapshots evicted.", (double)s.exact_evictions);
+    counter(&b, "ember_apc_retire_stores_total", "Requests whose retirement stored something.",
+            (double)s.retire_stores);
+    gauge(&b, "ember_apc_generation", "Cache generation (bumped by each reset).", (double)s.generation);
+    family(&b, "ember_apc_declines_total", "counter", "Lookups or stores the cache gave up, by reason.");
+    for (int d = 0; d < APC_DECLINE_COUNT_; d++)
+        out(&b, "ember_apc_declines_total{reason=\"%s\"} %llu\n", apc_decline_name((apc_decline)d),
+            (unsigned long long)s.declines[d]);
+    /* The checkpoint and L0 families of the reference exist as zero until
+     * those tiers are built, like in the stats JSON. */
+    static const char *zero_counters[][2] = {
+        {"ember_apc_ckpt_stores_total", "Checkpoint stores."},
+        {"ember_apc_ckpt_hits_total", "Checkpoint hits."},
+        {"ember_apc_ckpt_matched_tokens_total", "Tokens adopted from checkpoints."},
+        {"ember_apc_ckpt_missed_adoptions_total", "Lookups that found a record and adopted nothing."},
+        {"ember_apc_ckpt_skeleton_writes_total", "Checkpoint skeletons written to disk."},
+        {"ember_apc_sidecar_writes_total", "Drafter sidecar stores."},
+        {"ember_apc_retire_fallback_full_total", "Full-sequence retirement fallbacks."},
+        {"ember_apc_ckpt_pool_evictions_total", "Checkpoint records evicted for chain stores."},
+        {"ember_apc_ckpt_grid_truncate_total", "Grid-truncated terminal stores."},
+        {"ember_apc_anchor_stores_total", "Exact-tier anchor stores."},
+        {"ember_apc_anchor_hits_total", "Exact-tier anchor hits."},
+        {"ember_apc_spec_prefix_hits_total", "L0 prefix-layer hits."},
+        {"ember_apc_spec_prefix_hit_tokens_total", "Tokens adopted from the L0 prefix layer."},
+        {"ember_apc_spec_prefix_stores_total", "L0 prefix-layer stores."},
+    };
+    for (size_t i = 0; i < sizeof zero_counters / sizeof zero_counters[0]; i++)
+        counter(&b, zero_counters[i][0], zero_counters[i][1], 0);
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    if (len) *len = b.len;
+    return b.p;
+}

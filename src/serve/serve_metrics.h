@@ -1,0 +1,40 @@
+/* serve_metrics.h - the server's counters and latency histograms, rendered
+ * in the Prometheus text format (0.0.4) for GET /metrics.
+ *
+ * Contract: every observe/count call is thread-safe (one mutex); the render
+ * appends every prompt-cache counter of apc_get_stats as ember_apc_*
+ * series, with _total on counters, base units (seconds, bytes), HELP and
+ * TYPE lines for every family, so the output passes `promtool check
+ * metrics`. */
+#ifndef EMBER_SERVE_METRICS_H
+#define EMBER_SERVE_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apc/apc.h"
+
+typedef struct serve_metrics serve_metrics;
+
+typedef enum serve_hist {
+    HIST_REQUEST_SECONDS = 0,  /* arrival to last byte of a generation */
+    HIST_TTFT_SECONDS,         /* arrival to the first generated token */
+    HIST_TPOT_SECONDS,         /* time between consecutive generated tokens */
+    HIST_QUEUE_SECONDS,        /* arrival to admission */
+    HIST_COUNT_
+} serve_hist;
+
+/* ---- API ---- */
+serve_metrics *serve_metrics_create(void);
+void serve_metrics_free(serve_metrics *m);
+void serve_metrics_observe(serve_metrics *m, serve_hist h, double seconds);
+/* One finished HTTP request on a route ("/v1/chat/completions", or "other")
+ * with its status. */
+void serve_metrics_request(serve_metrics *m, const char *route, int status);
+/* Tokens of one finished generation. */
+void serve_metrics_tokens(serve_metrics *m, int64_t prompt, int64_t cached, int64_t completion);
+void serve_metrics_finish(serve_metrics *m, const char *reason);
+/* Renders everything (gauges passed in) into a malloc'd NUL-terminated buffer. */
+char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waiting, size_t *len);
+
+#endif

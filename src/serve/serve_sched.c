@@ -1,0 +1,746 @@
+/* serve_sched.c - the continuous-batching scheduler (see serve_sched.h).
+ *
+ * A request moves through four states on the engine thread:
+ *
+ *   queued --admit+lookup--> PREFILL --(cursor reaches N-1, PAUSE store)-->
+ *   DECODE --(finish)--> [RETIRE: one more row to complete the last block]
+ *   --> RETIRE store, release, finished
+ *
+ * One iteration forwards at most two batches: the prefill batch (grid
+ * chunks of several requests, at most `step` tokens) and the decode batch
+ * (one row per DECODE or RETIRE request). The first decode row of a request
+ * is its last prompt token, so "the last prompt token is forwarded alone"
+ * holds in the sense that matters: it is one row whose result does not
+ * depend on the other rows. Admission reserves the worst case of every
+ * running request in the pool (ceil(min(N + max_tokens, n_ctx) / 16) + 1
+ * blocks, the +1 for a copy-on-write of a shared partial block), so an
+ * append never finds the pool exhausted: unreferenced cached blocks are
+ * always reclaimable.
+ *
+ * Output crosses to HTTP threads through the request's lock: released text
+ * (final; stop strings already cut), the published logprob entries (an
+ * array of pointers, each entry immutable once published), the finish
+ * reason and the usage. */
+#define _GNU_SOURCE
+#include "serve/serve_sched.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/clock.h"
+#include "core/log.h"
+
+typedef enum { ST_QUEUED = 0, ST_PREFILL, ST_DECODE, ST_RETIRE, ST_DONE } sreq_state;
+
+struct sreq {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    atomic_int refs;
+    atomic_bool cancel;
+    sreq_params p;
+    int64_t need_blocks;
+    double t_arrive, t_first, t_last;
+    struct sreq *next;           /* queue link */
+    /* engine thread only */
+    sreq_state state;
+    kv_seq seq;
+    sampler *smp;
+    tok_stream *ts;
+    int32_t *all;                /* prompt + reply */
+    int n_gen;
+    int32_t pending;             /* the token of the next decode row */
+    int64_t cached;
+    char *hold;                  /* generated text not released yet */
+    size_t hold_len, hold_cap;
+    int lp_unpublished;          /* entries [n_lp_pub, n_lp) wait for text */
+    sreq_finish fin;             /* decided, not yet published */
+    /* shared, under lock */
+    char *text;
+    size_t len, cap;
+    sreq_logprob **lps;
+    int n_lp, n_lp_pub, cap_lp;
+    bool first;
+    sreq_finish finish;
+    sreq_usage usage;
+};
+
+struct sched {
+    engine *e;
+    const model *m;
+    const tokenizer *tok;
+    apc *cache;
+    serve_metrics *metrics;
+    model_ctx *ctx;
+    sched_config cfg;
+    int n_ctx, n_vocab, max_batch;
+    int32_t pool_blocks;
+    /* queue, under lock */
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    sreq *q_head, *q_tail;
+    int q_len, n_running_pub;
+    bool draining;
+    /* engine thread */
+    pthread_t thread;
+    bool started;
+    sreq **running;
+    int n_running;
+    int64_t reserved;
+    int32_t *b_tok;
+    int64_t *b_pos;
+    kv_seq **b_seq;
+    bool *b_want;
+    sreq **b_req;
+    float *logits;               /* (max_running, n_vocab) */
+    float *scratch;              /* (n_vocab) */
+};
+
+/* ---- requests ---- */
+
+static void sreq_free(sreq *r) {
+    free(r->p.prompt);
+    for (int i = 0; i < r->p.n_stop; i++) free(r->p.stop[i]);
+    sampler_free(r->smp);
+    tok_stream_free(r->ts);
+    free(r->all);
+    free(r->hold);
+    free(r->text);
+    for (int i = 0; i < r->n_lp; i++) {
+        free(r->lps[i]->piece);
+        free(r->lps[i]);
+    }
+    free(r->lps);
+    pthread_mutex_destroy(&r->lock);
+    pthread_cond_destroy(&r->cond);
+    free(r);
+}
+
+void sreq_unref(sreq *r) {
+    if (r && atomic_fetch_sub(&r->refs, 1) == 1) sreq_free(r);
+}
+
+void sreq_cancel(sreq *r) {
+    if (r == NULL) return;
+    atomic_store(&r->cancel, true);
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *np = realloc(*p, c * elem);
+    if (np == NULL) return -1;
+    *p = np;
+    *cap = c;
+    return 0;
+}
+
+bool sreq_next(sreq *r, sreq_cursor *cur, int timeout_ms, sreq_delta *d) {
+    memset(d, 0, sizeof *d);
+    pthread_mutex_lock(&r->lock);
+    bool fresh = r->len > cur->text || r->n_lp_pub > cur->logprobs || r->first != cur->saw_first ||
+                 r->finish != SREQ_RUNNING;
+    if (!fresh && timeout_ms > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += timeout_ms / 1000;
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&r->cond, &r->lock, &ts);
+    }
+    size_t n = r->len - cur->text;
+    d->text = malloc(n + 1);
+    if (d->text) {
+        memcpy(d->text, r->text ? r->text + cur->text : "", n);
+        d->text[n] = 0;
+        d->len = n;
+        cur->text = r->len;
+    }
+    d->lp_from = cur->logprobs;
+    d->lp_to = r->n_lp_pub;
+    cur->logprobs = r->n_lp_pub;
+    bool first_changed = r->first != cur->saw_first;
+    d->first = r->first;
+    cur->saw_first = r->first;
+    d->finish = r->finish;
+    pthread_mutex_unlock(&r->lock);
+    return d->len > 0 || d->lp_to > d->lp_from || d->finish != SREQ_RUNNING || first_changed;
+}
+
+void sreq_delta_free(sreq_delta *d) {
+    free(d->text);
+    memset(d, 0, sizeof *d);
+}
+
+const sreq_logprob *sreq_logprob_at(sreq *r, int i) {
+    pthread_mutex_lock(&r->lock);
+    const sreq_logprob *lp = i >= 0 && i < r->n_lp_pub ? r->lps[i] : NULL;
+    pthread_mutex_unlock(&r->lock);
+    return lp;
+}
+
+void sreq_usage_get(sreq *r, sreq_usage *u) {
+    pthread_mutex_lock(&r->lock);
+    *u = r->usage;
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* ---- output (engine thread) ---- */
+
+/* Moves hold[0, n) to the shared text, with the waiting logprob entries. */
+static void release(sreq *r, size_t n) {
+    pthread_mutex_lock(&r->lock);
+    if (n > 0) {
+        size_t cap = r->cap;
+        if (grow((void **)&r->text, &cap, r->len + n + 1, 1) == 0) {
+            r->cap = cap;
+            memcpy(r->text + r->len, r->hold, n);
+            r->len += n;
+            r->text[r->len] = 0;
+        }
+        r->n_lp_pub = r->n_lp;
+    }
+    pthread_mutex_unlock(&r->lock);
+    memmove(r->hold, r->hold + n, r->hold_len - n);
+    r->hold_len -= n;
+    pthread_cond_broadcast(&r->cond);
+}
+
+/* Appends generated text and applies the stop strings. Returns true when a
+ * stop string matched (the text before it is released, the rest dropped). */
+static bool push_text(sreq *r, const char *s, size_t n) {
+    size_t cap = r->hold_cap;
+    if (n > 0) {
+        if (grow((void **)&r->hold, &cap, r->hold_len + n + 1, 1) < 0) return false;
+        r->hold_cap = cap;
+        memcpy(r->hold + r->hold_len, s, n);
+        r->hold_len += n;
+    }
+    if (r->p.n_stop == 0) {
+        release(r, r->hold_len);
+        return false;
+    }
+    size_t best = (size_t)-1;
+    for (int i = 0; i < r->p.n_stop; i++) {
+        size_t sl = strlen(r->p.stop[i]);
+        if (sl == 0 || sl > r->hold_len) continue;
+        const char *hit = memmem(r->hold, r->hold_len, r->p.stop[i], sl);
+        if (hit && (size_t)(hit - r->hold) < best) best = (size_t)(hit - r->hold);
+    }
+    if (best != (size_t)-1) {
+        release(r, best);
+        r->hold_len = 0;
+        return true;
+    }
+    /* Hold back the longest suffix that is a proper prefix of a stop string. */
+    size_t keep = 0;
+    for (int i = 0; i < r->p.n_stop; i++) {
+        size_t sl = strlen(r->p.stop[i]);
+        if (sl == 0) continue;
+        for (size_t k = sl - 1 < r->hold_len ? sl - 1 : r->hold_len; k > keep; k--)
+            if (memcmp(r->hold + r->hold_len - k, r->p.stop[i], k) == 0) {
+                keep = k;
+                break;
+            }
+    }
+    release(r, r->hold_len - keep);
+    return false;
+}
+
+static void compute_logprobs(sched *s, sreq *r, const float *row, int32_t token) {
+    const int V = s->n_vocab;
+    sreq_logprob *lp = calloc(1, sizeof *lp);
+    if (lp == NULL) return;
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (row[i] > mx) mx = row[i];
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)row[i] - mx);
+    double lse = mx + log(sum);
+    lp->token = token;
+    lp->logprob = (float)(row[token] - lse);
+    int k = r->p.top_logprobs > SCHED_MAX_TOP_LOGPROBS ? SCHED_MAX_TOP_LOGPROBS : r->p.top_logprobs;
+    if (k > V) k = V;
+    for (int i = 0; i < V; i++) {
+        /* insertion into a sorted top-k (ties: lower id first) */
+        int j = lp->n_top;
+        if (j == k && (k == 0 || row[i] <= row[lp->top_ids[k - 1]])) continue;
+        if (j == k) j--;
+        while (j > 0 && row[lp->top_ids[j - 1]] < row[i]) {
+            lp->top_ids[j] = lp->top_ids[j - 1];
+            j--;
+        }
+        lp->top_ids[j] = i;
+        if (lp->n_top < k) lp->n_top++;
+    }
+    for (int i = 0; i < lp->n_top; i++) lp->top_lp[i] = (float)(row[lp->top_ids[i]] - lse);
+    int need = tokenizer_token_to_piece(s->tok, token, false, NULL, 0);
+    int plen = need < 0 ? -need : need;
+    lp->piece = malloc((size_t)plen + 1);
+    if (lp->piece) {
+        lp->piece_len = plen > 0 ? tokenizer_token_to_piece(s->tok, token, false, lp->piece, (size_t)plen + 1) : 0;
+        if (lp->piece_len < 0) lp->piece_len = 0;
+        lp->piece[lp->piece_len] = 0;
+    }
+    pthread_mutex_lock(&r->lock);
+    size_t cap = (size_t)r->cap_lp;
+    if (grow((void **)&r->lps, &cap, (size_t)r->n_lp + 1, sizeof *r->lps) == 0) {
+        r->cap_lp = (int)cap;
+        r->lps[r->n_lp++] = lp;
+        lp = NULL;
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (lp) {
+        free(lp->piece);
+        free(lp);
+    }
+}
+
+static const char *finish_name(sreq_finish f) {
+    switch (f) {
+    case SREQ_STOP: return "stop";
+    case SREQ_LENGTH: return "length";
+    case SREQ_CANCELLED: return "cancelled";
+    case SREQ_FAILED: return "error";
+    default: return "running";
+    }
+}
+
+/* Publishes the finish; drops the engine's reference. */
+static void complete(sched *s, sreq *r, sreq_finish f, const char *error) {
+    apc_seq_release(s->cache, &r->seq);
+    double now = ember_now();
+    pthread_mutex_lock(&r->lock);
+    r->n_lp_pub = r->n_lp;
+    r->finish = f;
+    r->usage.prompt_tokens = r->p.n_prompt;
+    r->usage.cached_tokens = r->cached;
+    r->usage.completion_tokens = r->n_gen;
+    r->usage.ttft_s = r->t_first > 0 ? r->t_first - r->t_arrive : 0;
+    r->usage.total_s = now - r->t_arrive;
+    if (error) snprintf(r->usage.error, sizeof r->usage.error, "%s", error);
+    pthread_mutex_unlock(&r->lock);
+    pthread_cond_broadcast(&r->cond);
+    if (f != SREQ_CANCELLED && f != SREQ_FAILED) {
+        serve_metrics_tokens(s->metrics, r->p.n_prompt, r->cached, r->n_gen);
+        serve_metrics_observe(s->metrics, HIST_REQUEST_SECONDS, now - r->t_arrive);
+    }
+    serve_metrics_finish(s->metrics, finish_name(f));
+    s->reserved -= r->need_blocks;
+    r->state = ST_DONE;
+    sreq_unref(r);
+}
+
+/* The generation ended with f: flush text, then retire (possibly after one
+ * more decode row) and complete. */
+static void finish_generation(sched *s, sreq *r, sreq_finish f, bool stop_matched) {
+    if (!stop_matched) {
+        size_t n = 0;
+        const char *t = tok_stream_flush(r->ts, &n);
+        if (push_text(r, t, n)) f = SREQ_STOP;
+        else release(r, r->hold_len);
+    }
+    r->fin = f;
+    if (apc_get_tier(s->cache) != APC_TIER_NONE) {
+        int64_t have = r->seq.n_tokens, total = r->p.n_prompt + r->n_gen;
+        if (have == total - 1 && have < s->n_ctx && apc_retire_wants_last_token(s->cache, have)) {
+            r->pending = r->all[total - 1];
+            r->state = ST_RETIRE;
+            return;
+        }
+        apc_store(s->cache, APC_STORE_RETIRE, r->all, r->seq.n_tokens, r->p.salt, &r->seq);
+    }
+    complete(s, r, f, NULL);
+}
+
+/* ---- the engine thread ---- */
+
+static void admit(sched *s, sreq *r) {
+    r->t_first = 0;
+    serve_metrics_observe(s->metrics, HIST_QUEUE_SECONDS, ember_now() - r->t_arrive);
+    kv_seq_init(&r->seq);
+    apc_hit hit = apc_lookup(s->cache, r->p.prompt, r->p.n_prompt, r->p.salt, &r->seq);
+    r->cached = hit.n_tokens;
+    r->state = ST_PREFILL;
+    s->running[s->n_running++] = r;
+}
+
+/* Moves requests that reached N-1 to DECODE (with the PAUSE store). */
+static void maybe_pause(sched *s, sreq *r) {
+    const int64_t N = r->p.n_prompt;
+    if (r->state != ST_PREFILL || r->seq.n_tokens < N - 1) return;
+    if (N - 1 > r->cached) apc_store(s->cache, APC_STORE_PAUSE, r->p.prompt, N - 1, r->p.salt, &r->seq);
+    r->pending = r->p.prompt[N - 1];
+    r->state = ST_DECODE;
+}
+
+static void fail_batch(sched *s, sreq **reqs, int n, const char *msg) {
+    for (int i = 0; i < n; i++)
+        if (reqs[i]->state != ST_DONE) complete(s, reqs[i], SREQ_FAILED, msg);
+}
+
+static void prefill_step(sched *s) {
+    const int step = s->cfg.prefill_step;
+    int n = 0, nreq = 0;
+    ember_error err;
+    sreq *members[64];
+    int64_t lens[64];
+    for (int i = 0; i < s->n_running && nreq < 64; i++) {
+        sreq *r = s->running[i];
+        if (r->state != ST_PREFILL) continue;
+        int64_t p = r->seq.n_tokens, end = (p / step + 1) * step;
+        if (end > r->p.n_prompt - 1) end = r->p.n_prompt - 1;
+        int64_t len = end - p;
+        if (len <= 0) continue;
+        if (n > 0 && n + len > step) break; /* FCFS: no skipping ahead */
+        if (apc_seq_prepare_append(s->cache, &r->seq, len, &err) < 0) {
+            complete(s, r, SREQ_FAILED, err.msg);
+            continue;
+        }
+        for (int64_t j = 0; j < len; j++) {
+            s->b_tok[n] = r->p.prompt[p + j];
+            s->b_pos[n] = p + j;
+            s->b_seq[n] = &r->seq;
+            s->b_want[n] = false;
+            n++;
+        }
+        members[nreq] = r;
+        lens[nreq++] = len;
+    }
+    if (n == 0) return;
+    model_batch b = {n, s->b_tok, s->b_pos, s->b_seq, s->b_want};
+    if (model_forward(s->ctx, &b, s->logits, &err) < 0) {
+        ember_log(EMBER_LOG_ERROR, "prefill forward failed: %s", err.msg);
+        fail_batch(s, members, nreq, err.msg);
+        return;
+    }
+    for (int i = 0; i < nreq; i++) {
+        members[i]->seq.n_tokens += lens[i];
+        maybe_pause(s, members[i]);
+    }
+}
+
+static void decode_step(sched *s) {
+    int n = 0, n_want = 0;
+    ember_error err;
+    for (int i = 0; i < s->n_running; i++) {
+        sreq *r = s->running[i];
+        if (r->state != ST_DECODE && r->state != ST_RETIRE) continue;
+        if (apc_seq_prepare_append(s->cache, &r->seq, 1, &err) < 0) {
+            if (r->state == ST_RETIRE) { /* best effort: store one shorter */
+                apc_store(s->cache, APC_STORE_RETIRE, r->all, r->seq.n_tokens, r->p.salt, &r->seq);
+                complete(s, r, r->fin, NULL);
+            } else {
+                complete(s, r, SREQ_FAILED, err.msg);
+            }
+            continue;
+        }
+        s->b_tok[n] = r->pending;
+        s->b_pos[n] = r->seq.n_tokens;
+        s->b_seq[n] = &r->seq;
+        s->b_want[n] = r->state == ST_DECODE;
+        s->b_req[n] = r;
+        n_want += r->state == ST_DECODE;
+        n++;
+    }
+    if (n == 0) return;
+    model_batch b = {n, s->b_tok, s->b_pos, s->b_seq, s->b_want};
+    if (model_forward(s->ctx, &b, s->logits, &err) < 0) {
+        ember_log(EMBER_LOG_ERROR, "decode forward failed: %s", err.msg);
+        fail_batch(s, s->b_req, n, err.msg);
+        return;
+    }
+    double now = ember_now();
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        sreq *r = s->b_req[i];
+        r->seq.n_tokens++;
+        if (r->state == ST_RETIRE) {
+            apc_store(s->cache, APC_STORE_RETIRE, r->all, r->seq.n_tokens, r->p.salt, &r->seq);
+            complete(s, r, r->fin, NULL);
+            continue;
+        }
+        float *row = s->logits + (size_t)(k++) * s->n_vocab;
+        const int64_t N = r->p.n_prompt;
+        if (r->n_gen == 0) {
+            apc_store(s->cache, APC_STORE_PREFILL, r->p.prompt, N, r->p.salt, &r->seq);
+            r->t_first = now;
+            serve_metrics_observe(s->metrics, HIST_TTFT_SECONDS, now - r->t_arrive);
+        } else {
+            serve_metrics_observe(s->metrics, HIST_TPOT_SECONDS, now - r->t_last);
+        }
+        r->t_last = now;
+        int32_t next;
+        if (r->p.top_logprobs >= 0) {
+            /* logprobs of the raw logits; the sampler may modify its row */
+            memcpy(s->scratch, row, (size_t)s->n_vocab * sizeof(float));
+            next = sampler_sample(r->smp, s->scratch, s->n_vocab);
+            compute_logprobs(s, r, row, next);
+        } else {
+            next = sampler_sample(r->smp, row, s->n_vocab);
+        }
+        sampler_accept(r->smp, next);
+        r->all[N + r->n_gen] = next;
+        r->n_gen++;
+        if (!r->p.ignore_eos && tokenizer_is_eog(s->tok, next)) {
+            finish_generation(s, r, SREQ_STOP, false);
+            continue;
+        }
+        size_t tl = 0;
+        const char *t = tok_stream_push(r->ts, next, &tl);
+        if (push_text(r, t, tl)) {
+            finish_generation(s, r, SREQ_STOP, true);
+            continue;
+        }
+        if (r->n_gen == 1) {
+            pthread_mutex_lock(&r->lock);
+            r->first = true;
+            pthread_mutex_unlock(&r->lock);
+            pthread_cond_broadcast(&r->cond);
+        }
+        if (r->n_gen >= r->p.max_tokens || r->seq.n_tokens >= s->n_ctx) {
+            finish_generation(s, r, SREQ_LENGTH, false);
+            continue;
+        }
+        r->pending = next;
+    }
+}
+
+/* Removes finished requests from the running list, keeping order. */
+static void compact(sched *s) {
+    int j = 0;
+    for (int i = 0; i < s->n_running; i++)
+        if (s->running[i]->state != ST_DONE) s->running[j++] = s->running[i];
+    s->n_running = j;
+}
+
+static void *engine_main(void *arg) {
+    sched *s = arg;
+    for (;;) {
+        /* Cancellations first: their blocks go back before admission. */
+        for (int i = 0; i < s->n_running; i++) {
+            sreq *r = s->running[i];
+            if (atomic_load(&r->cancel)) complete(s, r, SREQ_CANCELLED, NULL);
+        }
+        compact(s);
+        pthread_mutex_lock(&s->lock);
+        while (s->n_running == 0 && s->q_head == NULL && !s->draining) pthread_cond_wait(&s->wake, &s->lock);
+        if (s->n_running == 0 && s->q_head == NULL && s->draining) {
+            s->n_running_pub = 0;
+            pthread_mutex_unlock(&s->lock);
+            break;
+        }
+        sreq *admitted[256];
+        int n_adm = 0;
+        while (s->q_head && s->n_running + n_adm < s->cfg.max_running && n_adm < 256) {
+            sreq *r = s->q_head;
+            if (!atomic_load(&r->cancel) && s->reserved + r->need_blocks > s->pool_blocks) break;
+            s->q_head = r->next;
+            if (s->q_head == NULL) s->q_tail = NULL;
+            s->q_len--;
+            r->next = NULL;
+            if (atomic_load(&r->cancel)) {
+                pthread_mutex_unlock(&s->lock);
+                complete(s, r, SREQ_CANCELLED, NULL);
+                s->reserved += r->need_blocks; /* complete() gives it back */
+                pthread_mutex_lock(&s->lock);
+                continue;
+            }
+            s->reserved += r->need_blocks;
+            admitted[n_adm++] = r;
+        }
+        s->n_running_pub = s->n_running + n_adm;
+        pthread_mutex_unlock(&s->lock);
+        for (int i = 0; i < n_adm; i++) {
+            admit(s, admitted[i]);
+            maybe_pause(s, admitted[i]);
+        }
+        prefill_step(s);
+        compact(s);
+        decode_step(s);
+        compact(s);
+        pthread_mutex_lock(&s->lock);
+        s->n_running_pub = s->n_running;
+        pthread_mutex_unlock(&s->lock);
+    }
+    return NULL;
+}
+
+/* ---- API ---- */
+
+sched *sched_create(engine *e, const sched_config *cfg, serve_metrics *metrics, ember_error *err) {
+    sched *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        ember_fail(err, "scheduler: out of memory");
+        return NULL;
+    }
+    s->e = e;
+    s->m = engine_model(e);
+    s->tok = model_get_tokenizer(s->m);
+    s->cache = engine_cache(e);
+    s->metrics = metrics;
+    s->cfg = *cfg;
+    if (s->cfg.prefill_step < 1) s->cfg.prefill_step = 512;
+    if (s->cfg.max_running < 1) s->cfg.max_running = 1;
+    s->n_ctx = engine_n_ctx(e);
+    s->n_vocab = model_get_hparams(s->m)->n_vocab;
+    s->pool_blocks = kv_pool_n_blocks(engine_pool(e));
+    s->max_batch = s->cfg.prefill_step > s->cfg.max_running ? s->cfg.prefill_step : s->cfg.max_running;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->wake, NULL);
+    s->running = calloc((size_t)s->cfg.max_running, sizeof *s->running);
+    s->b_tok = malloc((size_t)s->max_batch * sizeof *s->b_tok);
+    s->b_pos = malloc((size_t)s->max_batch * sizeof *s->b_pos);
+    s->b_seq = malloc((size_t)s->max_batch * sizeof *s->b_seq);
+    s->b_want = malloc((size_t)s->max_batch * sizeof *s->b_want);
+    s->b_req = malloc((size_t)s->max_batch * sizeof *s->b_req);
+    s->logits = malloc((size_t)s->cfg.max_running * (size_t)s->n_vocab * sizeof(float));
+    s->scratch = malloc((size_t)s->n_vocab * sizeof(float));
+    if (!s->running || !s->b_tok || !s->b_pos || !s->b_seq || !s->b_want || !s->b_req || !s->logits || !s->scratch) {
+        ember_fail(err, "scheduler: out of memory for batches of %d", s->max_batch);
+        sched_free(s);
+        return NULL;
+    }
+    s->ctx = model_ctx_create(s->m, engine_pool(e), s->cfg.n_threads, s->max_batch, err);
+    if (s->ctx == NULL) {
+        sched_free(s);
+        return NULL;
+    }
+    if (pthread_create(&s->thread, NULL, engine_main, s) != 0) {
+        ember_fail(err, "scheduler: cannot start the engine thread");
+        sched_free(s);
+        return NULL;
+    }
+    s->started = true;
+    return s;
+}
+
+void sched_drain(sched *s) {
+    if (s == NULL || !s->started) return;
+    pthread_mutex_lock(&s->lock);
+    s->draining = true;
+    pthread_cond_broadcast(&s->wake);
+    pthread_mutex_unlock(&s->lock);
+    pthread_join(s->thread, NULL);
+    s->started = false;
+}
+
+void sched_free(sched *s) {
+    if (s == NULL) return;
+    sched_drain(s);
+    model_ctx_free(s->ctx);
+    free(s->running);
+    free(s->b_tok);
+    free(s->b_pos);
+    free(s->b_seq);
+    free(s->b_want);
+    free(s->b_req);
+    free(s->logits);
+    free(s->scratch);
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->wake);
+    free(s);
+}
+
+int sched_n_ctx(const sched *s) { return s->n_ctx; }
+
+void sched_counts(sched *s, int *running, int *waiting) {
+    pthread_mutex_lock(&s->lock);
+    *running = s->n_running_pub;
+    *waiting = s->q_len;
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void params_free(sreq_params *p) {
+    free(p->prompt);
+    p->prompt = NULL;
+    for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
+    p->n_stop = 0;
+}
+
+sched_status sched_submit(sched *s, sreq_params *p, sreq **out, ember_error *err) {
+    *out = NULL;
+    const int64_t N = p->n_prompt;
+    if (N < 1) {
+        params_free(p);
+        ember_fail(err, "the prompt has no tokens");
+        return SCHED_ERROR;
+    }
+    for (int64_t i = 0; i < N; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= s->n_vocab) {
+            ember_fail(err, "prompt token %lld is %d, outside the vocabulary of %d", (long long)i, p->prompt[i],
+                       s->n_vocab);
+            params_free(p);
+            return SCHED_ERROR;
+        }
+    if (N > s->n_ctx) {
+        ember_fail(err, "This model's maximum context length is %d tokens. However, your prompt has %lld tokens.",
+                   s->n_ctx, (long long)N);
+        params_free(p);
+        return SCHED_TOO_LONG;
+    }
+    if (p->max_tokens < 1) p->max_tokens = 1;
+    int64_t longest = N + p->max_tokens < s->n_ctx ? N + p->max_tokens : s->n_ctx;
+    int64_t need = (longest + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS + 1;
+    if (need > s->pool_blocks) {
+        ember_fail(err,
+                   "the request needs up to %lld KV blocks (%lld prompt + %d new tokens) but the pool has %d "
+                   "(cache.num_blocks); lower max_tokens",
+                   (long long)need, (long long)N, p->max_tokens, s->pool_blocks);
+        params_free(p);
+        return SCHED_TOO_LONG;
+    }
+    sreq *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        params_free(p);
+        ember_fail(err, "out of memory");
+        return SCHED_ERROR;
+    }
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_cond_init(&r->cond, NULL);
+    atomic_init(&r->refs, 2);
+    atomic_init(&r->cancel, false);
+    r->p = *p;
+    memset(p, 0, sizeof *p);
+    r->need_blocks = need;
+    r->t_arrive = ember_now();
+    r->smp = sampler_create(&r->p.sampling);
+    r->ts = tok_stream_create(s->tok, false);
+    r->all = malloc((size_t)(N + r->p.max_tokens + 1) * sizeof(int32_t));
+    if (r->smp == NULL || r->ts == NULL || r->all == NULL) {
+        sreq_free(r);
+        ember_fail(err, "out of memory");
+        return SCHED_ERROR;
+    }
+    memcpy(r->all, r->p.prompt, (size_t)N * sizeof(int32_t));
+    for (int64_t i = 0; i < N; i++) sampler_accept(r->smp, r->p.prompt[i]);
+    pthread_mutex_lock(&s->lock);
+    sched_status st = SCHED_OK;
+    if (s->draining) st = SCHED_DRAINING;
+    else if (s->q_len >= s->cfg.queue_size && s->cfg.queue_size >= 0 &&
+             !(s->q_len == 0 && s->n_running_pub < s->cfg.max_running))
+        st = SCHED_FULL;
+    if (st == SCHED_OK) {
+        if (s->q_tail) s->q_tail->next = r;
+        else s->q_head = r;
+        s->q_tail = r;
+        s->q_len++;
+        pthread_cond_broadcast(&s->wake);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (st != SCHED_OK) {
+        ember_fail(err, st == SCHED_DRAINING ? "the server is shutting down" : "the request queue is full");
+        sreq_free(r);
+        return st;
+    }
+    *out = r;
+    return SCHED_OK;
+}
