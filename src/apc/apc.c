@@ -13,7 +13,20 @@
  * Block adoption is only refcounting, so it happens under the lock in one go.
  *
  * Failures never propagate: each becomes a counted decline, logged once per
- * reason at warning, and the request proceeds as if nothing were cached. */
+ * reason at warning, and the request proceeds as if nothing were cached.
+ *
+ * The SSD tier (apc_disk.c), when configured, sits behind both tiers:
+ *   - block lookup: the memory walk first; the chain continues on disk from
+ *     where memory stopped; fresh blocks are allocated under the lock, filled
+ *     from the files without it (they are private until indexed), then
+ *     indexed and adopted; a partial tail block comes from memory or disk,
+ *     whichever is longer;
+ *   - block store: after indexing, the blocks the disk lacks are copied out
+ *     of the storing sequence (which holds them) into a write job;
+ *   - exact lookup: a snapshot on disk longer than the best one in memory is
+ *     read into a new entry and joins the LRU, then restores as usual;
+ *   - exact store: the new entry is pinned for the writer and unpinned by
+ *     the writer's release callback. */
 #include "apc/apc.h"
 
 #include <pthread.h>
@@ -21,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "apc/apc_disk.h"
 #include "apc/apc_internal.h"
 #include "core/log.h"
 
@@ -32,6 +46,7 @@ struct apc {
     apc_layout layout;
     apc_index index;
     apc_exact exact;
+    apc_disk *disk;         /* NULL: no SSD tier */
     uint64_t generation;
     /* counters (reference §11.1 + ours); zeroed by reset */
     uint64_t lookups_hit, lookups_miss, matched_tokens, served_tokens;
@@ -81,6 +96,11 @@ apc_config apc_default_config(void) {
     cfg.exact_max_bytes = (size_t)4 << 30;
     cfg.force_tier = APC_FORCE_NONE;
     cfg.ckpt_enabled = true;
+    cfg.disk.workers = 1;
+    cfg.disk.read_mode = APC_DISK_READ_DIRECT;
+    cfg.disk.queue_jobs = 64;
+    cfg.disk.queue_bytes = (size_t)1 << 30;
+    cfg.disk.backoff_ms = 30000;
     return cfg;
 }
 
@@ -153,11 +173,38 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
     }
     log_route(c);
     kv_pool_set_evict_hook(pool, on_evict, c);
+    if (cfg.disk.path && cfg.disk.path[0] &&
+        (c->route.tier == APC_TIER_BLOCK || c->route.tier == APC_TIER_EXACT)) {
+        if (!cfg.disk.has_fingerprint && !(cfg.disk.namespace_override && cfg.disk.namespace_override[0])) {
+            ember_log(EMBER_LOG_WARN, "APC disk tier disabled: no model fingerprint and no namespace given");
+        } else {
+            ember_error derr;
+            c->disk = apc_disk_open(&cfg.disk, &c->layout, cfg.hash, pool, &derr);
+            if (c->disk == NULL) {
+                ember_log(EMBER_LOG_WARN, "APC disk tier disabled (init failed): %s", derr.msg);
+            } else {
+                apc_disk_stats ds;
+                apc_disk_get_stats(c->disk, &ds);
+                char cap[48];
+                if (cfg.disk.max_bytes) snprintf(cap, sizeof cap, "%.2f GiB", (double)cfg.disk.max_bytes / (1u << 30));
+                else snprintf(cap, sizeof cap, "unbounded");
+                ember_log(EMBER_LOG_INFO, "APC disk tier at %s (ns=%s, cap=%s, read_mode=%s, workers=%d)",
+                          cfg.disk.path, ds.ns_hex, cap, cfg.disk.read_mode == APC_DISK_READ_MMAP ? "mmap" : "direct",
+                          cfg.disk.workers > 0 ? cfg.disk.workers : 1);
+            }
+        }
+    }
+    /* The strings were the caller's; nothing reads them after creation. */
+    c->cfg.disk.path = NULL;
+    c->cfg.disk.namespace_override = NULL;
     return c;
 }
 
 void apc_free(apc *c) {
     if (c == NULL) return;
+    /* Queued writes land first; their release callbacks need the cache. */
+    apc_disk_close(c->disk);
+    c->disk = NULL;
     if (c->pool) {
         /* Leave no indexed blocks behind in a pool that outlives us. */
         for (int32_t b = 0; b < c->index.n_blocks; b++)
@@ -236,35 +283,113 @@ static apc_hit lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t 
         }
         matched++;
     }
-    int64_t adopted = matched * KV_BLOCK_TOKENS;
+    /* The disk continues the chain where memory stopped. */
+    int64_t from_disk = 0;
+    if (c->disk && (size_t)seq->n_blocks == (size_t)matched)
+        from_disk = apc_disk_chain_count(c->disk, keys, matched, n_blocks);
     /* A partial tail block after the full ones: the longest one whose rows
-     * are all in the query, of which at most n-1 tokens in all are used. */
-    int64_t rest = n - adopted;
+     * are all in the query, of which at most n-1 tokens in all are used;
+     * from memory (pinned now), or from disk when that one is longer. */
+    int64_t full = matched + from_disk;
+    int64_t rest = n - full * KV_BLOCK_TOKENS;
+    int32_t mem_tail = -1;
+    int tail_rows = 0;
+    bool disk_tail = false;
+    apc_key tail_key;
     if (rest >= 2) {
-        const apc_key *parent = matched > 0 ? &keys[matched - 1] : &zero;
-        const int32_t *t = tokens + adopted;
+        const apc_key *parent = full > 0 ? &keys[full - 1] : &zero;
+        const int32_t *t = tokens + full * KV_BLOCK_TOKENS;
         for (int m = rest < KV_BLOCK_TOKENS ? (int)rest : KV_BLOCK_TOKENS - 1; m >= 1; m--) {
             apc_key k = apc_partial_key(c->cfg.hash, parent, salt, t, m);
             int32_t b = apc_index_find(&c->index, &k);
-            if (b < 0) continue;
-            if (!block_matches(c, b, parent, salt, t, m)) {
-                decline(c, APC_DECLINE_COLLISION, "a block key matched but its tokens, parent or salt did not");
+            if (b >= 0) {
+                if (!block_matches(c, b, parent, salt, t, m)) {
+                    decline(c, APC_DECLINE_COLLISION, "a block key matched but its tokens, parent or salt did not");
+                    break;
+                }
+                kv_block_ref(c->pool, b);
+                mem_tail = b;
+                tail_rows = m;
                 break;
+            }
+            if (c->disk && apc_disk_has_block(c->disk, &k)) {
+                disk_tail = true;
+                tail_key = k;
+                tail_rows = m;
+                break;
+            }
+        }
+    }
+    /* Fresh blocks for what the disk provides. */
+    int64_t n_want = from_disk + (disk_tail ? 1 : 0);
+    apc_disk_want *want = NULL;
+    int64_t n_fresh = 0;
+    if (n_want > 0) {
+        want = malloc((size_t)n_want * sizeof *want);
+        if (want == NULL) {
+            decline(c, APC_DECLINE_ALLOC, "out of memory for a disk restore");
+            n_want = 0;
+        }
+        for (; n_fresh < n_want; n_fresh++) {
+            int32_t b = kv_block_alloc(c->pool);
+            if (b < 0) break;
+            apc_disk_want *w = &want[n_fresh];
+            bool is_tail = n_fresh == from_disk;
+            w->key = is_tail ? tail_key : keys[matched + n_fresh];
+            w->tokens = tokens + (matched + n_fresh) * KV_BLOCK_TOKENS;
+            w->rows = is_tail ? tail_rows : KV_BLOCK_TOKENS;
+            w->dst = b;
+        }
+        if (n_fresh < n_want) decline(c, APC_DECLINE_POOL_EXHAUSTED, "no free block to restore disk blocks into");
+    }
+    int64_t loaded = 0;
+    if (n_fresh > 0) {
+        pthread_mutex_unlock(&c->lock);
+        loaded = apc_disk_load_blocks(c->disk, matched > 0 ? &keys[matched - 1] : &zero, salt, want, n_fresh);
+        pthread_mutex_lock(&c->lock);
+    }
+    bool grew = true; /* the sequence is still contiguous */
+    for (int64_t j = 0; j < n_fresh; j++) {
+        int32_t b = want[j].dst;
+        if (j < loaded && grew) {
+            const apc_key *parent = matched + j > 0 ? (j == 0 ? &keys[matched - 1] : &want[j - 1].key) : &zero;
+            if (apc_index_find(&c->index, &want[j].key) < 0 && !kv_block_is_indexed(c->pool, b)) {
+                apc_index_insert(&c->index, b, &want[j].key, parent, salt, want[j].tokens, want[j].rows);
+                kv_block_set_indexed(c->pool, b, true);
             }
             if (kv_seq_adopt_block(c->pool, seq, b, NULL) < 0) {
                 decline(c, APC_DECLINE_ALLOC, "out of memory growing a block table");
-                break;
+                grew = false;
             }
-            adopted += m;
-            matched++;
-            break;
         }
+        kv_block_unref(c->pool, b);
     }
-    if (matched == 0) {
+    int64_t got_full = matched + (loaded < from_disk ? loaded : from_disk);
+    int64_t adopted = got_full * KV_BLOCK_TOKENS;
+    int64_t got_blocks = got_full;
+    if (grew && disk_tail && loaded == n_want && n_want == from_disk + 1) {
+        adopted += tail_rows;
+        got_blocks++;
+    }
+    if (mem_tail >= 0) {
+        if (grew && got_full == full && kv_seq_adopt_block(c->pool, seq, mem_tail, NULL) == 0) {
+            adopted += tail_rows;
+            got_blocks++;
+        }
+        kv_block_unref(c->pool, mem_tail);
+    }
+    if (!grew) {
+        /* Whatever did not make it into the table stays cold. */
+        adopted = (int64_t)seq->n_blocks * KV_BLOCK_TOKENS < adopted ? (int64_t)seq->n_blocks * KV_BLOCK_TOKENS
+                                                                     : adopted;
+    }
+    if (got_blocks == 0 || adopted == 0) {
+        if (seq->n_blocks > 0) kv_seq_release(c->pool, seq);
         c->lookups_miss++;
     } else {
         if (adopted > n - 1) adopted = n - 1;
         /* A last block left partial stays shared; the pool copies it on append. */
+        seq->n_tokens = (int64_t)seq->n_blocks * KV_BLOCK_TOKENS;
         if (seq->n_tokens > adopted) kv_seq_truncate(c->pool, seq, adopted);
         c->lookups_hit++;
         c->matched_tokens += (uint64_t)adopted;
@@ -272,12 +397,33 @@ static apc_hit lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t 
         hit.source = APC_SOURCE_BLOCK;
     }
     pthread_mutex_unlock(&c->lock);
+    free(want);
     free(keys);
     return hit;
 }
 
+/* A snapshot on disk longer than memory's best joins the LRU. */
+static void promote_from_disk(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
+    pthread_mutex_lock(&c->lock);
+    apc_exact_entry *best = apc_exact_find_prefix(&c->exact, tokens, n - 1, salt);
+    int64_t have = best ? best->n : 0;
+    pthread_mutex_unlock(&c->lock);
+    apc_exact_entry *e = apc_disk_load_exact(c->disk, tokens, n - 1, have, salt, c->cfg.exact_max_bytes);
+    if (e == NULL) return;
+    pthread_mutex_lock(&c->lock);
+    apc_exact_entry *same = apc_exact_find_same(&c->exact, e->tokens, e->n, salt);
+    if (same) {
+        apc_exact_touch(&c->exact, same);
+        apc_exact_entry_free(e);
+    } else {
+        c->exact_evictions += (uint64_t)apc_exact_insert(&c->exact, e);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
 static apc_hit lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq) {
     apc_hit hit = {0, APC_SOURCE_NONE};
+    if (c->disk) promote_from_disk(c, tokens, n, salt);
     pthread_mutex_lock(&c->lock);
     apc_exact_entry *e = apc_exact_find_prefix(&c->exact, tokens, n - 1, salt);
     if (e == NULL) {
@@ -361,7 +507,16 @@ static void store_blocks(apc *c, apc_store_point point, const int32_t *tokens, i
     c->served_tokens += added_tokens;
     if (point == APC_STORE_RETIRE && added > 0) c->retire_stores++;
     pthread_mutex_unlock(&c->lock);
+    if (c->disk) apc_disk_store_chain(c->disk, keys, n_blocks, tail, tokens, salt, seq);
     free(keys);
+}
+
+/* A disk writer is done with a snapshot it had pinned. */
+static void exact_written(void *owner, apc_exact_entry *e) {
+    apc *c = owner;
+    pthread_mutex_lock(&c->lock);
+    apc_exact_unpin(&c->exact, e);
+    pthread_mutex_unlock(&c->lock);
 }
 
 static void store_exact(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
@@ -388,12 +543,19 @@ static void store_exact(apc *c, apc_store_point point, const int32_t *tokens, in
     if (same) {
         apc_exact_touch(&c->exact, same);
         apc_exact_entry_free(e);
+        e = NULL;
     } else {
         c->exact_evictions += (uint64_t)apc_exact_insert(&c->exact, e);
         c->exact_stores++;
         if (point == APC_STORE_RETIRE) c->retire_stores++;
+        if (c->disk) {
+            e->pins++; /* the writer reads e->data; released by exact_written */
+        } else {
+            e = NULL;
+        }
     }
     pthread_mutex_unlock(&c->lock);
+    if (e && apc_disk_store_exact(c->disk, e, exact_written, c) < 0) exact_written(c, e);
 }
 
 void apc_store(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt, const kv_seq *seq) {
@@ -453,6 +615,27 @@ void apc_get_stats(apc *c, apc_stats *s) {
     s->generation = c->generation;
     memcpy(s->declines, c->declines, sizeof s->declines);
     pthread_mutex_unlock(&c->lock);
+    if (c->disk) {
+        apc_disk_stats ds;
+        apc_disk_get_stats(c->disk, &ds);
+        s->disk_enabled = true;
+        s->disk_hits = ds.hits;
+        s->disk_writes = ds.writes;
+        s->disk_bytes = ds.bytes;
+        s->disk_max_bytes = ds.max_bytes;
+        s->disk_evictions = ds.evictions;
+        s->disk_files = ds.files;
+        s->disk_blocks_indexed = ds.blocks_indexed;
+        s->disk_exact_indexed = ds.exact_indexed;
+        s->disk_write_drops = ds.write_drops;
+        s->disk_write_errors = ds.write_errors;
+        s->disk_corrupt = ds.corrupt;
+        memcpy(s->disk_namespace, ds.ns_hex, sizeof s->disk_namespace);
+    }
+}
+
+void apc_flush(apc *c) {
+    if (c && c->disk) apc_disk_flush(c->disk);
 }
 
 cJSON *apc_stats_json(apc *c) {
@@ -505,6 +688,18 @@ cJSON *apc_stats_json(apc *c) {
     for (int i = 0; i < APC_DECLINE_COUNT_; i++)
         if (s.declines[i]) cJSON_AddNumberToObject(d, apc_decline_name((apc_decline)i), (double)s.declines[i]);
     cJSON_AddItemToObject(o, "declines", d);
+    if (s.disk_enabled) {
+        cJSON_AddNumberToObject(o, "disk_bytes", (double)s.disk_bytes);
+        cJSON_AddNumberToObject(o, "disk_max_bytes", (double)s.disk_max_bytes);
+        cJSON_AddNumberToObject(o, "disk_evictions", (double)s.disk_evictions);
+        cJSON_AddNumberToObject(o, "disk_files", (double)s.disk_files);
+        cJSON_AddNumberToObject(o, "disk_blocks_indexed", (double)s.disk_blocks_indexed);
+        cJSON_AddNumberToObject(o, "disk_exact_indexed", (double)s.disk_exact_indexed);
+        cJSON_AddNumberToObject(o, "disk_write_drops", (double)s.disk_write_drops);
+        cJSON_AddNumberToObject(o, "disk_write_errors", (double)s.disk_write_errors);
+        cJSON_AddNumberToObject(o, "disk_corrupt", (double)s.disk_corrupt);
+        cJSON_AddStringToObject(o, "disk_namespace", s.disk_namespace);
+    }
     cJSON_AddBoolToObject(o, "enabled", true);
     return o;
 }
@@ -521,4 +716,6 @@ void apc_reset(apc *c) {
     memset(c->decline_logged, 0, sizeof c->decline_logged);
     c->generation++;
     pthread_mutex_unlock(&c->lock);
+    /* The disk keeps its files; only its cumulative counters restart. */
+    if (c->disk) apc_disk_reset_counters(c->disk);
 }

@@ -52,7 +52,14 @@
  *  - Counters follow the reference §11.1 exactly; ember's additions are
  *    listed at apc_stats. apc_stats_json renders the object that
  *    GET /v1/cache/stats returns; apc_reset clears the memory tiers and the
- *    counters. */
+ *    counters.
+ *  - SSD tier (cfg.disk.path set; apc_disk.h has the format): block and
+ *    exact stores are also written, asynchronously, under a namespace of the
+ *    model fingerprint and the cache format; the lookup consults the disk
+ *    after memory and the longest match wins; blocks read from disk are
+ *    loaded into fresh pool blocks and indexed (the next hit is from
+ *    memory), a snapshot read from disk joins the exact LRU. apc_reset
+ *    leaves the disk alone; apc_free lets queued writes land first. */
 #ifndef EMBER_APC_H
 #define EMBER_APC_H
 
@@ -63,6 +70,7 @@
 #include <cjson/cJSON.h>
 
 #include "core/error.h"
+#include "gguf/gguf.h"
 #include "kv/kv_pool.h"
 #include "model/cache_stack.h"
 
@@ -115,6 +123,25 @@ typedef struct apc_route {
     char reason[192];   /* OFF: why; exact instead of ckpt: why; else "" */
 } apc_route;
 
+/* The SSD tier (apc_disk.h). Strings are copied by apc_create. */
+typedef enum apc_disk_read {
+    APC_DISK_READ_DIRECT = 0, /* pread */
+    APC_DISK_READ_MMAP = 1,
+} apc_disk_read;
+
+typedef struct apc_disk_config {
+    const char *path;             /* root directory; NULL or "": no disk tier (default) */
+    uint64_t max_bytes;           /* size cap of the namespace; 0: unbounded */
+    int workers;                  /* writer threads; default 1 */
+    apc_disk_read read_mode;
+    const char *namespace_override; /* replaces the model fingerprint in the namespace */
+    bool has_fingerprint;         /* engine_create fills these from the model file */
+    uint8_t fingerprint[16];      /* apc_model_fingerprint */
+    int queue_jobs;               /* bounded write queue: jobs (default 64) */
+    size_t queue_bytes;           /* and bytes (default 1 GiB) */
+    int backoff_ms;               /* writes off after ENOSPC/EIO (default 30000) */
+} apc_disk_config;
+
 typedef struct apc_config {
     bool enabled;             /* false: tier none, stats {"enabled": false} */
     apc_hash_kind hash;
@@ -122,6 +149,7 @@ typedef struct apc_config {
     size_t exact_max_bytes;   /* default 4 GiB */
     apc_force force_tier;     /* APC_FORCE_NONE: EMBER_APC_FORCE_TIER, else routing */
     bool ckpt_enabled;        /* false: stacks that would go ckpt go exact */
+    apc_disk_config disk;     /* off by default */
 } apc_config;
 
 /* Counters. Stock (reference §11.1): block_size, num_blocks, pool_used,
@@ -152,6 +180,15 @@ typedef struct apc_stats {
     size_t exact_bytes, exact_max_bytes;
     uint64_t exact_evictions, retire_stores, generation;
     uint64_t declines[APC_DECLINE_COUNT_];
+    /* SSD tier (reference §11.1 names; only when disk_enabled): disk_hits
+     * (+blocks per block restore, +1 per exact restore) and disk_writes
+     * (+blocks per shard written, +1 per snapshot) above; ours:
+     * disk_write_drops (queue full, back-off), disk_write_errors,
+     * disk_corrupt (files that failed verification at read). */
+    bool disk_enabled;
+    uint64_t disk_bytes, disk_max_bytes, disk_evictions, disk_files, disk_blocks_indexed, disk_exact_indexed;
+    uint64_t disk_write_drops, disk_write_errors, disk_corrupt;
+    char disk_namespace[33];
 } apc_stats;
 
 typedef struct apc apc;
@@ -178,6 +215,12 @@ uint64_t apc_salt_for_tenant(const char *tenant, size_t len);
 
 /* ---- Lifetime ---- */
 apc_config apc_default_config(void);
+/* A model's identity for the SSD tier's namespace: XXH3-128 over the file
+ * size, the GGUF header (every key/value), the tensor table and a sample of
+ * every tensor's data (its first, middle and last 64 bytes). No path. */
+void apc_model_fingerprint(const gguf_file *f, uint8_t out[16]);
+/* Waits until every queued disk write has landed (no-op without a disk). */
+void apc_flush(apc *c);
 /* The pool must outlive the cache; the cache installs the pool's evict hook.
  * layout gives the per-layer K/V widths (model_kv_config). */
 apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *stack,

@@ -96,6 +96,11 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
     ember_log(EMBER_LOG_INFO, "KV pool: %d blocks of %d tokens (%lld tokens, %.1f MiB)", cfg.num_blocks,
               KV_BLOCK_TOKENS, (long long)cfg.num_blocks * KV_BLOCK_TOKENS,
               (double)cfg.num_blocks * (double)kv_pool_block_bytes(e->pool) / (1024.0 * 1024.0));
+    /* The SSD tier's namespace starts from the model file's fingerprint. */
+    if (cfg.cache.disk.path && cfg.cache.disk.path[0] && !cfg.cache.disk.has_fingerprint && model_get_gguf(m)) {
+        apc_model_fingerprint(model_get_gguf(m), cfg.cache.disk.fingerprint);
+        cfg.cache.disk.has_fingerprint = true;
+    }
     e->cache = apc_create(e->pool, &kc, model_cache_stack(m), &cfg.cache, err);
     if (e->cache == NULL) goto fail;
     return e;

@@ -1,0 +1,1176 @@
+/* apc_disk.c - the SSD tier: index, write queue and writers, reads, cap.
+ *
+ * State, all under d->lock:
+ *  - files: one record per canonical file in the namespace directory (kind,
+ *    name key, chain position, keys, bytes, last use). Start-up fills it from
+ *    headers; writers add to it; eviction, corruption and a vanished
+ *    directory remove from it.
+ *  - blocks: block key -> (file, index in file), or PENDING while a queued
+ *    write will provide it (so two stores of one chain write it once).
+ *    exact: exact key -> file, or PENDING.
+ *  - the queue: jobs with their bytes already laid out (shards: header,
+ *    keys, tokens and a private copy of the rows; snapshots: header and
+ *    tokens, the rows being the pinned entry's). A store reserves room
+ *    before it copies anything, waiting at most ENQUEUE_WAIT_MS.
+ * Writers take a job, write it without the lock (temp name, fsync, rename,
+ * directory fsync), then commit it to the index and evict down to the low
+ * watermark. Readers look a key up under the lock, then open and verify the
+ * file without it; a file evicted meanwhile is either still readable
+ * through the open descriptor or gone (a plain miss). */
+#include "apc/apc_disk.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "core/log.h"
+
+#define PENDING (-1)
+#define ABSENT INT64_MIN
+#define ENQUEUE_WAIT_MS 20
+
+/* ---- A growable hash map from 128-bit keys to int64 ---- */
+
+typedef struct kslot {
+    apc_key key;
+    int64_t val; /* ABSENT: empty slot */
+} kslot;
+
+typedef struct keymap {
+    kslot *s;
+    uint64_t mask; /* capacity - 1 */
+    uint64_t count;
+} keymap;
+
+static uint64_t home(const keymap *m, const apc_key *k) {
+    uint64_t h;
+    memcpy(&h, k->b + 8, 8);
+    return h & m->mask;
+}
+
+static int km_init(keymap *m, uint64_t cap) {
+    m->s = malloc(cap * sizeof *m->s);
+    if (m->s == NULL) return -1;
+    for (uint64_t i = 0; i < cap; i++) m->s[i].val = ABSENT;
+    m->mask = cap - 1;
+    m->count = 0;
+    return 0;
+}
+
+static int64_t km_slot(const keymap *m, const apc_key *k) {
+    for (uint64_t i = home(m, k);; i = (i + 1) & m->mask) {
+        if (m->s[i].val == ABSENT) return -1;
+        if (apc_key_eq(&m->s[i].key, k)) return (int64_t)i;
+    }
+}
+
+static int64_t km_get(const keymap *m, const apc_key *k) {
+    int64_t i = km_slot(m, k);
+    return i < 0 ? ABSENT : m->s[i].val;
+}
+
+static int km_put(keymap *m, const apc_key *k, int64_t val) {
+    int64_t at = km_slot(m, k);
+    if (at >= 0) {
+        m->s[at].val = val;
+        return 0;
+    }
+    if ((m->count + 1) * 2 > m->mask + 1) {
+        keymap bigger;
+        if (km_init(&bigger, (m->mask + 1) * 2) < 0) return -1;
+        for (uint64_t i = 0; i <= m->mask; i++)
+            if (m->s[i].val != ABSENT) {
+                uint64_t j = home(&bigger, &m->s[i].key);
+                while (bigger.s[j].val != ABSENT) j = (j + 1) & bigger.mask;
+                bigger.s[j] = m->s[i];
+            }
+        bigger.count = m->count;
+        free(m->s);
+        *m = bigger;
+    }
+    uint64_t i = home(m, k);
+    while (m->s[i].val != ABSENT) i = (i + 1) & m->mask;
+    m->s[i].key = *k;
+    m->s[i].val = val;
+    m->count++;
+    return 0;
+}
+
+static void km_del(keymap *m, const apc_key *k) {
+    int64_t at = km_slot(m, k);
+    if (at < 0) return;
+    uint64_t i = (uint64_t)at;
+    m->s[i].val = ABSENT;
+    for (uint64_t j = (i + 1) & m->mask; m->s[j].val != ABSENT; j = (j + 1) & m->mask) {
+        uint64_t h = home(m, &m->s[j].key);
+        bool stays = i <= j ? (h > i && h <= j) : (h > i || h <= j);
+        if (!stays) {
+            m->s[i] = m->s[j];
+            m->s[j].val = ABSENT;
+            i = j;
+        }
+    }
+    m->count--;
+}
+
+/* ---- Records, jobs, the tier ---- */
+
+typedef struct file_rec {
+    bool live;
+    uint32_t kind;
+    apc_key name;
+    apc_key parent;
+    uint64_t salt;
+    uint32_t first_block, n_blocks, last_rows;
+    uint64_t n_tokens;
+    uint64_t bytes;
+    uint64_t last_used;
+    apc_key *keys; /* (n_blocks) */
+} file_rec;
+
+typedef struct job {
+    struct job *next;
+    apc_disk_header hdr; /* hdr.keys owned */
+    uint8_t *head;       /* header, keys, tokens */
+    size_t head_bytes;
+    const float *payload;
+    size_t payload_bytes;
+    float *own;          /* shard rows */
+    apc_exact_entry *entry;
+    apc_disk_release_fn release;
+    void *owner;
+    size_t reserved;     /* queue bytes held */
+} job;
+
+struct apc_disk {
+    pthread_mutex_t lock;
+    pthread_cond_t cv_work, cv_space, cv_idle;
+    char *dir;
+    uint8_t ns[16];
+    char ns_hex[33];
+    const apc_layout *lay;
+    apc_disk_expect ex;
+    kv_pool *pool;
+    apc_disk_read mode;
+    uint64_t max_bytes;
+    int queue_jobs;
+    size_t queue_bytes;
+    int backoff_ms;
+
+    file_rec *files;
+    int32_t n_files, cap_files;
+    keymap blocks, exact;
+    uint64_t bytes, live_files, blocks_indexed, exact_indexed;
+
+    job *head, *tail;
+    int q_jobs;
+    size_t q_bytes;
+    int busy;
+    bool stop;
+    pthread_t *threads;
+    int n_threads;
+    uint64_t tmp_seq;
+    uint64_t backoff_until;
+    bool backoff_warned, error_warned;
+
+    uint64_t hits, writes, evictions, write_drops, write_errors, corrupt;
+};
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
+}
+
+static void file_path(const apc_disk *d, uint32_t kind, const apc_key *name, char *out, size_t cap) {
+    char hex[33];
+    apc_disk_key_hex(name, hex);
+    snprintf(out, cap, "%s/%c-%s.apc", d->dir, kind == APC_DISK_KIND_SHARD ? 'b' : 'x', hex);
+}
+
+static int mkdir_p(const char *path) {
+    char *p = strdup(path);
+    if (p == NULL) return -1;
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        if (mkdir(p, 0755) < 0 && errno != EEXIST) {
+            free(p);
+            return -1;
+        }
+        *s = '/';
+    }
+    int rc = mkdir(p, 0755) < 0 && errno != EEXIST ? -1 : 0;
+    free(p);
+    return rc;
+}
+
+/* ---- Index (under the lock) ---- */
+
+static int32_t add_file(apc_disk *d, const apc_disk_header *h, uint64_t bytes, uint64_t last_used) {
+    int32_t id = -1;
+    for (int32_t i = 0; i < d->n_files; i++)
+        if (!d->files[i].live) {
+            id = i;
+            break;
+        }
+    if (id < 0) {
+        if (d->n_files == d->cap_files) {
+            int32_t cap = d->cap_files ? 2 * d->cap_files : 64;
+            file_rec *f = realloc(d->files, (size_t)cap * sizeof *f);
+            if (f == NULL) return -1;
+            d->files = f;
+            d->cap_files = cap;
+        }
+        id = d->n_files++;
+    }
+    file_rec *r = &d->files[id];
+    memset(r, 0, sizeof *r);
+    if (h->n_blocks) {
+        r->keys = malloc((size_t)h->n_blocks * sizeof *r->keys);
+        if (r->keys == NULL) return -1;
+        memcpy(r->keys, h->keys, (size_t)h->n_blocks * sizeof *r->keys);
+    }
+    r->live = true;
+    r->kind = h->kind;
+    r->name = h->content;
+    r->parent = h->parent;
+    r->salt = h->salt;
+    r->first_block = h->first_block;
+    r->n_blocks = h->n_blocks;
+    r->last_rows = h->last_rows;
+    r->n_tokens = h->n_tokens;
+    r->bytes = bytes;
+    r->last_used = last_used;
+    d->bytes += bytes;
+    d->live_files++;
+    if (r->kind == APC_DISK_KIND_SHARD) {
+        for (uint32_t j = 0; j < r->n_blocks; j++) {
+            int64_t v = km_get(&d->blocks, &r->keys[j]);
+            if (v != ABSENT && v != PENDING) continue; /* another file holds it */
+            if (km_put(&d->blocks, &r->keys[j], ((int64_t)id << 16) | j) == 0) d->blocks_indexed++;
+        }
+    } else {
+        int64_t v = km_get(&d->exact, &r->name);
+        if ((v == ABSENT || v == PENDING) && km_put(&d->exact, &r->name, id) == 0) d->exact_indexed++;
+    }
+    return id;
+}
+
+/* Forgets a file; unlinks it too when asked. */
+static void drop_file(apc_disk *d, int32_t id, bool unlink_it) {
+    file_rec *r = &d->files[id];
+    if (!r->live) return;
+    if (unlink_it) {
+        char path[4096];
+        file_path(d, r->kind, &r->name, path, sizeof path);
+        unlink(path);
+    }
+    if (r->kind == APC_DISK_KIND_SHARD) {
+        for (uint32_t j = 0; j < r->n_blocks; j++) {
+            int64_t v = km_get(&d->blocks, &r->keys[j]);
+            if (v >= 0 && (v >> 16) == id) {
+                km_del(&d->blocks, &r->keys[j]);
+                d->blocks_indexed--;
+            }
+        }
+    } else if (km_get(&d->exact, &r->name) == id) {
+        km_del(&d->exact, &r->name);
+        d->exact_indexed--;
+    }
+    d->bytes -= r->bytes;
+    d->live_files--;
+    free(r->keys);
+    memset(r, 0, sizeof *r);
+}
+
+/* The directory vanished: forget every file (pending marks stay). */
+static void forget_all(apc_disk *d) {
+    for (int32_t i = 0; i < d->n_files; i++) drop_file(d, i, false);
+}
+
+static bool older(const file_rec *a, const file_rec *b) {
+    if (a->last_used != b->last_used) return a->last_used < b->last_used;
+    return a->first_block > b->first_block;
+}
+
+/* Down to 90% of the cap: the oldest file, or the deepest file chained
+ * after it, first. */
+static void evict(apc_disk *d) {
+    if (d->max_bytes == 0 || d->bytes <= d->max_bytes) return;
+    uint64_t target = d->max_bytes / 10 * 9;
+    while (d->bytes > target && d->live_files > 0) {
+        int32_t v = -1;
+        for (int32_t i = 0; i < d->n_files; i++)
+            if (d->files[i].live && (v < 0 || older(&d->files[i], &d->files[v]))) v = i;
+        for (int depth = 0; depth < 1 << 20; depth++) {
+            int32_t child = -1;
+            for (int32_t i = 0; i < d->n_files; i++) {
+                const file_rec *g = &d->files[i];
+                if (!g->live || g->kind != APC_DISK_KIND_SHARD || g->first_block == 0 || i == v) continue;
+                int64_t p = km_get(&d->blocks, &g->parent);
+                if (p < 0 || (p >> 16) != v) continue;
+                if (child < 0 || older(g, &d->files[child])) child = i;
+            }
+            if (child < 0) break;
+            v = child;
+        }
+        drop_file(d, v, true);
+        d->evictions++;
+    }
+}
+
+static void touch(apc_disk *d, int32_t id, uint64_t t) {
+    if (id >= 0 && id < d->n_files && d->files[id].live && d->files[id].last_used < t) d->files[id].last_used = t;
+}
+
+/* ---- Namespace, start-up ---- */
+
+void apc_disk_namespace(const apc_disk_config *cfg, const apc_layout *lay, apc_hash_kind hash, uint8_t ns[16]) {
+    XXH3_state_t *st = XXH3_createState();
+    memset(ns, 0, 16);
+    if (st == NULL) return;
+    XXH3_128bits_reset(st);
+    uint8_t b[8];
+#define FEED_U64(v)                                               \
+    do {                                                          \
+        uint64_t v_ = (uint64_t)(v);                              \
+        for (int i_ = 0; i_ < 8; i_++) b[i_] = (uint8_t)(v_ >> (8 * i_)); \
+        XXH3_128bits_update(st, b, 8);                            \
+    } while (0)
+    XXH3_128bits_update(st, "ember-apc-disk", 14);
+    FEED_U64(APC_DISK_VERSION);
+    if (cfg->namespace_override && cfg->namespace_override[0]) {
+        FEED_U64(1);
+        FEED_U64(strlen(cfg->namespace_override));
+        XXH3_128bits_update(st, cfg->namespace_override, strlen(cfg->namespace_override));
+    } else {
+        FEED_U64(2);
+        XXH3_128bits_update(st, cfg->fingerprint, 16);
+    }
+    FEED_U64(KV_BLOCK_TOKENS);
+    FEED_U64(0); /* KV dtype: f32 */
+    FEED_U64(hash);
+    FEED_U64(lay->n_layer);
+    for (int l = 0; l < lay->n_layer; l++) {
+        FEED_U64(lay->k_width[l]);
+        FEED_U64(lay->v_width[l]);
+    }
+#undef FEED_U64
+    XXH128_hash_t h = XXH3_128bits_digest(st);
+    XXH3_freeState(st);
+    for (int i = 0; i < 8; i++) {
+        ns[i] = (uint8_t)(h.low64 >> (8 * i));
+        ns[8 + i] = (uint8_t)(h.high64 >> (8 * i));
+    }
+}
+
+/* Reads and checks one file's header; fills h (keys malloc'd). */
+static int read_file_header(apc_disk *d, int fd, apc_disk_header *h, uint64_t *size, ember_error *err) {
+    struct stat st;
+    if (fstat(fd, &st) < 0) return ember_fail(err, "stat: %s", strerror(errno));
+    *size = (uint64_t)st.st_size;
+    apc_disk_src s;
+    if (apc_disk_src_init(&s, fd, NULL, *size) < 0) return ember_fail(err, "out of memory");
+    int rc = apc_disk_read_header(&s, &d->ex, h, err);
+    apc_disk_src_free(&s);
+    return rc;
+}
+
+static void scan(apc_disk *d) {
+    DIR *dir = opendir(d->dir);
+    if (dir == NULL) return;
+    int n_temp = 0, n_unknown = 0, n_bad = 0;
+    struct dirent *de;
+    char path[4096];
+    while ((de = readdir(dir)) != NULL) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+        snprintf(path, sizeof path, "%s/%s", d->dir, de->d_name);
+        struct stat st;
+        if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode)) continue;
+        uint32_t kind;
+        apc_key name;
+        if (!apc_disk_parse_name(de->d_name, &kind, &name)) {
+            if (strncmp(de->d_name, ".tmp-", 5) == 0) n_temp++;
+            else n_unknown++;
+            unlink(path);
+            continue;
+        }
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        apc_disk_header h;
+        uint64_t size = 0;
+        ember_error err;
+        bool ok = fd >= 0 && read_file_header(d, fd, &h, &size, &err) == 0;
+        if (fd >= 0) close(fd);
+        if (ok && (h.kind != kind || !apc_key_eq(&h.content, &name))) {
+            apc_disk_header_free(&h);
+            ok = false;
+        }
+        if (!ok) {
+            n_bad++;
+            unlink(path);
+            continue;
+        }
+        uint64_t mt = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+        if (add_file(d, &h, size, mt) < 0) unlink(path);
+        apc_disk_header_free(&h);
+    }
+    closedir(dir);
+    uint64_t shards = 0, exact = 0;
+    for (int32_t i = 0; i < d->n_files; i++)
+        if (d->files[i].live) {
+            if (d->files[i].kind == APC_DISK_KIND_SHARD) shards++;
+            else exact++;
+        }
+    ember_log(EMBER_LOG_INFO,
+              "APC disk tier at %s: found %llu shards (%llu blocks), %llu exact, %.1f MiB; removed %d temp, %d "
+              "unknown, %d bad",
+              d->dir, (unsigned long long)shards, (unsigned long long)d->blocks_indexed, (unsigned long long)exact,
+              (double)d->bytes / (1024.0 * 1024.0), n_temp, n_unknown, n_bad);
+}
+
+/* ---- Writers ---- */
+
+static int write_all(int fd, const void *p, size_t n) {
+    const uint8_t *b = p;
+    while (n > 0) {
+        ssize_t w = write(fd, b, n > ((size_t)1 << 30) ? (size_t)1 << 30 : n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            if (w == 0) errno = EIO;
+            return -1;
+        }
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Writes one job's file. 0, or -1 with errno. */
+static int write_job(apc_disk *d, job *j, uint64_t seq) {
+    char tmp[4096], final[4096];
+    snprintf(tmp, sizeof tmp, "%s/.tmp-%ld-%llu.apc", d->dir, (long)getpid(), (unsigned long long)seq);
+    file_path(d, j->hdr.kind, &j->hdr.content, final, sizeof final);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == ENOENT) {
+        /* The directory vanished: recreate it, forget what it held. */
+        pthread_mutex_lock(&d->lock);
+        forget_all(d);
+        pthread_mutex_unlock(&d->lock);
+        ember_log(EMBER_LOG_WARN, "APC disk: %s vanished; recreated it", d->dir);
+        if (mkdir_p(d->dir) < 0) return -1;
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    }
+    if (fd < 0) return -1;
+    XXH3_state_t *st = XXH3_createState();
+    if (st == NULL) {
+        close(fd);
+        unlink(tmp);
+        errno = ENOMEM;
+        return -1;
+    }
+    XXH3_64bits_reset(st);
+    XXH3_64bits_update(st, j->head, j->head_bytes);
+    XXH3_64bits_update(st, j->payload, j->payload_bytes);
+    uint64_t sum = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    uint8_t trailer[8];
+    for (int i = 0; i < 8; i++) trailer[i] = (uint8_t)(sum >> (8 * i));
+    int rc = write_all(fd, j->head, j->head_bytes);
+    if (rc == 0) rc = write_all(fd, j->payload, j->payload_bytes);
+    if (rc == 0) rc = write_all(fd, trailer, 8);
+    if (rc == 0) rc = fsync(fd);
+    int saved = errno;
+    if (close(fd) < 0 && rc == 0) {
+        rc = -1;
+        saved = errno;
+    }
+    if (rc == 0 && rename(tmp, final) < 0) {
+        rc = -1;
+        saved = errno;
+    }
+    if (rc < 0) {
+        unlink(tmp);
+        errno = saved;
+        return -1;
+    }
+    int dfd = open(d->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return 0;
+}
+
+/* Under the lock: clears a job's pending marks that no file took. */
+static void unmark(apc_disk *d, const job *j) {
+    if (j->hdr.kind == APC_DISK_KIND_SHARD) {
+        for (uint32_t i = 0; i < j->hdr.n_blocks; i++)
+            if (km_get(&d->blocks, &j->hdr.keys[i]) == PENDING) km_del(&d->blocks, &j->hdr.keys[i]);
+    } else if (km_get(&d->exact, &j->hdr.content) == PENDING) {
+        km_del(&d->exact, &j->hdr.content);
+    }
+}
+
+static void job_free(job *j) {
+    if (j == NULL) return;
+    apc_disk_header_free(&j->hdr);
+    free(j->head);
+    free(j->own);
+    free(j);
+}
+
+static void *writer_main(void *arg) {
+    apc_disk *d = arg;
+    for (;;) {
+        pthread_mutex_lock(&d->lock);
+        while (d->head == NULL && !d->stop) pthread_cond_wait(&d->cv_work, &d->lock);
+        if (d->head == NULL) {
+            pthread_mutex_unlock(&d->lock);
+            break;
+        }
+        job *j = d->head;
+        d->head = j->next;
+        if (d->head == NULL) d->tail = NULL;
+        d->busy++;
+        uint64_t seq = d->tmp_seq++;
+        bool off = d->backoff_until > mono_ms();
+        pthread_mutex_unlock(&d->lock);
+
+        int rc = -1, e = 0;
+        if (!off) {
+            rc = write_job(d, j, seq);
+            e = errno;
+        }
+        if (j->release) j->release(j->owner, j->entry);
+
+        pthread_mutex_lock(&d->lock);
+        if (rc == 0) {
+            /* A file of that name may already be indexed (a store raced a
+             * read that deleted it); the new one replaces it. */
+            for (int32_t i = 0; i < d->n_files; i++)
+                if (d->files[i].live && d->files[i].kind == j->hdr.kind && apc_key_eq(&d->files[i].name, &j->hdr.content))
+                    drop_file(d, i, false);
+            unmark(d, j);
+            add_file(d, &j->hdr, j->head_bytes + j->payload_bytes + 8, now_ns());
+            d->writes += j->hdr.kind == APC_DISK_KIND_SHARD ? j->hdr.n_blocks : 1;
+            evict(d);
+        } else {
+            unmark(d, j);
+            if (off) {
+                d->write_drops++;
+            } else {
+                d->write_errors++;
+                if (e == ENOSPC || e == EIO || e == EDQUOT) {
+                    d->backoff_until = mono_ms() + (uint64_t)d->backoff_ms;
+                    if (!d->backoff_warned)
+                        ember_log(EMBER_LOG_WARN, "APC disk: write failed (%s); disk writes off for %d ms, memory tiers continue",
+                                  strerror(e), d->backoff_ms);
+                    d->backoff_warned = true;
+                } else if (!d->error_warned) {
+                    d->error_warned = true;
+                    ember_log(EMBER_LOG_WARN, "APC disk: write to %s failed: %s (logged once)", d->dir, strerror(e));
+                }
+            }
+        }
+        if (rc == 0) d->backoff_warned = false;
+        d->q_jobs--;
+        d->q_bytes -= j->reserved;
+        d->busy--;
+        pthread_cond_broadcast(&d->cv_space);
+        pthread_cond_broadcast(&d->cv_idle);
+        pthread_mutex_unlock(&d->lock);
+        job_free(j);
+    }
+    return NULL;
+}
+
+/* Under the lock: waits up to ENQUEUE_WAIT_MS for room for one job of
+ * bytes; reserves it. false: the write is to be dropped. */
+static bool reserve(apc_disk *d, size_t bytes) {
+    if (d->backoff_until > mono_ms() || d->stop) return false;
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += ENQUEUE_WAIT_MS * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    while (d->q_jobs >= d->queue_jobs || (d->q_bytes > 0 && d->q_bytes + bytes > d->queue_bytes)) {
+        if (pthread_cond_timedwait(&d->cv_space, &d->lock, &dl) != 0) break;
+    }
+    if (d->q_jobs >= d->queue_jobs || (d->q_bytes > 0 && d->q_bytes + bytes > d->queue_bytes)) return false;
+    d->q_jobs++;
+    d->q_bytes += bytes;
+    return true;
+}
+
+static void unreserve(apc_disk *d, size_t bytes) {
+    d->q_jobs--;
+    d->q_bytes -= bytes;
+    pthread_cond_broadcast(&d->cv_space);
+    pthread_cond_broadcast(&d->cv_idle);
+}
+
+static void push(apc_disk *d, job *j) {
+    j->next = NULL;
+    if (d->tail) d->tail->next = j;
+    else d->head = j;
+    d->tail = j;
+    pthread_cond_signal(&d->cv_work);
+}
+
+/* ---- Lifetime ---- */
+
+apc_disk *apc_disk_open(const apc_disk_config *cfg, const apc_layout *lay, apc_hash_kind hash, kv_pool *pool,
+                        ember_error *err) {
+    apc_disk *d = calloc(1, sizeof *d);
+    if (d == NULL) {
+        ember_fail(err, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&d->lock, NULL);
+    pthread_cond_init(&d->cv_work, NULL);
+    pthread_cond_init(&d->cv_space, NULL);
+    pthread_cond_init(&d->cv_idle, NULL);
+    apc_disk_namespace(cfg, lay, hash, d->ns);
+    apc_key nk;
+    memcpy(nk.b, d->ns, 16);
+    apc_disk_key_hex(&nk, d->ns_hex);
+    d->lay = lay;
+    memcpy(d->ex.ns, d->ns, 16);
+    d->ex.hash = hash;
+    d->ex.layout = lay;
+    d->pool = pool;
+    d->mode = cfg->read_mode;
+    d->max_bytes = cfg->max_bytes;
+    d->queue_jobs = cfg->queue_jobs > 0 ? cfg->queue_jobs : 64;
+    d->queue_bytes = cfg->queue_bytes > 0 ? cfg->queue_bytes : (size_t)1 << 30;
+    d->backoff_ms = cfg->backoff_ms > 0 ? cfg->backoff_ms : 30000;
+    size_t len = strlen(cfg->path) + 1 + 32 + 1;
+    d->dir = malloc(len);
+    if (d->dir == NULL || km_init(&d->blocks, 1024) < 0 || km_init(&d->exact, 64) < 0) {
+        ember_fail(err, "out of memory");
+        goto fail;
+    }
+    snprintf(d->dir, len, "%s/%s", cfg->path, d->ns_hex);
+    if (mkdir_p(d->dir) < 0) {
+        ember_fail(err, "cannot create %s: %s", d->dir, strerror(errno));
+        goto fail;
+    }
+    scan(d);
+    evict(d);
+    d->n_threads = cfg->workers > 0 ? cfg->workers : 1;
+    d->threads = calloc((size_t)d->n_threads, sizeof *d->threads);
+    if (d->threads == NULL) {
+        ember_fail(err, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < d->n_threads; i++)
+        if (pthread_create(&d->threads[i], NULL, writer_main, d) != 0) {
+            d->n_threads = i;
+            ember_fail(err, "cannot start a disk writer thread");
+            goto fail;
+        }
+    return d;
+fail:
+    apc_disk_close(d);
+    return NULL;
+}
+
+void apc_disk_close(apc_disk *d) {
+    if (d == NULL) return;
+    pthread_mutex_lock(&d->lock);
+    d->stop = true;
+    pthread_cond_broadcast(&d->cv_work);
+    pthread_mutex_unlock(&d->lock);
+    for (int i = 0; i < d->n_threads; i++) pthread_join(d->threads[i], NULL);
+    free(d->threads);
+    for (int32_t i = 0; i < d->n_files; i++) free(d->files[i].keys);
+    free(d->files);
+    free(d->blocks.s);
+    free(d->exact.s);
+    free(d->dir);
+    pthread_mutex_destroy(&d->lock);
+    pthread_cond_destroy(&d->cv_work);
+    pthread_cond_destroy(&d->cv_space);
+    pthread_cond_destroy(&d->cv_idle);
+    free(d);
+}
+
+void apc_disk_flush(apc_disk *d) {
+    pthread_mutex_lock(&d->lock);
+    while (d->q_jobs > 0 || d->busy > 0) pthread_cond_wait(&d->cv_idle, &d->lock);
+    pthread_mutex_unlock(&d->lock);
+}
+
+void apc_disk_get_stats(apc_disk *d, apc_disk_stats *s) {
+    pthread_mutex_lock(&d->lock);
+    s->hits = d->hits;
+    s->writes = d->writes;
+    s->bytes = d->bytes;
+    s->max_bytes = d->max_bytes;
+    s->evictions = d->evictions;
+    s->files = d->live_files;
+    s->blocks_indexed = d->blocks_indexed;
+    s->exact_indexed = d->exact_indexed;
+    s->write_drops = d->write_drops;
+    s->write_errors = d->write_errors;
+    s->corrupt = d->corrupt;
+    memcpy(s->ns_hex, d->ns_hex, sizeof s->ns_hex);
+    pthread_mutex_unlock(&d->lock);
+}
+
+void apc_disk_reset_counters(apc_disk *d) {
+    pthread_mutex_lock(&d->lock);
+    d->hits = d->writes = d->evictions = d->write_drops = d->write_errors = d->corrupt = 0;
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* ---- Block tier ---- */
+
+int64_t apc_disk_chain_count(apc_disk *d, const apc_key *keys, int64_t start, int64_t n_keys) {
+    int64_t count = 0;
+    uint64_t t = now_ns();
+    pthread_mutex_lock(&d->lock);
+    for (int64_t i = 0; i < n_keys; i++) {
+        int64_t v = km_get(&d->blocks, &keys[i]);
+        if (v < 0) {
+            if (i >= start) break;
+            continue;
+        }
+        if (i >= start) count++;
+        touch(d, (int32_t)(v >> 16), t);
+    }
+    pthread_mutex_unlock(&d->lock);
+    return count;
+}
+
+bool apc_disk_has_block(apc_disk *d, const apc_key *key) {
+    pthread_mutex_lock(&d->lock);
+    bool has = km_get(&d->blocks, key) >= 0;
+    pthread_mutex_unlock(&d->lock);
+    return has;
+}
+
+/* Opens a file for reading in the configured mode. */
+typedef struct open_file {
+    int fd;
+    void *map;
+    uint64_t size;
+    apc_disk_src src;
+} open_file;
+
+static int open_for_read(apc_disk *d, const char *path, open_file *of) {
+    memset(of, 0, sizeof *of);
+    of->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (of->fd < 0) return -1;
+    struct stat st;
+    if (fstat(of->fd, &st) < 0) {
+        close(of->fd);
+        return -1;
+    }
+    of->size = (uint64_t)st.st_size;
+    if (d->mode == APC_DISK_READ_MMAP && of->size > 0) {
+        of->map = mmap(NULL, (size_t)of->size, PROT_READ, MAP_PRIVATE, of->fd, 0);
+        if (of->map == MAP_FAILED) of->map = NULL;
+        else madvise(of->map, (size_t)of->size, MADV_SEQUENTIAL | MADV_WILLNEED);
+    }
+    if (apc_disk_src_init(&of->src, of->map ? -1 : of->fd, of->map, of->size) < 0) {
+        if (of->map) munmap(of->map, (size_t)of->size);
+        close(of->fd);
+        return -1;
+    }
+    if (of->map == NULL && of->size > 0) posix_fadvise(of->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    return 0;
+}
+
+static void close_read(open_file *of, bool touch_mtime) {
+    if (touch_mtime) futimens(of->fd, NULL);
+    apc_disk_src_free(&of->src);
+    if (of->map) munmap(of->map, (size_t)of->size);
+    close(of->fd);
+}
+
+/* Under no lock: the file failed verification. */
+static void corrupt_file(apc_disk *d, uint32_t kind, const apc_key *name, const char *why) {
+    pthread_mutex_lock(&d->lock);
+    d->corrupt++;
+    bool found = false;
+    for (int32_t i = 0; i < d->n_files; i++)
+        if (d->files[i].live && d->files[i].kind == kind && apc_key_eq(&d->files[i].name, name)) {
+            drop_file(d, i, true);
+            found = true;
+        }
+    pthread_mutex_unlock(&d->lock);
+    if (!found) {
+        char path[4096];
+        file_path(d, kind, name, path, sizeof path);
+        unlink(path);
+    }
+    char hex[33];
+    apc_disk_key_hex(name, hex);
+    ember_log(EMBER_LOG_WARN, "APC disk: %c-%s.apc is corrupt (%s); deleted, counted as a miss",
+              kind == APC_DISK_KIND_SHARD ? 'b' : 'x', hex, why);
+}
+
+static void vanished(apc_disk *d, uint32_t kind, const apc_key *name) {
+    pthread_mutex_lock(&d->lock);
+    for (int32_t i = 0; i < d->n_files; i++)
+        if (d->files[i].live && d->files[i].kind == kind && apc_key_eq(&d->files[i].name, name)) drop_file(d, i, false);
+    pthread_mutex_unlock(&d->lock);
+}
+
+typedef struct block_dst {
+    kv_pool *pool;
+    const apc_disk_want *want; /* want[0] is piece first */
+    uint32_t first, count;
+} block_dst;
+
+static float *block_dst_fn(void *user, int layer, int kv, uint32_t piece) {
+    block_dst *b = user;
+    if (piece < b->first || piece >= b->first + b->count) return NULL;
+    int32_t blk = b->want[piece - b->first].dst;
+    return kv == 0 ? kv_block_k(b->pool, blk, layer) : kv_block_v(b->pool, blk, layer);
+}
+
+int64_t apc_disk_load_blocks(apc_disk *d, const apc_key *parent, uint64_t salt, const apc_disk_want *want,
+                             int64_t n_want) {
+    int64_t i = 0;
+    char path[4096];
+    while (i < n_want) {
+        pthread_mutex_lock(&d->lock);
+        int64_t v = km_get(&d->blocks, &want[i].key);
+        if (v < 0) {
+            pthread_mutex_unlock(&d->lock);
+            break;
+        }
+        file_rec rec = d->files[v >> 16];
+        uint32_t idx = (uint32_t)(v & 0xffff);
+        pthread_mutex_unlock(&d->lock);
+        file_path(d, rec.kind, &rec.name, path, sizeof path);
+        open_file of;
+        if (open_for_read(d, path, &of) < 0) {
+            if (errno == ENOENT) vanished(d, rec.kind, &rec.name);
+            break;
+        }
+        apc_disk_header h;
+        ember_error err;
+        if (apc_disk_read_header(&of.src, &d->ex, &h, &err) < 0) {
+            close_read(&of, false);
+            corrupt_file(d, rec.kind, &rec.name, err.msg);
+            break;
+        }
+        /* The run of wanted blocks that this file holds from idx on. */
+        uint32_t run = 0;
+        const apc_key *expect_parent = i > 0 ? &want[i - 1].key : parent;
+        const apc_key *file_parent = idx > 0 && idx < h.n_blocks ? &h.keys[idx - 1] : &h.parent;
+        if (h.kind == APC_DISK_KIND_SHARD && h.salt == salt && idx < h.n_blocks &&
+            apc_key_eq(file_parent, expect_parent) && apc_key_eq(&h.content, &rec.name)) {
+            while (idx + run < h.n_blocks && i + run < n_want && apc_key_eq(&h.keys[idx + run], &want[i + run].key)) {
+                int rows = idx + run + 1 < h.n_blocks ? KV_BLOCK_TOKENS : (int)h.last_rows;
+                if (rows != want[i + run].rows) break;
+                run++;
+            }
+        }
+        if (run == 0) {
+            apc_disk_header_free(&h);
+            close_read(&of, false);
+            break;
+        }
+        int32_t *tok = malloc((size_t)h.n_tokens * sizeof(int32_t));
+        bool oom = tok == NULL;
+        block_dst bd = {d->pool, want + i, idx, run};
+        int rc = tok ? apc_disk_read_body(&of.src, &d->ex, &h, tok, block_dst_fn, &bd, &err) : -1;
+        bool tokens_ok = rc == 0;
+        for (uint32_t r = 0; tokens_ok && r < run; r++)
+            tokens_ok = memcmp(tok + (size_t)(idx + r) * KV_BLOCK_TOKENS, want[i + r].tokens,
+                               (size_t)want[i + r].rows * sizeof(int32_t)) == 0;
+        free(tok);
+        apc_disk_header_free(&h);
+        close_read(&of, rc == 0);
+        if (rc < 0) {
+            if (!oom) corrupt_file(d, rec.kind, &rec.name, err.msg);
+            break;
+        }
+        if (!tokens_ok) break; /* a key collision: not ours */
+        pthread_mutex_lock(&d->lock);
+        d->hits += run;
+        touch(d, (int32_t)(v >> 16), now_ns());
+        pthread_mutex_unlock(&d->lock);
+        i += run;
+    }
+    return i;
+}
+
+void apc_disk_store_chain(apc_disk *d, const apc_key *keys, int64_t n_full, int tail_rows, const int32_t *tokens,
+                          uint64_t salt, const kv_seq *seq) {
+    int64_t total = n_full + (tail_rows > 0 ? 1 : 0);
+    if (total == 0) return;
+    pthread_mutex_lock(&d->lock);
+    int64_t i0 = 0;
+    uint64_t t = now_ns();
+    for (; i0 < total; i0++) {
+        int64_t v = km_get(&d->blocks, &keys[i0]);
+        if (v == ABSENT) break;
+        if (v >= 0) touch(d, (int32_t)(v >> 16), t);
+    }
+    pthread_mutex_unlock(&d->lock);
+    const apc_layout *lay = d->lay;
+    static const apc_key zero;
+    for (int64_t s = i0; s < total;) {
+        int64_t e = (s / APC_DISK_SEGMENT_BLOCKS + 1) * APC_DISK_SEGMENT_BLOCKS;
+        if (e > total) e = total;
+        uint32_t nb = (uint32_t)(e - s);
+        int last_rows = e == total && tail_rows > 0 ? tail_rows : KV_BLOCK_TOKENS;
+        uint64_t nt = (uint64_t)KV_BLOCK_TOKENS * (nb - 1) + (uint64_t)last_rows;
+        size_t payload = (size_t)nt * lay->row_floats * sizeof(float);
+        size_t head_bytes = APC_DISK_HEADER_BYTES + 16 * (size_t)nb + 4 * (size_t)nt;
+        pthread_mutex_lock(&d->lock);
+        bool ok = reserve(d, payload + head_bytes);
+        if (ok) {
+            for (int64_t k = s; k < e; k++)
+                if (km_get(&d->blocks, &keys[k]) == ABSENT) km_put(&d->blocks, &keys[k], PENDING);
+        } else {
+            d->write_drops++;
+        }
+        pthread_mutex_unlock(&d->lock);
+        if (!ok) return; /* later segments would have no parent on disk */
+        job *j = calloc(1, sizeof *j);
+        if (j) {
+            j->head = malloc(head_bytes);
+            j->own = malloc(payload + 1);
+            j->hdr.keys = malloc((size_t)nb * sizeof(apc_key));
+        }
+        if (j == NULL || j->head == NULL || j->own == NULL || j->hdr.keys == NULL) {
+            pthread_mutex_lock(&d->lock);
+            if (j) {
+                j->hdr.kind = APC_DISK_KIND_SHARD;
+                j->hdr.n_blocks = j->hdr.keys ? nb : 0;
+                if (j->hdr.keys) memcpy(j->hdr.keys, keys + s, (size_t)nb * sizeof(apc_key));
+                unmark(d, j);
+            }
+            unreserve(d, payload + head_bytes);
+            d->write_drops++;
+            pthread_mutex_unlock(&d->lock);
+            job_free(j);
+            return;
+        }
+        j->reserved = payload + head_bytes;
+        j->hdr.kind = APC_DISK_KIND_SHARD;
+        j->hdr.salt = salt;
+        j->hdr.content = keys[e - 1];
+        j->hdr.parent = s > 0 ? keys[s - 1] : zero;
+        j->hdr.first_block = (uint32_t)s;
+        j->hdr.n_blocks = nb;
+        j->hdr.last_rows = (uint32_t)last_rows;
+        j->hdr.n_tokens = nt;
+        j->hdr.created_ns = t;
+        memcpy(j->hdr.keys, keys + s, (size_t)nb * sizeof(apc_key));
+        apc_disk_write_header(j->head, d->ns, &j->hdr, lay);
+        uint8_t *tp = j->head + APC_DISK_HEADER_BYTES + 16 * (size_t)nb;
+        for (uint64_t r = 0; r < nt; r++) {
+            uint32_t tv = (uint32_t)tokens[(size_t)s * KV_BLOCK_TOKENS + r];
+            for (int b = 0; b < 4; b++) tp[4 * r + (uint64_t)b] = (uint8_t)(tv >> (8 * b));
+        }
+        /* Rows, layer by layer: K of every block, then V. */
+        float *p = j->own;
+        for (int l = 0; l < lay->n_layer; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                int w = kv == 0 ? lay->k_width[l] : lay->v_width[l];
+                if (w == 0) continue;
+                for (int64_t k = s; k < e; k++) {
+                    int rows = k + 1 < e ? KV_BLOCK_TOKENS : last_rows;
+                    int32_t b = seq->blocks[k];
+                    const float *src = kv == 0 ? kv_block_k(d->pool, b, l) : kv_block_v(d->pool, b, l);
+                    memcpy(p, src, (size_t)rows * (size_t)w * sizeof(float));
+                    p += (size_t)rows * (size_t)w;
+                }
+            }
+        j->head_bytes = head_bytes;
+        j->payload = j->own;
+        j->payload_bytes = payload;
+        pthread_mutex_lock(&d->lock);
+        push(d, j);
+        pthread_mutex_unlock(&d->lock);
+        s = e;
+    }
+}
+
+/* ---- Exact tier ---- */
+
+bool apc_disk_has_exact(apc_disk *d, const apc_key *exact_key) {
+    pthread_mutex_lock(&d->lock);
+    bool has = km_get(&d->exact, exact_key) != ABSENT;
+    pthread_mutex_unlock(&d->lock);
+    return has;
+}
+
+int apc_disk_store_exact(apc_disk *d, apc_exact_entry *e, apc_disk_release_fn release, void *owner) {
+    apc_key key = apc_disk_exact_key(e->salt, e->tokens, e->n);
+    size_t payload = (size_t)e->n * d->lay->row_floats * sizeof(float);
+    size_t head_bytes = APC_DISK_HEADER_BYTES + 4 * (size_t)e->n;
+    pthread_mutex_lock(&d->lock);
+    int64_t v = km_get(&d->exact, &key);
+    if (v != ABSENT) {
+        if (v >= 0) touch(d, (int32_t)v, now_ns());
+        pthread_mutex_unlock(&d->lock);
+        return -1;
+    }
+    if (!reserve(d, payload + head_bytes)) {
+        d->write_drops++;
+        pthread_mutex_unlock(&d->lock);
+        return -1;
+    }
+    km_put(&d->exact, &key, PENDING);
+    pthread_mutex_unlock(&d->lock);
+    job *j = calloc(1, sizeof *j);
+    if (j) j->head = malloc(head_bytes);
+    if (j == NULL || j->head == NULL) {
+        pthread_mutex_lock(&d->lock);
+        if (km_get(&d->exact, &key) == PENDING) km_del(&d->exact, &key);
+        unreserve(d, payload + head_bytes);
+        d->write_drops++;
+        pthread_mutex_unlock(&d->lock);
+        job_free(j);
+        return -1;
+    }
+    j->reserved = payload + head_bytes;
+    j->hdr.kind = APC_DISK_KIND_EXACT;
+    j->hdr.salt = e->salt;
+    j->hdr.content = key;
+    j->hdr.n_tokens = (uint64_t)e->n;
+    j->hdr.created_ns = now_ns();
+    apc_disk_write_header(j->head, d->ns, &j->hdr, d->lay);
+    uint8_t *tp = j->head + APC_DISK_HEADER_BYTES;
+    for (int64_t r = 0; r < e->n; r++)
+        for (int b = 0; b < 4; b++) tp[4 * r + b] = (uint8_t)((uint32_t)e->tokens[r] >> (8 * b));
+    j->head_bytes = head_bytes;
+    j->payload = e->data;
+    j->payload_bytes = payload;
+    j->entry = e;
+    j->release = release;
+    j->owner = owner;
+    pthread_mutex_lock(&d->lock);
+    push(d, j);
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+}
+
+typedef struct exact_dst {
+    const apc_layout *lay;
+    float *data;
+    int64_t n;
+} exact_dst;
+
+static float *exact_dst_fn(void *user, int layer, int kv, uint32_t piece) {
+    exact_dst *x = user;
+    (void)piece;
+    size_t off = 0;
+    for (int l = 0; l < layer; l++) off += (size_t)(x->lay->k_width[l] + x->lay->v_width[l]) * (size_t)x->n;
+    if (kv == 1) off += (size_t)x->lay->k_width[layer] * (size_t)x->n;
+    return x->data + off;
+}
+
+typedef struct cand {
+    apc_key name;
+    int64_t n;
+} cand;
+
+static int cand_cmp(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    return x->n < y->n ? 1 : x->n > y->n ? -1 : 0;
+}
+
+apc_exact_entry *apc_disk_load_exact(apc_disk *d, const int32_t *tokens, int64_t max_len, int64_t min_len,
+                                     uint64_t salt, size_t max_bytes) {
+    pthread_mutex_lock(&d->lock);
+    cand *c = malloc((size_t)(d->n_files ? d->n_files : 1) * sizeof *c);
+    int nc = 0;
+    for (int32_t i = 0; c && i < d->n_files; i++) {
+        const file_rec *r = &d->files[i];
+        if (!r->live || r->kind != APC_DISK_KIND_EXACT || r->salt != salt) continue;
+        if ((int64_t)r->n_tokens <= min_len || (int64_t)r->n_tokens > max_len) continue;
+        if (apc_snapshot_bytes(d->lay, (int64_t)r->n_tokens) > max_bytes) continue;
+        c[nc].name = r->name;
+        c[nc].n = (int64_t)r->n_tokens;
+        nc++;
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (c == NULL) return NULL;
+    qsort(c, (size_t)nc, sizeof *c, cand_cmp);
+    apc_exact_entry *got = NULL;
+    char path[4096];
+    for (int k = 0; k < nc && got == NULL; k++) {
+        apc_key want = apc_disk_exact_key(salt, tokens, c[k].n);
+        if (!apc_key_eq(&want, &c[k].name)) continue;
+        file_path(d, APC_DISK_KIND_EXACT, &c[k].name, path, sizeof path);
+        open_file of;
+        if (open_for_read(d, path, &of) < 0) {
+            if (errno == ENOENT) vanished(d, APC_DISK_KIND_EXACT, &c[k].name);
+            continue;
+        }
+        apc_disk_header h;
+        ember_error err;
+        apc_exact_entry *e = NULL;
+        int32_t *tok = NULL;
+        int rc = apc_disk_read_header(&of.src, &d->ex, &h, &err);
+        if (rc == 0) {
+            if (h.kind != APC_DISK_KIND_EXACT || (int64_t)h.n_tokens != c[k].n || h.salt != salt ||
+                !apc_key_eq(&h.content, &c[k].name)) {
+                rc = -1;
+                snprintf(err.msg, sizeof err.msg, "header does not match its name");
+            }
+        }
+        if (rc == 0) {
+            e = apc_exact_entry_new(d->lay, tokens, c[k].n, salt);
+            tok = malloc((size_t)c[k].n * sizeof(int32_t));
+            if (e == NULL || tok == NULL) {
+                apc_exact_entry_free(e);
+                free(tok);
+                apc_disk_header_free(&h);
+                close_read(&of, false);
+                break; /* out of memory: not the file's fault */
+            }
+            exact_dst x = {d->lay, e->data, c[k].n};
+            rc = apc_disk_read_body(&of.src, &d->ex, &h, tok, exact_dst_fn, &x, &err);
+            apc_disk_header_free(&h);
+        }
+        close_read(&of, rc == 0);
+        if (rc < 0) {
+            apc_exact_entry_free(e);
+            free(tok);
+            corrupt_file(d, APC_DISK_KIND_EXACT, &c[k].name, err.msg);
+            continue;
+        }
+        bool same = memcmp(tok, tokens, (size_t)c[k].n * sizeof(int32_t)) == 0;
+        free(tok);
+        if (!same) {
+            apc_exact_entry_free(e);
+            continue;
+        }
+        got = e;
+        pthread_mutex_lock(&d->lock);
+        d->hits++;
+        int64_t v = km_get(&d->exact, &c[k].name);
+        if (v >= 0) touch(d, (int32_t)v, now_ns());
+        pthread_mutex_unlock(&d->lock);
+    }
+    free(c);
+    return got;
+}

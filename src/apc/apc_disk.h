@@ -1,0 +1,210 @@
+/* apc_disk.h - the SSD tier of the prompt cache (internal to src/apc, plus
+ * the file parser that tests and the fuzz target call).
+ *
+ * Contract:
+ *  - Directory. Files live in <path>/<namespace>/, the namespace being 32
+ *    lowercase hex digits of XXH3-128 over (the tag "ember-apc-disk", the
+ *    format version, the model fingerprint - apc_model_fingerprint, or the
+ *    namespace_override string instead -, the block size, the KV dtype (f32),
+ *    the block-key hash kind, n_layer and every layer's K and V width). Two
+ *    models, or one model under two cache formats, never share a directory;
+ *    a renamed model file keeps its namespace (no path enters it).
+ *  - Names. b-<32 hex>.apc: a block shard, named by the key of its last
+ *    block. x-<32 hex>.apc: an exact snapshot, named by its exact key
+ *    XXH3-128("x", salt, token ids). Anything else in the namespace
+ *    directory (temp files .tmp-*, foreign names) is deleted at start-up.
+ *  - File format, version 1, every integer little-endian:
+ *
+ *      off  size  field
+ *        0     8  magic "EMBRAPC1"
+ *        8     4  version (1)
+ *       12     4  kind: 1 block shard, 2 exact snapshot
+ *       16    16  namespace (must equal the directory's)
+ *       32     8  salt
+ *       40    16  content key (= the file name)
+ *       56    16  shard: key of the block before the first one (zero for a
+ *                 chain start); exact: zero
+ *       72     4  shard: chain index of the first block; exact: 0
+ *       76     4  shard: number of blocks nb (1..APC_DISK_MAX_BLOCKS); exact: 0
+ *       80     4  shard: rows of the last block (1..16; < 16 is a partial
+ *                 tail block under its partial key); exact: 0
+ *       84     4  n_layer
+ *       88     8  n_tokens (shard: 16 * (nb - 1) + last rows)
+ *       96     8  row_floats: sum over layers of K width + V width
+ *      104     8  created, ns since the epoch (informational)
+ *      112     8  header checksum: XXH3-64 of bytes [0, 112) and the key table
+ *      120 16*nb  shard: the key of every block (the last = content key)
+ *        .  4*n   token ids, int32
+ *        .        payload, layer by layer: K rows [0, n) (k_width floats
+ *                 each) then V rows [0, n), f32
+ *        .     8  checksum: XXH3-64 of every byte before it
+ *
+ *    Start-up reads the fixed header and the key table only (the header
+ *    checksum and the file size must agree); a read verifies everything:
+ *    the whole-file checksum, the key chain recomputed from (parent, salt,
+ *    tokens) with the cache's hash kind (the exact key for a snapshot), and
+ *    the tokens against the request's.
+ *  - Writes are asynchronous: a store copies the rows out (shards) or pins
+ *    the snapshot (exact) and enqueues a job for `workers` threads; a bounded
+ *    queue (jobs and bytes) makes a store wait a few ms at most, after which
+ *    the write is dropped and counted. Each file is written to a temp name,
+ *    fsynced, renamed, and the directory fsynced. ENOSPC/EIO stop writes for
+ *    a back-off period (one warning); a vanished directory is recreated.
+ *  - Size cap: after a write, files are deleted down to 90% of max_bytes:
+ *    the oldest (last used) first, and of a chain the deepest segment first
+ *    (a victim whose blocks are the parent of another file's first block
+ *    yields to that file), so a partly evicted chain keeps its prefix.
+ *  - Locking: one mutex inside apc_disk guards its index, queue and
+ *    counters. The cache may call in while holding its own lock (order:
+ *    cache lock, then disk lock); the disk never calls back into the cache
+ *    while holding its lock. File reads run without either lock. */
+#ifndef EMBER_APC_DISK_H
+#define EMBER_APC_DISK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apc/apc.h"
+#include "apc/apc_internal.h"
+#include "apc/apc_key.h"
+
+#define APC_DISK_VERSION 1u
+#define APC_DISK_KIND_SHARD 1u
+#define APC_DISK_KIND_EXACT 2u
+#define APC_DISK_HEADER_BYTES 120u
+#define APC_DISK_SEGMENT_BLOCKS 32   /* blocks per shard written (on a grid of chain positions) */
+#define APC_DISK_MAX_BLOCKS 256      /* most blocks a shard may hold (reader limit) */
+
+/* What a reader expects of a file: everything that a namespace implies. */
+typedef struct apc_disk_expect {
+    uint8_t ns[16];
+    apc_hash_kind hash;
+    const apc_layout *layout;
+} apc_disk_expect;
+
+/* The parsed fixed header and key table of one file. */
+typedef struct apc_disk_header {
+    uint32_t kind;
+    uint64_t salt;
+    apc_key content;
+    apc_key parent;
+    uint32_t first_block, n_blocks, last_rows;
+    uint64_t n_tokens;
+    uint64_t created_ns;
+    uint64_t file_bytes;    /* the size the header implies */
+    apc_key *keys;          /* (n_blocks) malloc'd; NULL for exact */
+} apc_disk_header;
+
+/* Bytes of a file with these dimensions; 0 on overflow. */
+uint64_t apc_disk_file_bytes(const apc_layout *lay, uint32_t n_blocks, uint64_t n_tokens);
+/* The exact key of a snapshot of tokens[0, n) under salt. */
+apc_key apc_disk_exact_key(uint64_t salt, const int32_t *tokens, int64_t n);
+/* "b-<hex>.apc" / "x-<hex>.apc" -> kind and key; false for any other name. */
+bool apc_disk_parse_name(const char *name, uint32_t *kind, apc_key *key);
+void apc_disk_key_hex(const apc_key *k, char out[33]);
+
+/* Verifies a whole in-memory file image (header, key chain, tokens,
+ * checksum) without keeping the payload: the fuzz target and the tests.
+ * 0 and *out filled (out->keys malloc'd, free with apc_disk_header_free),
+ * or -1 with err saying what is wrong. */
+int apc_disk_parse_image(const void *buf, size_t size, const apc_disk_expect *ex, apc_disk_header *out,
+                         ember_error *err);
+void apc_disk_header_free(apc_disk_header *h);
+
+/* ---- Reading a file (apc_disk_format.c) ----
+ * A source is read strictly in order, so that the checksum covers every
+ * byte: from an fd (pread, direct mode) or from memory (mmap or an image). */
+typedef struct apc_disk_src {
+    int fd;                 /* >= 0: pread */
+    const uint8_t *map;     /* else: bytes in memory */
+    uint64_t size;          /* the file's real size */
+    uint64_t pos;
+    void *hash;             /* XXH3_state_t of bytes [0, pos) */
+    uint8_t *scratch;       /* for skipped bytes (direct mode) */
+    size_t scratch_cap;
+} apc_disk_src;
+
+/* Where the rows of piece j (16-row block j of a shard; all n rows of an
+ * exact file as piece 0) of layer l, K (kv 0) or V (kv 1) go; NULL skips. */
+typedef float *(*apc_disk_dst_fn)(void *user, int layer, int kv, uint32_t piece);
+
+int apc_disk_src_init(apc_disk_src *s, int fd, const void *map, uint64_t size);
+void apc_disk_src_free(apc_disk_src *s);
+/* Fixed header and key table, checked against ex, the header checksum and
+ * the real size. */
+int apc_disk_read_header(apc_disk_src *s, const apc_disk_expect *ex, apc_disk_header *h, ember_error *err);
+/* The rest: tokens into tokens_out (n_tokens, may be NULL: checked and
+ * dropped), the key chain or exact key recomputed from them, the payload
+ * through dst, and the trailing checksum. */
+int apc_disk_read_body(apc_disk_src *s, const apc_disk_expect *ex, const apc_disk_header *h, int32_t *tokens_out,
+                       apc_disk_dst_fn dst, void *user, ember_error *err);
+/* Serializes the fixed header and key table (APC_DISK_HEADER_BYTES + 16*nb)
+ * into out, the header checksum included. */
+void apc_disk_write_header(uint8_t *out, const uint8_t ns[16], const apc_disk_header *h, const apc_layout *lay);
+
+/* ---- The tier ---- */
+typedef struct apc_disk apc_disk;
+
+typedef struct apc_disk_stats {
+    uint64_t hits, writes, bytes, max_bytes, evictions, files, blocks_indexed, exact_indexed;
+    uint64_t write_drops, write_errors, corrupt;
+    char ns_hex[33];
+} apc_disk_stats;
+
+/* The namespace of a cache format (see the contract). */
+void apc_disk_namespace(const apc_disk_config *cfg, const apc_layout *lay, apc_hash_kind hash, uint8_t ns[16]);
+
+/* Creates <path>/<ns>/, scans it (start-up repair, one log line) and starts
+ * the writers. NULL with err on failure (the caller runs without a disk). */
+apc_disk *apc_disk_open(const apc_disk_config *cfg, const apc_layout *lay, apc_hash_kind hash, kv_pool *pool,
+                        ember_error *err);
+/* Waits for every queued write to land, stops the writers, frees. */
+void apc_disk_close(apc_disk *d);
+/* Waits until the queue is empty and no write is in progress. */
+void apc_disk_flush(apc_disk *d);
+void apc_disk_get_stats(apc_disk *d, apc_disk_stats *s);
+/* Zeroes the cumulative counters (hits, writes, evictions, drops, corrupt). */
+void apc_disk_reset_counters(apc_disk *d);
+
+/* Block tier. How many of keys[start, n_keys) are on disk, consecutively,
+ * from start; marks the files of keys[0, start + result) as used. */
+int64_t apc_disk_chain_count(apc_disk *d, const apc_key *keys, int64_t start, int64_t n_keys);
+bool apc_disk_has_block(apc_disk *d, const apc_key *key);
+
+/* One block wanted from disk. */
+typedef struct apc_disk_want {
+    apc_key key;
+    const int32_t *tokens;   /* the request's rows of this block */
+    int rows;                /* 16, or the rows of a partial block */
+    int32_t dst;             /* fresh pool block to fill */
+} apc_disk_want;
+
+/* Fills want[i].dst for i = 0.. from the files that hold them, verifying
+ * each file (checksum, key chain, tokens, salt; want[0]'s parent must be
+ * parent). Returns how many leading entries were loaded; a corrupt file is
+ * counted, deleted and ends the load. Runs without the caller's lock; the
+ * destination blocks must be private to the caller. */
+int64_t apc_disk_load_blocks(apc_disk *d, const apc_key *parent, uint64_t salt, const apc_disk_want *want,
+                             int64_t n_want);
+
+/* Queues the blocks [0, n_full) (+ a partial tail of tail_rows rows when
+ * tail_rows > 0) of a stored chain that the disk does not hold yet. keys
+ * has n_full (+1) entries; the rows are copied out of seq's blocks now. */
+void apc_disk_store_chain(apc_disk *d, const apc_key *keys, int64_t n_full, int tail_rows, const int32_t *tokens,
+                          uint64_t salt, const kv_seq *seq);
+
+/* Exact tier. */
+bool apc_disk_has_exact(apc_disk *d, const apc_key *exact_key);
+/* Called by a writer once it no longer reads a queued snapshot. */
+typedef void (*apc_disk_release_fn)(void *owner, apc_exact_entry *e);
+/* Queues a pinned snapshot; 0 if queued (release runs later, on a writer
+ * thread, with no disk lock held), -1 if not (the caller unpins). */
+int apc_disk_store_exact(apc_disk *d, apc_exact_entry *e, apc_disk_release_fn release, void *owner);
+/* Loads the longest snapshot on disk that is a prefix of tokens with
+ * min_len < n <= max_len under salt and at most max_bytes big; NULL if none
+ * (a corrupt file is counted and deleted). The entry is not listed. */
+apc_exact_entry *apc_disk_load_exact(apc_disk *d, const int32_t *tokens, int64_t max_len, int64_t min_len,
+                                     uint64_t salt, size_t max_bytes);
+
+#endif
