@@ -1,4 +1,6 @@
-/* forward.c - the transformer forward pass for llama, qwen2, qwen3, qwen3moe.
+/* forward.c - the forward pass: llama, qwen2, qwen3, qwen3moe, and the layer
+ * skeleton of gemma3, qwen35, qwen3next, mamba2 and falcon-h1, whose
+ * non-attention mixers live in arch_gdn.c and arch_mamba2.c.
  *
  * Read it top to bottom as one layer of a pre-norm transformer:
  *
@@ -16,7 +18,14 @@
  * the prompt cache hand out K/V computed in another request and still be
  * bit-identical to a cold prefill. The KV for all rows of a layer is written
  * before any row's attention reads it, so rows of the same sequence in one
- * batch see each other causally. */
+ * batch see each other causally.
+ *
+ * Per layer (forward_chunk): x += [post_attn_norm] mixer(rmsnorm(x)), where
+ * the mixer is attention (optionally sliding-window, or with a sigmoid output
+ * gate), a gated delta net, mamba2, or attention + mamba2 summed (falcon-h1);
+ * then, unless the model has no FFN, x += [post_ffn_norm] ffn(rmsnorm(x)).
+ * Recurrent mixers consume each sequence's rows token by token in position
+ * order from that sequence's model_state. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,36 +34,7 @@
 #include "model/model_internal.h"
 #include "tensor/quant.h"
 
-struct model_ctx {
-    const model *m;
-    kv_pool *pool;
-    ember_pool *threads;
-    matmul_scratch *mm;
-    int max_batch;
-    float *x;            /* (max_batch, n_embd) residual stream */
-    float *xn;           /* (max_batch, n_embd) normalized input of a sublayer */
-    float *q;            /* (max_batch, n_head * d_k) */
-    float *k;            /* (max_batch, n_head_kv * d_k) */
-    float *v;            /* (max_batch, n_head_kv * d_v) */
-    float *attn;         /* (max_batch, n_head * d_v) */
-    float *proj;         /* (max_batch, n_embd) sublayer output */
-    float *gate;         /* (max_batch, max(n_ff, n_ff_exp)) */
-    float *up;           /* (max_batch, max(n_ff, n_ff_exp)) */
-    float *router;       /* (max_batch, n_expert) */
-    int *sel_expert;     /* (max_batch, n_expert_used) */
-    float *sel_weight;   /* (max_batch, n_expert_used) */
-    int *exp_rows;       /* (max_batch) rows routed to the current expert */
-    int *exp_slot;       /* (max_batch) which of the row's k choices it is */
-    float *exp_in;       /* (max_batch, n_embd) gathered rows */
-    float *exp_out;      /* (max_batch * n_expert_used, n_embd) */
-    /* attention scratch, one slice per thread */
-    int n_threads;
-    int64_t att_cap;     /* keys per thread slice */
-    float *att_scores;   /* (n_threads, att_cap) */
-    int32_t ptr_cap;     /* blocks per thread slice */
-    float **k_ptrs;      /* (n_threads, ptr_cap) */
-    float **v_ptrs;      /* (n_threads, ptr_cap) */
-};
+/* struct model_ctx lives in model_internal.h (the arch_*.c mixers use it). */
 
 static void *xcalloc(size_t n, size_t size, bool *ok) {
     void *p = calloc(n ? n : 1, size);
@@ -76,11 +56,27 @@ model_ctx *model_ctx_create(const model *m, kv_pool *pool, int n_threads, int ma
     c->n_threads = ember_pool_size(c->threads);
     size_t B = (size_t)max_batch;
     int ff = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp;
+    if (hp->n_ff_shexp > ff) ff = hp->n_ff_shexp;
     int k_used = hp->n_expert_used > 0 ? hp->n_expert_used : 1;
-    bool ok = true;
+    bool ok = true, gated = false, recurrent = m->state_floats > 0;
+    for (int il = 0; il < hp->n_layer; il++) gated |= m->layers[il].q_gated;
     c->x = xcalloc(B * hp->n_embd, sizeof(float), &ok);
     c->xn = xcalloc(B * hp->n_embd, sizeof(float), &ok);
     c->q = xcalloc(B * hp->n_head * hp->d_k, sizeof(float), &ok);
+    if (gated) c->qg = xcalloc(B * 2 * hp->n_head * hp->d_k, sizeof(float), &ok);
+    if (hp->arch == ARCH_FALCON_H1) c->proj2 = xcalloc(B * hp->n_embd, sizeof(float), &ok);
+    if (recurrent) {
+        size_t conv_dim = (size_t)ssm_conv_dim(hp), heads = (size_t)hp->ssm_dt_rank;
+        size_t in_w = conv_dim + (size_t)hp->ssm_d_inner + heads; /* mamba2 [z|xBC|dt]; GDN needs conv_dim */
+        c->r_in = xcalloc(B * in_w, sizeof(float), &ok);
+        c->r_conv = xcalloc(B * conv_dim, sizeof(float), &ok);
+        c->r_y = xcalloc(B * hp->ssm_d_inner, sizeof(float), &ok);
+        c->r_z = xcalloc(B * hp->ssm_d_inner, sizeof(float), &ok);
+        c->r_ba = xcalloc(B * 2 * heads, sizeof(float), &ok);
+        c->grp_rows = xcalloc(B, sizeof(int), &ok);
+        c->grp_start = xcalloc(B + 1, sizeof(int), &ok);
+        c->grp_state = xcalloc(B, sizeof(model_state *), &ok);
+    }
     c->k = xcalloc(B * hp->n_head_kv * hp->d_k, sizeof(float), &ok);
     c->v = xcalloc(B * hp->n_head_kv * hp->d_v, sizeof(float), &ok);
     c->attn = xcalloc(B * hp->n_head * hp->d_v, sizeof(float), &ok);
@@ -112,6 +108,8 @@ void model_ctx_free(model_ctx *c) {
     free(c->gate); free(c->up); free(c->router); free(c->sel_expert); free(c->sel_weight);
     free(c->exp_rows); free(c->exp_slot); free(c->exp_in); free(c->exp_out);
     free(c->att_scores); free(c->k_ptrs); free(c->v_ptrs);
+    free(c->qg); free(c->proj2); free(c->r_in); free(c->r_conv); free(c->r_y); free(c->r_z); free(c->r_ba);
+    free(c->grp_rows); free(c->grp_start); free(c->grp_state);
     free(c);
 }
 
@@ -163,6 +161,9 @@ static void task_qk_prepare(void *arg, int ith, int nth) {
     ember_split_range(t->b->n_tokens, 1, ith, nth, &r0, &r1);
     for (long r = r0; r < r1; r++) {
         float *q = c->q + r * q_dim, *k = c->k + r * k_dim, *v = c->v + r * v_dim;
+        if (L->q_gated) /* [q | gate] per head: gather the queries */
+            for (int h = 0; h < hp->n_head; h++)
+                memcpy(q + h * hp->d_k, c->qg + (size_t)r * 2 * q_dim + (size_t)h * 2 * hp->d_k, (size_t)hp->d_k * sizeof(float));
         if (L->bq) op_add(q, L->bq, q_dim);
         if (L->bk) op_add(k, L->bk, k_dim);
         if (L->bv) op_add(v, L->bv, v_dim);
@@ -171,8 +172,10 @@ static void task_qk_prepare(void *arg, int ith, int nth) {
         if (L->k_norm)
             for (int h = 0; h < hp->n_head_kv; h++) op_rmsnorm(k + h * hp->d_k, k + h * hp->d_k, L->k_norm, hp->d_k, hp->rms_eps);
         int64_t pos = t->b->pos[r];
-        op_rope(q, hp->n_head, hp->d_k, pos, &hp->rope);
-        op_rope(k, hp->n_head_kv, hp->d_k, pos, &hp->rope);
+        op_rope(q, hp->n_head, hp->d_k, pos, L->rope);
+        op_rope(k, hp->n_head_kv, hp->d_k, pos, L->rope);
+        if (hp->q_prescale)
+            for (int i = 0; i < q_dim; i++) q[i] *= hp->attn_scale;
         const kv_seq *seq = t->b->seqs[r];
         int32_t block = seq->blocks[pos / KV_BLOCK_TOKENS];
         int row = (int)(pos % KV_BLOCK_TOKENS);
@@ -200,7 +203,7 @@ static void task_attention(void *arg, int ith, int nth) {
     float *scores = c->att_scores + (size_t)ith * c->att_cap * ATT_ROWS * (size_t)group;
     const kv_seq *built = NULL;
     int32_t n_built = 0;
-    float scale = 1.0f / sqrtf((float)hp->d_k);
+    float scale = hp->q_prescale ? 1.0f : hp->attn_scale;
     size_t q_stride = (size_t)hp->n_head * hp->d_k, out_stride = (size_t)hp->n_head * hp->d_v;
     for (long u = u0; u < u1; u++) {
         int g = (int)(u / row_blocks);
@@ -224,7 +227,7 @@ static void task_attention(void *arg, int ith, int nth) {
             }
             op_attention_paged_rows(c->attn + r * out_stride, out_stride, c->q + r * q_stride, q_stride, k_ptrs,
                                     v_ptrs, t->b->pos + r, (int)(re - r), hp->n_head, hp->n_head_kv, hp->d_k,
-                                    hp->d_v, scale, 0, g * group, (g + 1) * group, scores);
+                                    hp->d_v, scale, t->L->window, g * group, (g + 1) * group, scores);
             r = re;
         }
     }
@@ -254,19 +257,34 @@ static void task_swiglu(void *arg, int ith, int nth) {
         op_swiglu(t->dst + r * t->width, t->dst + r * t->width, t->src + r * t->width, t->width);
 }
 
+/* Row-wise tasks: a single row (decode) runs on the caller, which is
+ * cheaper than waking the pool for a split with nothing to share. */
+static void run_rows(model_ctx *c, ember_task_fn fn, void *ctx, int n_rows) {
+    if (n_rows < 2) fn(ctx, 0, 1);
+    else ember_pool_run(c->threads, fn, ctx);
+}
+
 static void rmsnorm_rows(model_ctx *c, float *dst, float *src, const float *w, int n_rows, int width) {
     rows_task t = {c, n_rows, w, dst, src, width};
-    ember_pool_run(c->threads, task_rmsnorm, &t);
+    run_rows(c, task_rmsnorm, &t, n_rows);
 }
 
 static void swiglu_rows(model_ctx *c, float *gate_inout, float *up, int n_rows, int width) {
     rows_task t = {c, n_rows, NULL, gate_inout, up, width};
-    ember_pool_run(c->threads, task_swiglu, &t);
+    run_rows(c, task_swiglu, &t, n_rows);
 }
 
 static int matmul(model_ctx *c, const tensor_weight *w, const float *x, int n, float *y, ember_error *err) {
     if (tensor_matmul(c->threads, c->mm, w, x, n, y) < 0) return ember_fail(err, "out of memory in matmul");
     return 0;
+}
+
+int fwd_matmul(model_ctx *c, const tensor_weight *w, const float *x, int n, float *y, ember_error *err) {
+    return matmul(c, w, x, n, y, err);
+}
+
+void fwd_rmsnorm_rows(model_ctx *c, float *dst, const float *src, const float *w, int n_rows, int width) {
+    rmsnorm_rows(c, dst, (float *)src, w, n_rows, width);
 }
 
 /* Top-k experts of one row: softmax over all experts, the k largest
@@ -335,6 +353,107 @@ static int ffn_moe(model_ctx *c, const layer_weights *L, int n, ember_error *err
     return 0;
 }
 
+/* Attention output gate (qwen35/qwen3next): attn *= sigmoid(gate). */
+static void task_attn_gate(void *arg, int ith, int nth) {
+    layer_task *t = arg;
+    const model_hparams *hp = &t->c->m->hp;
+    int q_dim = hp->n_head * hp->d_k;
+    long r0, r1;
+    ember_split_range(t->b->n_tokens, 1, ith, nth, &r0, &r1);
+    for (long r = r0; r < r1; r++) {
+        float *o = t->c->attn + r * (size_t)hp->n_head * hp->d_v;
+        const float *qg = t->c->qg + r * 2 * (size_t)q_dim;
+        for (int h = 0; h < hp->n_head; h++)
+            for (int d = 0; d < hp->d_v; d++) o[h * hp->d_v + d] *= 1.0f / (1.0f + expf(-qg[h * 2 * hp->d_k + hp->d_k + d]));
+    }
+}
+
+/* Attention sublayer of layer il: c->xn rows -> out rows. Writes this
+ * layer's K/V for every row before any row attends. */
+static int fwd_attention(model_ctx *c, const model_batch *b, int il, float *out, ember_error *err) {
+    const layer_weights *L = &c->m->layers[il];
+    int n = b->n_tokens;
+    layer_task lt = {c, b, L, il};
+    if (matmul(c, &L->wq, c->xn, n, L->q_gated ? c->qg : c->q, err) < 0) return -1;
+    if (matmul(c, &L->wk, c->xn, n, c->k, err) < 0) return -1;
+    if (matmul(c, &L->wv, c->xn, n, c->v, err) < 0) return -1;
+    run_rows(c, task_qk_prepare, &lt, n);
+    ember_pool_run(c->threads, task_attention, &lt);
+    if (L->q_gated) run_rows(c, task_attn_gate, &lt, n);
+    return matmul(c, &L->wo, c->attn, n, out, err);
+}
+
+static void task_geglu(void *arg, int ith, int nth) {
+    rows_task *t = arg;
+    long r0, r1;
+    ember_split_range(t->n_rows, 1, ith, nth, &r0, &r1);
+    for (long r = r0; r < r1; r++)
+        gemma3_geglu(t->dst + r * t->width, t->dst + r * t->width, t->src + r * t->width, t->width);
+}
+
+/* FFN sublayer of layer L: c->xn rows -> c->proj rows. */
+static int fwd_ffn(model_ctx *c, const layer_weights *L, int n, ember_error *err) {
+    const model_hparams *hp = &c->m->hp;
+    int D = hp->n_embd;
+    if (L->ffn == FFN_MOE) {
+        if (ffn_moe(c, L, n, err) < 0) return -1;
+        if (L->shexp_up.data == NULL) return 0;
+        /* Shared expert, scaled by sigmoid(shexp_inp . x): into exp_in, then added. */
+        if (matmul(c, &L->shexp_gate, c->xn, n, c->gate, err) < 0) return -1;
+        if (matmul(c, &L->shexp_up, c->xn, n, c->up, err) < 0) return -1;
+        swiglu_rows(c, c->gate, c->up, n, hp->n_ff_shexp);
+        if (matmul(c, &L->shexp_down, c->gate, n, c->exp_in, err) < 0) return -1;
+        if (matmul(c, &L->shexp_inp, c->xn, n, c->router, err) < 0) return -1;
+        for (int r = 0; r < n; r++) {
+            float g = 1.0f / (1.0f + expf(-c->router[r]));
+            float *o = c->proj + (size_t)r * D;
+            const float *se = c->exp_in + (size_t)r * D;
+            for (int d = 0; d < D; d++) o[d] += se[d] * g;
+        }
+        return 0;
+    }
+    if (matmul(c, &L->ffn_gate, c->xn, n, c->gate, err) < 0) return -1;
+    if (matmul(c, &L->ffn_up, c->xn, n, c->up, err) < 0) return -1;
+    if (L->ffn == FFN_GEGLU) {
+        rows_task t = {c, n, NULL, c->gate, c->up, hp->n_ff};
+        run_rows(c, task_geglu, &t, n);
+    } else {
+        swiglu_rows(c, c->gate, c->up, n, hp->n_ff);
+    }
+    return matmul(c, &L->ffn_down, c->gate, n, c->proj, err);
+}
+
+/* Groups the rows of a chunk by recurrent state and checks that each
+ * sequence's rows continue its state in position order. */
+static int group_states(model_ctx *c, const model_batch *b, ember_error *err) {
+    int n = b->n_tokens;
+    if (b->states == NULL) return ember_fail(err, "%s has recurrent layers: the batch needs per-row states", c->m->hp.arch_name);
+    c->n_groups = 0;
+    int *count = c->grp_start + 1; /* counts first, then prefix sums */
+    for (int r = 0; r < n; r++) {
+        model_state *st = b->states[r];
+        if (st == NULL || st->m != c->m) return ember_fail(err, "batch row %d has no state of this model", r);
+        int g = 0;
+        while (g < c->n_groups && c->grp_state[g] != st) g++;
+        if (g == c->n_groups) {
+            c->grp_state[c->n_groups++] = st;
+            count[g] = 0;
+        }
+        if (b->pos[r] != st->pos + count[g])
+            return ember_fail(err, "batch row %d is at position %lld but its sequence's recurrent state expects %lld",
+                              r, (long long)b->pos[r], (long long)(st->pos + count[g]));
+        count[g]++;
+    }
+    c->grp_start[0] = 0;
+    for (int g = 0; g < c->n_groups; g++) c->grp_start[g + 1] += c->grp_start[g];
+    for (int g = 0; g < c->n_groups; g++) {
+        int k = c->grp_start[g];
+        for (int r = 0; r < n; r++)
+            if (b->states[r] == c->grp_state[g]) c->grp_rows[k++] = r;
+    }
+    return 0;
+}
+
 static int forward_chunk(model_ctx *c, const model_batch *b, float *logits, ember_error *err) {
     const model *m = c->m;
     const model_hparams *hp = &m->hp;
@@ -349,35 +468,44 @@ static int forward_chunk(model_ctx *c, const model_batch *b, float *logits, embe
                               (long long)b->pos[r], r, seq->n_blocks);
         if (b->pos[r] + 1 > max_keys) max_keys = b->pos[r] + 1;
     }
-    if (reserve_attention(c, max_keys, err) < 0) return -1;
+    if (m->has_attention && reserve_attention(c, max_keys, err) < 0) return -1;
+    if (m->state_floats > 0 && group_states(c, b, err) < 0) return -1;
 
-    for (int r = 0; r < n; r++)
-        quant_dequantize_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (size_t)b->tokens[r] * m->tok_embd.row_bytes,
-                             c->x + (size_t)r * D, D);
+    for (int r = 0; r < n; r++) {
+        float *x = c->x + (size_t)r * D;
+        quant_dequantize_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (size_t)b->tokens[r] * m->tok_embd.row_bytes, x, D);
+        if (hp->embd_scale != 1.0f)
+            for (int d = 0; d < D; d++) x[d] *= hp->embd_scale;
+    }
 
     for (int il = 0; il < hp->n_layer; il++) {
         const layer_weights *L = &m->layers[il];
-        layer_task lt = {c, b, L, il};
         rmsnorm_rows(c, c->xn, c->x, L->attn_norm, n, D);
-        if (matmul(c, &L->wq, c->xn, n, c->q, err) < 0) return -1;
-        if (matmul(c, &L->wk, c->xn, n, c->k, err) < 0) return -1;
-        if (matmul(c, &L->wv, c->xn, n, c->v, err) < 0) return -1;
-        ember_pool_run(c->threads, task_qk_prepare, &lt);
-        ember_pool_run(c->threads, task_attention, &lt);
-        if (matmul(c, &L->wo, c->attn, n, c->proj, err) < 0) return -1;
+        int rc = 0;
+        switch (L->mixer) {
+        case MIX_ATTN: rc = fwd_attention(c, b, il, c->proj, err); break;
+        case MIX_GDN: rc = gdn_mixer(c, b, il, c->proj, err); break;
+        case MIX_MAMBA2: rc = mamba2_mixer(c, b, il, c->proj, err); break;
+        case MIX_ATTN_MAMBA2:
+            /* falcon-h1: x += attn(xn) + mamba2(xn) */
+            rc = fwd_attention(c, b, il, c->proj, err);
+            if (rc == 0) rc = mamba2_mixer(c, b, il, c->proj2, err);
+            if (rc == 0)
+                for (int r = 0; r < n; r++) op_add(c->proj + (size_t)r * D, c->proj2 + (size_t)r * D, D);
+            break;
+        }
+        if (rc < 0) return -1;
+        if (L->post_attn_norm) rmsnorm_rows(c, c->proj, c->proj, L->post_attn_norm, n, D);
         for (int r = 0; r < n; r++) op_add(c->x + (size_t)r * D, c->proj + (size_t)r * D, D);
+        if (L->ffn == FFN_NONE) continue;
 
         rmsnorm_rows(c, c->xn, c->x, L->ffn_norm, n, D);
-        if (hp->n_expert > 0) {
-            if (ffn_moe(c, L, n, err) < 0) return -1;
-        } else {
-            if (matmul(c, &L->ffn_gate, c->xn, n, c->gate, err) < 0) return -1;
-            if (matmul(c, &L->ffn_up, c->xn, n, c->up, err) < 0) return -1;
-            swiglu_rows(c, c->gate, c->up, n, hp->n_ff);
-            if (matmul(c, &L->ffn_down, c->gate, n, c->proj, err) < 0) return -1;
-        }
+        if (fwd_ffn(c, L, n, err) < 0) return -1;
+        if (L->post_ffn_norm) rmsnorm_rows(c, c->proj, c->proj, L->post_ffn_norm, n, D);
         for (int r = 0; r < n; r++) op_add(c->x + (size_t)r * D, c->proj + (size_t)r * D, D);
     }
+    if (m->state_floats > 0)
+        for (int g = 0; g < c->n_groups; g++) c->grp_state[g]->pos += c->grp_start[g + 1] - c->grp_start[g];
 
     /* Head: only the rows that asked for logits. */
     int n_out = 0;
@@ -404,7 +532,7 @@ int model_forward(model_ctx *c, const model_batch *b, float *logits, ember_error
             if (start + n == b->n_tokens) want[n - 1] = true;
         }
         model_batch piece = {n, b->tokens + start, b->pos + start, b->seqs + start,
-                             b->want_logits ? b->want_logits + start : want};
+                             b->want_logits ? b->want_logits + start : want, b->states ? b->states + start : NULL};
         int rc = forward_chunk(c, &piece, logits, err);
         int wanted = 0;
         for (int r = 0; r < n; r++) wanted += piece.want_logits[r];
@@ -417,13 +545,19 @@ int model_forward(model_ctx *c, const model_batch *b, float *logits, ember_error
 
 int model_eval(model_ctx *c, kv_seq *seq, const int32_t *tokens, int n, bool all_logits, float *logits,
                ember_error *err) {
+    return model_eval_state(c, seq, NULL, tokens, n, all_logits, logits, err);
+}
+
+int model_eval_state(model_ctx *c, kv_seq *seq, model_state *state, const int32_t *tokens, int n, bool all_logits,
+                     float *logits, ember_error *err) {
     if (n <= 0) return 0;
     if (kv_seq_prepare_append(c->pool, seq, n, err) < 0) return -1;
     int64_t *pos = malloc((size_t)n * sizeof *pos);
     kv_seq **seqs = malloc((size_t)n * sizeof *seqs);
     bool *want = malloc((size_t)n * sizeof *want);
+    model_state **states = state ? malloc((size_t)n * sizeof *states) : NULL;
     int rc = -1;
-    if (pos == NULL || seqs == NULL || want == NULL) {
+    if (pos == NULL || seqs == NULL || want == NULL || (state && states == NULL)) {
         ember_fail(err, "out of memory");
         goto done;
     }
@@ -431,13 +565,15 @@ int model_eval(model_ctx *c, kv_seq *seq, const int32_t *tokens, int n, bool all
         pos[i] = seq->n_tokens + i;
         seqs[i] = seq;
         want[i] = all_logits || i == n - 1;
+        if (states) states[i] = state;
     }
-    model_batch b = {n, tokens, pos, seqs, want};
+    model_batch b = {n, tokens, pos, seqs, want, states};
     rc = model_forward(c, &b, logits, err);
     if (rc == 0) seq->n_tokens += n;
 done:
     free(pos);
     free(seqs);
     free(want);
+    free(states);
     return rc;
 }

@@ -8,11 +8,17 @@
  *    shared by any number of contexts.
  *  - The per-sequence state is explicit: model_cache_stack() lists each
  *    layer's cache kind, and the K/V of attention layers lives in a kv_pool
- *    that the caller creates from model_kv_config().
+ *    that the caller creates from model_kv_config(). Layers with recurrent
+ *    state (ARR, LIST) keep it in a model_state (below), one per sequence.
+ *    Sliding-window layers (ROT, gemma3) keep K/V for every position in the
+ *    paged pool like KV layers; only attention masks by the window, so
+ *    nothing is overwritten and a ROT layer's K/V can be cut at any block
+ *    as long as the window's blocks are still held.
  *  - model_forward runs one batch: any tokens of any sequences at any
  *    positions, provided each sequence's block table already covers those
  *    positions (kv_seq_prepare_append). It writes K/V for every token and the
- *    logits of the tokens that asked for them. Every row is computed
+ *    logits of the tokens that asked for them; recurrent layers advance each
+ *    row's model_state (batch->states). Every row is computed
  *    independently of the others (batch invariance, design.md §1): a token's
  *    logits are the same bits whatever else shares its batch.
  *  - model_eval is the single-sequence convenience: prepares the block
@@ -36,6 +42,11 @@ typedef enum model_arch {
     ARCH_QWEN2 = 1,
     ARCH_QWEN3 = 2,
     ARCH_QWEN3MOE = 3,
+    ARCH_GEMMA3 = 4,
+    ARCH_QWEN35 = 5,
+    ARCH_QWEN3NEXT = 6,
+    ARCH_MAMBA2 = 7,
+    ARCH_FALCON_H1 = 8,
 } model_arch;
 
 typedef struct model_hparams {
@@ -59,10 +70,27 @@ typedef struct model_hparams {
     bool has_qk_norm;
     bool has_qkv_bias;
     bool tied_output;
+    /* gemma3 */
+    float embd_scale;        /* token embeddings are multiplied by this (1 except gemma3) */
+    float attn_scale;        /* attention scale (1/sqrt(d_k) unless the arch says otherwise) */
+    bool q_prescale;         /* multiply q by attn_scale after rope, attend with scale 1 (gemma3) */
+    int n_swa;               /* sliding window of local layers (0: none) */
+    int swa_period;          /* layer il is local iff il % swa_period < swa_period - 1 */
+    rope_params rope_swa;    /* rope of the local layers */
+    /* recurrent layers (qwen35/qwen3next gated delta net, mamba2, falcon-h1) */
+    int ssm_d_conv;          /* conv kernel width */
+    int ssm_d_inner;         /* value channels: n_v_heads * d_v (GDN), H * P (mamba2) */
+    int ssm_d_state;         /* d_k = d_v (GDN), N (mamba2) */
+    int ssm_n_group;         /* key heads (GDN), B/C groups (mamba2) */
+    int ssm_dt_rank;         /* value heads (GDN), SSM heads (mamba2) */
+    int full_attn_interval;  /* GDN hybrids: layer il is attention iff (il+1) % interval == 0 */
+    int n_nextn;             /* MTP blocks stored after the trunk (not run; n_layer excludes them) */
+    int n_ff_shexp;          /* shared expert width (qwen3next), 0 if none */
 } model_hparams;
 
 typedef struct model model;
 typedef struct model_ctx model_ctx;
+typedef struct model_state model_state;
 
 typedef struct model_batch {
     int n_tokens;
@@ -70,6 +98,7 @@ typedef struct model_batch {
     const int64_t *pos;       /* (n_tokens) absolute positions */
     kv_seq *const *seqs;      /* (n_tokens) the block table of each token's sequence */
     const bool *want_logits;  /* (n_tokens), or NULL for "the last token only" */
+    model_state *const *states; /* (n_tokens) or NULL for models without recurrent layers */
 } model_batch;
 
 /* ---- Loading ---- */
@@ -94,5 +123,41 @@ int model_forward(model_ctx *ctx, const model_batch *batch, float *logits, ember
 /* Single sequence: logits of every token if all_logits, else of the last. */
 int model_eval(model_ctx *ctx, kv_seq *seq, const int32_t *tokens, int n, bool all_logits,
                float *logits, ember_error *err);
+/* model_eval for any model: state is the sequence's recurrent state (may be
+ * NULL when model_has_state() is false). */
+int model_eval_state(model_ctx *ctx, kv_seq *seq, model_state *state, const int32_t *tokens, int n,
+                     bool all_logits, float *logits, ember_error *err);
+
+/* ---- Per-sequence recurrent state (ARR and LIST layers) ----
+ *
+ * Contract:
+ *  - A model_state holds, for every ARR/LIST layer, the conv state (the last
+ *    d_conv-1 inputs of the causal conv) and the recurrent state (SSM or
+ *    delta-rule matrix) of ONE sequence, plus the number of tokens it has
+ *    consumed (model_state_pos). It is fixed-size, independent of length.
+ *    KV-only models have no state (model_has_state false); their batches may
+ *    leave `states` NULL.
+ *  - A state is valid only for the exact token prefix it consumed. The
+ *    forward pass checks that a sequence's rows arrive at positions
+ *    pos == model_state_pos(state), +1, ... in batch order (rows of one
+ *    sequence in one batch must be in position order), updates the state
+ *    token by token in that order and advances its position. Together with
+ *    the K/V of the attention layers (kv_seq, which must hold the same
+ *    positions [0, pos)), the state is the whole sequence state.
+ *  - Token-by-token recurrence in a fixed order: the state after position p
+ *    is the same bits however the prompt was chunked or threaded.
+ *  - Snapshot/restore: model_state_bytes() bytes, a flat copy (position
+ *    included) that restores bit-exactly into any state of the same model,
+ *    in this process. On a forward error the state is unspecified: reset or
+ *    restore it before reuse. */
+bool model_has_state(const model *m);
+model_state *model_state_create(const model *m, ember_error *err); /* empty: position 0, zeros */
+void model_state_free(model_state *s);
+void model_state_reset(model_state *s);                          /* back to empty */
+int64_t model_state_pos(const model_state *s);                   /* tokens consumed */
+size_t model_state_bytes(const model *m);                        /* snapshot size */
+void model_state_snapshot(const model_state *s, void *buf);      /* writes model_state_bytes() */
+int model_state_restore(model_state *s, const void *buf, size_t n_bytes, ember_error *err);
+void model_state_copy(model_state *dst, const model_state *src); /* same model */
 
 #endif
