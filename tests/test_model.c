@@ -473,6 +473,85 @@ static void check_state_restore(const char *rel) {
     engine_close(&e);
 }
 
+/* The cache stack each new architecture reports (design.md §4 routes on it). */
+static void expect_stack(const char *rel, const char *kinds, int window, bool has_state) {
+    const char *p = fixture_path(rel);
+    if (p == NULL) return;
+    ember_error err;
+    model *m = model_load(p, &err);
+    if (m == NULL) fail_msg("%s: %s", rel, err.msg);
+    const cache_layer *st = model_cache_stack(m);
+    int n = model_get_hparams(m)->n_layer;
+    assert_int_equal(n, (int)strlen(kinds));
+    for (int il = 0; il < n; il++) {
+        cache_kind want = kinds[il] == 'K' ? CACHE_KIND_KV : kinds[il] == 'R' ? CACHE_KIND_ROT
+                        : kinds[il] == 'A' ? CACHE_KIND_ARR : CACHE_KIND_LIST;
+        if (st[il].kind != want) fail_msg("%s: layer %d is %s, expected %c", rel, il, cache_kind_name(st[il].kind), kinds[il]);
+        assert_int_equal(st[il].window, want == CACHE_KIND_ROT ? window : 0);
+        assert_int_equal(st[il].keep, 0);
+    }
+    assert_int_equal(model_has_state(m), has_state);
+    model_free(m);
+}
+
+static void test_cache_stacks(void **state) {
+    (void)state;
+    REQUIRE_FIXTURE(dir, "reference/index.json");
+    expect_stack("reference/gemma3-f32.gguf", "RRRRRKR", 32, false);
+    expect_stack("reference/gemma3-normjit-f32.gguf", "RRRRRK", 24, false);
+    expect_stack("reference/qwen35-f32.gguf", "AAAK", 0, true);
+    expect_stack("reference/qwen35-normjit-f32.gguf", "AKAK", 0, true);
+    expect_stack("reference/qwen35-mtp-normjit-f32.gguf", "AAK", 0, true); /* MTP block not in the trunk */
+    expect_stack("reference/qwen3next-normjit-f32.gguf", "AAAK", 0, true);
+    expect_stack("reference/mamba2-f32.gguf", "AAAA", 0, true);
+    expect_stack("reference/falcon-h1-f32.gguf", "LLLL", 0, true);
+    expect_stack("reference/qwen3-f32.gguf", "KKKK", 0, false);
+}
+
+/* `ember mkmodel --arch A --preset tiny` for the new architectures makes
+ * models that load, run with finite logits, and stay batch-invariant. */
+static void test_mkmodel_archs(void **state) {
+    (void)state;
+    const char *bin = ember_binary();
+    if (bin == NULL) {
+        skip();
+        return;
+    }
+    char *dir = make_temp_dir();
+    assert_non_null(dir);
+    const char *archs[] = {"gemma3", "qwen35", "mamba2", "falcon-h1"};
+    const char *stacks[] = {"RK", "AK", "AA", "LL"};
+    const char *types[] = {"f32", "q8_0"};
+    for (int a = 0; a < 4; a++)
+        for (int t = 0; t < 2; t++) {
+            char path[1024], cmd[2048];
+            snprintf(path, sizeof path, "%s/%s-%s.gguf", dir, archs[a], types[t]);
+            snprintf(cmd, sizeof cmd, "'%s' mkmodel --arch %s --preset tiny --type %s --out '%s' >/dev/null 2>&1", bin,
+                     archs[a], types[t], path);
+            if (system(cmd) != 0) fail_msg("%s failed", cmd);
+            enum { N = 60 };
+            int32_t ids[N];
+            for (int i = 0; i < N; i++) ids[i] = (int32_t)((i * 31 + 3) % 250) + 3;
+            ids[0] = 1;
+            float *whole = logits_in_chunks(path, ids, N, N, 2);
+            float *ones = logits_in_chunks(path, ids, N, 1, 1);
+            model *m = model_load(path, NULL);
+            assert_non_null(m);
+            int V = model_get_hparams(m)->n_vocab;
+            const cache_layer *st = model_cache_stack(m);
+            for (int il = 0; il < 2; il++) assert_int_equal(cache_kind_name(st[il].kind)[0], stacks[a][il] + 32);
+            model_free(m);
+            for (size_t i = 0; i < (size_t)N * V; i++)
+                if (!isfinite(whole[i])) fail_msg("%s %s: non-finite logit", archs[a], types[t]);
+            if (memcmp(whole, ones, (size_t)N * V * sizeof(float)) != 0) fail_msg("%s %s: not batch-invariant", archs[a], types[t]);
+            free(whole);
+            free(ones);
+        }
+    remove_tree(dir);
+    free(dir);
+    print_message("mkmodel gemma3/qwen35/mamba2/falcon-h1 (f32, q8_0): load, finite, batch-invariant\n");
+}
+
 static void test_state_restore(void **state) {
     (void)state;
     REQUIRE_FIXTURE(dir, "reference/index.json");
@@ -489,6 +568,8 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_two_sequences),
         cmocka_unit_test(test_state_restore),
+        cmocka_unit_test(test_cache_stacks),
+        cmocka_unit_test(test_mkmodel_archs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,6 +23,9 @@ typedef struct mk_config {
     int64_t n_vocab;
     int64_t n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_ctx;
     int64_t n_expert, n_expert_used, n_ff_exp; /* MoE only */
+    /* recurrent layers (qwen35 gated delta net, mamba2, falcon-h1) */
+    int64_t ssm_d_conv, ssm_d_inner, ssm_d_state, ssm_n_group, ssm_dt_rank;
+    int64_t n_swa;                             /* gemma3 sliding window */
     float rope_base, rms_eps;
     bool tied;                                 /* no output.weight: head reuses token_embd */
 } mk_config;
@@ -33,6 +36,9 @@ typedef enum mk_init {
     MK_INIT_HEAD,    /* N(0, 3/sqrt(n_embd)): output.weight, and token_embd when tied */
     MK_INIT_ONES,    /* norm weights: exactly 1 */
     MK_INIT_BIAS,    /* N(0, 0.1) */
+    MK_INIT_SSM_A,   /* -U(1, 8): A = -exp(A_log), a stable decay */
+    MK_INIT_SSM_D,   /* U(0.5, 1.5) */
+    MK_INIT_DT_BIAS, /* U(-4, -2) */
 } mk_init;
 
 typedef enum mk_storage {

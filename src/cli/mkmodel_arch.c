@@ -6,9 +6,11 @@
  * shapes and keys follow what llama.cpp loads for the arch (see
  * engine-reference.md C.1-C.4). The per-layer order matches llama.cpp's
  * converter output (norm, q, k, v, output, q/k norms, ffn norm, ffn), which
- * keeps files easy to compare with the reference fixtures. To add gemma3,
- * qwen35, mamba2 or falcon-h1: new dimension symbols (ssm sizes, ...), a rule
- * list and a row in `archs`, plus any keys in mk_write_hparams. */
+ * keeps files easy to compare with the reference fixtures. Hybrids whose
+ * layers differ (qwen35: gated delta net, every `attn_interval`-th layer
+ * attention) have a second rule list for the attention layers. To add an
+ * architecture: dimension symbols, a rule list and a row in `archs`, plus any
+ * keys in mk_write_hparams. */
 #include "cli/mkmodel.h"
 
 #include <stdio.h>
@@ -27,6 +29,16 @@ typedef enum mk_dim {
     DIM_HEAD,     /* head_dim (QK-norm weights) */
     DIM_EXPERT,
     DIM_FF_EXP,
+    DIM_Q2,       /* 2 * n_head * head_dim: gated attention's [q | gate] */
+    DIM_ONE,
+    DIM_DCONV,    /* ssm conv kernel */
+    DIM_INNER,    /* ssm d_inner (value channels) */
+    DIM_CONV,     /* d_inner + 2 * groups * state: conv channels */
+    DIM_SSM_IN,   /* mamba2 in_proj: [z | xBC | dt] */
+    DIM_SSM_HEADS,
+    DIM_GDN_DV,   /* d_inner / heads: GDN value head size */
+    DIM_NORM_GRP, /* d_inner / groups: mamba2 grouped norm */
+    DIM_GROUPS,
 } mk_dim;
 
 static int64_t dim_value(mk_dim d, const mk_config *c) {
@@ -39,6 +51,16 @@ static int64_t dim_value(mk_dim d, const mk_config *c) {
     case DIM_HEAD: return c->head_dim;
     case DIM_EXPERT: return c->n_expert;
     case DIM_FF_EXP: return c->n_ff_exp;
+    case DIM_Q2: return 2 * c->n_head * c->head_dim;
+    case DIM_ONE: return 1;
+    case DIM_DCONV: return c->ssm_d_conv;
+    case DIM_INNER: return c->ssm_d_inner;
+    case DIM_CONV: return c->ssm_d_inner + 2 * c->ssm_n_group * c->ssm_d_state;
+    case DIM_SSM_IN: return 2 * c->ssm_d_inner + 2 * c->ssm_n_group * c->ssm_d_state + c->ssm_dt_rank;
+    case DIM_SSM_HEADS: return c->ssm_dt_rank;
+    case DIM_GDN_DV: return c->ssm_dt_rank ? c->ssm_d_inner / c->ssm_dt_rank : 0;
+    case DIM_NORM_GRP: return c->ssm_n_group ? c->ssm_d_inner / c->ssm_n_group : 0;
+    case DIM_GROUPS: return c->ssm_n_group;
     case DIM_NONE: break;
     }
     return 1;
@@ -63,6 +85,8 @@ typedef struct mk_rule {
 #define EXPERTS(n, a, b) {n, {a, b, DIM_EXPERT}, MK_STORE_WEIGHT, MK_INIT_MATRIX, 0}
 #define NORM(n, a) {n, {a, DIM_NONE, DIM_NONE}, MK_STORE_F32, MK_INIT_ONES, 0}
 #define BIAS(n, a) {n, {a, DIM_NONE, DIM_NONE}, MK_STORE_F32, MK_INIT_BIAS, 0}
+#define VEC(n, a, init) {n, {a, DIM_NONE, DIM_NONE}, MK_STORE_F32, init, 0}
+#define F32_2D(n, a, b, init) {n, {a, b, DIM_NONE}, MK_STORE_F32, init, 0}
 #define RULES_END {NULL, {DIM_NONE, DIM_NONE, DIM_NONE}, MK_STORE_F32, MK_INIT_ONES, 0}
 
 static const mk_rule rules_embedding[] = {
@@ -136,16 +160,106 @@ static const mk_rule layer_qwen3moe[] = {
     RULES_END,
 };
 
+static const mk_rule layer_gemma3[] = {
+    NORM("blk.%d.attn_norm.weight", DIM_EMBD),
+    MATRIX("blk.%d.attn_q.weight", DIM_EMBD, DIM_Q),
+    MATRIX("blk.%d.attn_k.weight", DIM_EMBD, DIM_KV),
+    MATRIX("blk.%d.attn_v.weight", DIM_EMBD, DIM_KV),
+    MATRIX("blk.%d.attn_output.weight", DIM_Q, DIM_EMBD),
+    NORM("blk.%d.post_attention_norm.weight", DIM_EMBD),
+    NORM("blk.%d.attn_k_norm.weight", DIM_HEAD),
+    NORM("blk.%d.attn_q_norm.weight", DIM_HEAD),
+    NORM("blk.%d.ffn_norm.weight", DIM_EMBD),
+    MATRIX("blk.%d.ffn_gate.weight", DIM_EMBD, DIM_FF),
+    MATRIX("blk.%d.ffn_down.weight", DIM_FF, DIM_EMBD),
+    MATRIX("blk.%d.ffn_up.weight", DIM_EMBD, DIM_FF),
+    NORM("blk.%d.post_ffw_norm.weight", DIM_EMBD),
+    RULES_END,
+};
+
+/* qwen35: gated delta net layers ... */
+static const mk_rule layer_qwen35_gdn[] = {
+    NORM("blk.%d.attn_norm.weight", DIM_EMBD),
+    NORM("blk.%d.post_attention_norm.weight", DIM_EMBD),
+    MATRIX("blk.%d.attn_qkv.weight", DIM_EMBD, DIM_CONV),
+    MATRIX("blk.%d.attn_gate.weight", DIM_EMBD, DIM_INNER),
+    F32_2D("blk.%d.ssm_conv1d.weight", DIM_DCONV, DIM_CONV, MK_INIT_MATRIX),
+    VEC("blk.%d.ssm_dt.bias", DIM_SSM_HEADS, MK_INIT_DT_BIAS),
+    VEC("blk.%d.ssm_a", DIM_SSM_HEADS, MK_INIT_SSM_A),
+    MATRIX("blk.%d.ssm_beta.weight", DIM_EMBD, DIM_SSM_HEADS),
+    MATRIX("blk.%d.ssm_alpha.weight", DIM_EMBD, DIM_SSM_HEADS),
+    NORM("blk.%d.ssm_norm.weight", DIM_GDN_DV),
+    MATRIX("blk.%d.ssm_out.weight", DIM_INNER, DIM_EMBD),
+    MATRIX("blk.%d.ffn_gate.weight", DIM_EMBD, DIM_FF),
+    MATRIX("blk.%d.ffn_down.weight", DIM_FF, DIM_EMBD),
+    MATRIX("blk.%d.ffn_up.weight", DIM_EMBD, DIM_FF),
+    RULES_END,
+};
+
+/* ... and gated attention layers (q and its sigmoid gate interleaved per head). */
+static const mk_rule layer_qwen35_attn[] = {
+    NORM("blk.%d.attn_norm.weight", DIM_EMBD),
+    NORM("blk.%d.post_attention_norm.weight", DIM_EMBD),
+    MATRIX("blk.%d.attn_q.weight", DIM_EMBD, DIM_Q2),
+    MATRIX("blk.%d.attn_k.weight", DIM_EMBD, DIM_KV),
+    MATRIX("blk.%d.attn_v.weight", DIM_EMBD, DIM_KV),
+    MATRIX("blk.%d.attn_output.weight", DIM_Q, DIM_EMBD),
+    NORM("blk.%d.attn_q_norm.weight", DIM_HEAD),
+    NORM("blk.%d.attn_k_norm.weight", DIM_HEAD),
+    MATRIX("blk.%d.ffn_gate.weight", DIM_EMBD, DIM_FF),
+    MATRIX("blk.%d.ffn_down.weight", DIM_FF, DIM_EMBD),
+    MATRIX("blk.%d.ffn_up.weight", DIM_EMBD, DIM_FF),
+    RULES_END,
+};
+
+#define MAMBA2_MIXER                                                      \
+    MATRIX("blk.%d.ssm_in.weight", DIM_EMBD, DIM_SSM_IN),                 \
+    F32_2D("blk.%d.ssm_conv1d.weight", DIM_DCONV, DIM_CONV, MK_INIT_MATRIX), \
+    BIAS("blk.%d.ssm_conv1d.bias", DIM_CONV),                             \
+    VEC("blk.%d.ssm_dt.bias", DIM_SSM_HEADS, MK_INIT_DT_BIAS),            \
+    F32_2D("blk.%d.ssm_a", DIM_ONE, DIM_SSM_HEADS, MK_INIT_SSM_A),        \
+    F32_2D("blk.%d.ssm_d", DIM_ONE, DIM_SSM_HEADS, MK_INIT_SSM_D),        \
+    F32_2D("blk.%d.ssm_norm.weight", DIM_NORM_GRP, DIM_GROUPS, MK_INIT_ONES), \
+    MATRIX("blk.%d.ssm_out.weight", DIM_INNER, DIM_EMBD)
+
+static const mk_rule layer_mamba2[] = {
+    NORM("blk.%d.attn_norm.weight", DIM_EMBD),
+    MAMBA2_MIXER,
+    RULES_END,
+};
+
+/* falcon-h1: attention and mamba2 side by side; ffn_norm has no .weight
+ * suffix in converted files. */
+static const mk_rule layer_falcon_h1[] = {
+    MAMBA2_MIXER,
+    MATRIX("blk.%d.attn_q.weight", DIM_EMBD, DIM_Q),
+    MATRIX("blk.%d.attn_k.weight", DIM_EMBD, DIM_KV),
+    MATRIX("blk.%d.attn_v.weight", DIM_EMBD, DIM_KV),
+    MATRIX("blk.%d.attn_output.weight", DIM_Q, DIM_EMBD),
+    NORM("blk.%d.attn_norm.weight", DIM_EMBD),
+    NORM("blk.%d.ffn_norm", DIM_EMBD),
+    MATRIX("blk.%d.ffn_gate.weight", DIM_EMBD, DIM_FF),
+    MATRIX("blk.%d.ffn_down.weight", DIM_FF, DIM_EMBD),
+    MATRIX("blk.%d.ffn_up.weight", DIM_EMBD, DIM_FF),
+    RULES_END,
+};
+
 /* ---- architectures ---- */
 
 enum {
     HP_MOE = 1 << 0,       /* expert_count, expert_used_count, expert_feed_forward_length */
     HP_ROPE_DIMS = 1 << 1, /* rope.dimension_count (llama's converter writes it) */
+    HP_SSM = 1 << 2,       /* ssm.* keys */
+    HP_NO_ATTN = 1 << 3,   /* mamba2: head counts 0, no rope, no FFN */
+    HP_SWA = 1 << 4,       /* gemma3: attention.sliding_window (+ pattern) */
+    HP_GDN = 1 << 5,       /* qwen35: full_attention_interval, partial IMROPE */
 };
 
 struct mk_arch {
     const char *name;
     const mk_rule *layer;
+    const mk_rule *layer_attn; /* hybrids: layers il with (il + 1) % attn_interval == 0, else NULL */
+    int attn_interval;
     unsigned hparams;
     bool tied;          /* default: head shares token_embd */
     float rope_base;    /* defaults used by the generic presets */
@@ -153,10 +267,14 @@ struct mk_arch {
 };
 
 static const mk_arch archs[] = {
-    {"llama", layer_llama, HP_ROPE_DIMS, false, 10000.0f, 1e-5f},
-    {"qwen2", layer_qwen2, 0, true, 1000000.0f, 1e-6f},
-    {"qwen3", layer_qwen3, 0, true, 1000000.0f, 1e-6f},
-    {"qwen3moe", layer_qwen3moe, HP_MOE, false, 1000000.0f, 1e-6f},
+    {"llama", layer_llama, NULL, 0, HP_ROPE_DIMS, false, 10000.0f, 1e-5f},
+    {"qwen2", layer_qwen2, NULL, 0, 0, true, 1000000.0f, 1e-6f},
+    {"qwen3", layer_qwen3, NULL, 0, 0, true, 1000000.0f, 1e-6f},
+    {"qwen3moe", layer_qwen3moe, NULL, 0, HP_MOE, false, 1000000.0f, 1e-6f},
+    {"gemma3", layer_gemma3, NULL, 0, HP_SWA, true, 1000000.0f, 1e-6f},
+    {"qwen35", layer_qwen35_gdn, layer_qwen35_attn, 2, HP_SSM | HP_GDN, true, 10000000.0f, 1e-6f},
+    {"mamba2", layer_mamba2, NULL, 0, HP_SSM | HP_NO_ATTN, true, 10000.0f, 1e-5f},
+    {"falcon-h1", layer_falcon_h1, NULL, 0, HP_SSM, false, 1e11f, 1e-5f},
 };
 
 const mk_arch *mk_arch_find(const char *name) {
@@ -167,7 +285,7 @@ const mk_arch *mk_arch_find(const char *name) {
 
 const char *mk_arch_name(const mk_arch *a) { return a->name; }
 bool mk_arch_tied(const mk_arch *a) { return a->tied; }
-const char *mk_arch_names(void) { return "llama qwen2 qwen3 qwen3moe"; }
+const char *mk_arch_names(void) { return "llama qwen2 qwen3 qwen3moe gemma3 qwen35 mamba2 falcon-h1"; }
 
 /* ---- presets ----
  * Rope base and eps of 0 mean "the arch's default"; tied comes from the arch.
@@ -176,13 +294,15 @@ static const mk_preset presets[] = {
     /* For tests: every dimension small, GQA 4/2, MoE 4 experts top-2. */
     {"tiny", NULL,
      {.n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .head_dim = 16, .n_ff = 128, .n_ctx = 2048,
-      .n_expert = 4, .n_expert_used = 2, .n_ff_exp = 64},
+      .n_expert = 4, .n_expert_used = 2, .n_ff_exp = 64, .ssm_d_conv = 4, .ssm_d_inner = 64, .ssm_d_state = 16,
+      .ssm_n_group = 2, .ssm_dt_rank = 4, .n_swa = 32},
      0},
     /* The built-in default model: rows are multiples of 256 so every
      * K-quant applies without fallback. */
     {"small", NULL,
      {.n_embd = 256, .n_layer = 4, .n_head = 8, .n_head_kv = 4, .head_dim = 32, .n_ff = 768, .n_ctx = 4096,
-      .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256},
+      .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256, .ssm_d_conv = 4, .ssm_d_inner = 256, .ssm_d_state = 32,
+      .ssm_n_group = 2, .ssm_dt_rank = 8, .n_swa = 128},
      0},
     /* Qwen3-0.6B's shapes and vocabulary size, with random weights. */
     {"qwen3-0.6b", "qwen3",
@@ -268,7 +388,34 @@ void mk_write_hparams(const mk_arch *a, const mk_config *c, const char *model_na
     SET_U32("context_length", c->n_ctx);
     SET_U32("embedding_length", c->n_embd);
     SET_U32("block_count", c->n_layer);
-    SET_U32("feed_forward_length", c->n_ff);
+    SET_U32("feed_forward_length", (a->hparams & HP_NO_ATTN) ? 0 : c->n_ff);
+    if (a->hparams & HP_SSM) {
+        SET_U32("ssm.conv_kernel", c->ssm_d_conv);
+        SET_U32("ssm.inner_size", c->ssm_d_inner);
+        SET_U32("ssm.state_size", c->ssm_d_state);
+        SET_U32("ssm.time_step_rank", c->ssm_dt_rank);
+        SET_U32("ssm.group_count", c->ssm_n_group);
+    }
+    if (a->hparams & HP_NO_ATTN) {
+        SET_U32("attention.head_count", 0);
+        SET_F32("attention.layer_norm_rms_epsilon", c->rms_eps > 0 ? c->rms_eps : a->rms_eps);
+        return;
+    }
+    if (a->hparams & HP_SWA) {
+        /* llama.cpp's default period is 6; smaller models get a period that
+         * still has one global layer. */
+        SET_U32("attention.sliding_window", c->n_swa);
+        if (c->n_layer < 6) SET_U32("attention.sliding_window_pattern", c->n_layer);
+    }
+    if (a->hparams & HP_GDN) {
+        SET_U32("full_attention_interval", a->attn_interval);
+        /* partial rotary over a quarter of the head, all of it on the t/h/w streams */
+        int32_t rot = (int32_t)(c->head_dim / 4 < 2 ? 2 : c->head_dim / 4), pairs = rot / 2;
+        int32_t sections[4] = {(pairs + 2) / 3, (pairs + 1) / 3, pairs / 3, 0};
+        SET_U32("rope.dimension_count", rot);
+        snprintf(key, sizeof key, "%s.rope.dimension_sections", a->name);
+        gguf_writer_set_arr(w, key, GGUF_TYPE_INT32, sections, 4);
+    }
     if (a->hparams & HP_MOE) {
         SET_U32("expert_feed_forward_length", c->n_ff_exp);
         SET_U32("expert_count", c->n_expert);
@@ -305,17 +452,21 @@ static int plan_rule(const mk_rule *r, int layer, const mk_config *c, ember_dtyp
 }
 
 int mk_plan_tensors(const mk_arch *a, const mk_config *c, ember_dtype wtype, mk_tensor **out, ember_error *err) {
-    int per_layer = 0;
+    int per_layer = 0, per_attn = 0;
     while (a->layer[per_layer].name) per_layer++;
+    while (a->layer_attn && a->layer_attn[per_attn].name) per_attn++;
+    if (per_attn > per_layer) per_layer = per_attn;
     int cap = 4 + per_layer * (int)c->n_layer;
     mk_tensor *ts = calloc((size_t)cap, sizeof *ts);
     if (ts == NULL) return ember_fail(err, "out of memory");
     int n = 0;
     for (const mk_rule *r = rules_embedding; r->name; r++)
         if (plan_rule(r, -1, c, wtype, &ts[n++], err) < 0) goto fail;
-    for (int l = 0; l < c->n_layer; l++)
-        for (const mk_rule *r = a->layer; r->name; r++)
+    for (int l = 0; l < c->n_layer; l++) {
+        const mk_rule *rules = a->layer_attn && (l + 1) % a->attn_interval == 0 ? a->layer_attn : a->layer;
+        for (const mk_rule *r = rules; r->name; r++)
             if (plan_rule(r, l, c, wtype, &ts[n++], err) < 0) goto fail;
+    }
     for (const mk_rule *r = rules_head; r->name; r++) {
         if ((r->flags & RULE_OUTPUT) && c->tied) continue;
         if (plan_rule(r, -1, c, wtype, &ts[n++], err) < 0) goto fail;

@@ -49,6 +49,14 @@ static void generate_row(const mk_fill *f, int64_t row, float *out, int64_t n) {
     case MK_INIT_ONES:
         for (int64_t i = 0; i < n; i++) out[i] = 1.0f;
         return;
+    case MK_INIT_SSM_A:
+    case MK_INIT_SSM_D:
+    case MK_INIT_DT_BIAS: {
+        float lo = f->tensor->init == MK_INIT_SSM_A ? -8.0f : f->tensor->init == MK_INIT_SSM_D ? 0.5f : -4.0f;
+        float hi = f->tensor->init == MK_INIT_SSM_A ? -1.0f : f->tensor->init == MK_INIT_SSM_D ? 1.5f : -2.0f;
+        for (int64_t i = 0; i < n; i++) out[i] = lo + (hi - lo) * (float)(rng_splitmix64(&state) >> 40) * 0x1.0p-24f;
+        return;
+    }
     case MK_INIT_MATRIX:
     case MK_INIT_HEAD:
     case MK_INIT_BIAS:
@@ -122,7 +130,7 @@ mk_weights *mk_weights_add(gguf_writer *w, const mk_tensor *tensors, int n, cons
         case MK_INIT_MATRIX: f->std = 1.0f / sqrtf((float)t->ne[0]); break;
         case MK_INIT_HEAD: f->std = 3.0f / sqrtf((float)c->n_embd); break;
         case MK_INIT_BIAS: f->std = 0.1f; break;
-        case MK_INIT_ONES: f->std = 0.0f; break;
+        default: f->std = 0.0f; break;
         }
         if (gguf_writer_add_tensor_fill(w, t->name, t->type, t->n_dims, t->ne, fill_tensor, f, err) != 0) {
             mk_weights_free(mw);
