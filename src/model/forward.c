@@ -116,7 +116,7 @@ void model_ctx_free(model_ctx *c) {
 int model_ctx_max_batch(const model_ctx *c) { return c->max_batch; }
 
 /* Rows per attention unit (task_attention). */
-enum { ATT_ROWS = 4 };
+enum { ATT_ROWS = 16 };
 
 /* Grows the per-thread attention scratch to hold n_keys keys. */
 static int reserve_attention(model_ctx *c, int64_t n_keys, ember_error *err) {
@@ -187,8 +187,8 @@ static void task_qk_prepare(void *arg, int ith, int nth) {
 /* Units are (kv head, block of ATT_ROWS rows) in kv-head-major order: every
  * thread gets the same share of kv heads over all rows (balanced under the
  * causal mask), and one unit's 2 * ATT_ROWS queries (for GQA pairs) read
- * each key and value row once. Each query's arithmetic is independent of
- * the split (op_attention_paged_rows). */
+ * each key and value row once (streaming K/V was the bottleneck). Each
+ * query's arithmetic is independent of the split (op_attention_paged_rows). */
 static void task_attention(void *arg, int ith, int nth) {
     layer_task *t = arg;
     model_ctx *c = t->c;

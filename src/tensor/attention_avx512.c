@@ -114,10 +114,17 @@ void attention_head_avx512(const attention_head_args *a) {
 enum { MQ = 8 };
 
 static void softmax_scale(float *s, int64_t n) {
-    float max = -INFINITY;
-    for (int64_t j = 0; j < n; j++) max = s[j] > max ? s[j] : max;
-    __m512 vmax = _mm512_set1_ps(max), vsum = _mm512_setzero_ps();
+    /* The max in 16 lanes: the same value as the scalar scan (NaN scores are
+     * skipped alike: vmaxps returns the running max when s[j] is NaN; only
+     * the sign of a zero max can differ, and s - (+0) and s - (-0) have the
+     * same exp). */
+    __m512 m16 = _mm512_set1_ps(-INFINITY);
     int64_t j = 0;
+    for (; j + 16 <= n; j += 16) m16 = _mm512_max_ps(_mm512_loadu_ps(s + j), m16);
+    if (j < n) m16 = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), (__mmask16)((1u << (n - j)) - 1), s + j), m16);
+    float max = _mm512_reduce_max_ps(m16);
+    __m512 vmax = _mm512_set1_ps(max), vsum = _mm512_setzero_ps();
+    j = 0;
     for (; j + 16 <= n; j += 16) {
         __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), vmax));
         _mm512_storeu_ps(s + j, e);
@@ -137,52 +144,65 @@ static void softmax_scale(float *s, int64_t n) {
     }
 }
 
-static inline __attribute__((always_inline)) void heads_multi(const int NQ, const attention_head_args *a) {
-    const int64_t first = a[0].first;
-    int64_t lo = a[0].n_keys, hi = a[0].n_keys;
-    for (int i = 1; i < NQ; i++) {
-        lo = a[i].n_keys < lo ? a[i].n_keys : lo;
-        hi = a[i].n_keys > hi ? a[i].n_keys : hi;
-    }
-    /* Scores: one key row in registers against every query. */
-    for (int64_t j = first; j < hi; j++) {
-        const float *k = a[0].k_blocks[j / 16] + (j % 16) * a[0].k_row + a[0].k_offset;
-        __m512 kv[8];
+/* The 16 horizontal sums of acc[0..15], lane m = _mm512_reduce_add_ps(acc[m])
+ * bit for bit: the same pairings (lane k + lane k+8, then k + k+4, then
+ * k + k+2, then k + k+1) done for 16 vectors at once. */
+static inline __attribute__((always_inline)) __m512 reduce16_ps(const __m512 v[16]) {
+    __m512 s1[8], s2[4], s3[2];
 #pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) kv[c] = _mm512_loadu_ps(k + 16 * c);
-#pragma GCC unroll 8
-        for (int i = 0; i < NQ; i++) {
-            if (j >= lo && j >= a[i].n_keys) continue;
-            __m512 acc = _mm512_setzero_ps();
-#pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a[i].q + 16 * c), kv[c], acc);
-            a[i].scores[j - first] = _mm512_reduce_add_ps(acc) * a[i].scale;
-        }
-    }
-    for (int i = 0; i < NQ; i++) softmax_scale(a[i].scores, a[i].n_keys - first);
-    /* Values: 32 output lanes of every query at a time, keys in order. */
+    for (int p = 0; p < 8; p++)
+        s1[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+        s2[r] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[2 * r], s1[2 * r + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(s1[2 * r], s1[2 * r + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; q++)
+        s3[q] = _mm512_add_ps(_mm512_shuffle_ps(s2[2 * q], s2[2 * q + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(s2[2 * q], s2[2 * q + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 f = _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* f lane 4c + j holds vector c + 4j */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, f);
+}
+
+/* Values of keys [j0, j1) (rows in vt) for NQ queries, 32 lanes per pass;
+ * accumulators start at zero on the first chunk, else from out (exact). */
+static inline __attribute__((always_inline)) void values_chunk(const int NQ, const attention_head_args *a,
+                                                               const float (*vt)[128], int64_t first, int64_t j0,
+                                                               int64_t j1) {
+    int64_t lo = a[0].n_keys;
+    for (int i = 1; i < NQ; i++) lo = a[i].n_keys < lo ? a[i].n_keys : lo;
+    int64_t jl = lo < j1 ? (lo > j0 ? lo : j0) : j1; /* [j0, jl): visible to every query */
     for (int d0 = 0; d0 < 128; d0 += 32) {
         __m512 acc[MQ][2];
 #pragma GCC unroll 8
-        for (int i = 0; i < NQ; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-        int64_t j = first;
-        for (; j < lo; j++) {
-            const float *v = a[0].v_blocks[j / 16] + (j % 16) * a[0].v_row + a[0].v_offset + d0;
-            __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+        for (int i = 0; i < NQ; i++) {
+            if (j0 == first) {
+                acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+            } else {
+                acc[i][0] = _mm512_loadu_ps(a[i].out + d0);
+                acc[i][1] = _mm512_loadu_ps(a[i].out + d0 + 16);
+            }
+        }
+        int64_t jj = j0;
+        for (; jj < jl; jj++) {
+            __m512 v0 = _mm512_load_ps(vt[jj - j0] + d0), v1 = _mm512_load_ps(vt[jj - j0] + d0 + 16);
 #pragma GCC unroll 8
             for (int i = 0; i < NQ; i++) {
-                __m512 p = _mm512_set1_ps(a[i].scores[j - first]);
+                __m512 p = _mm512_set1_ps(a[i].scores[jj - first]);
                 acc[i][0] = _mm512_fmadd_ps(p, v0, acc[i][0]);
                 acc[i][1] = _mm512_fmadd_ps(p, v1, acc[i][1]);
             }
         }
-        for (; j < hi; j++) {
-            const float *v = a[0].v_blocks[j / 16] + (j % 16) * a[0].v_row + a[0].v_offset + d0;
-            __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+        for (; jj < j1; jj++) {
+            __m512 v0 = _mm512_load_ps(vt[jj - j0] + d0), v1 = _mm512_load_ps(vt[jj - j0] + d0 + 16);
 #pragma GCC unroll 8
             for (int i = 0; i < NQ; i++) {
-                if (j >= a[i].n_keys) continue;
-                __m512 p = _mm512_set1_ps(a[i].scores[j - first]);
+                if (jj >= a[i].n_keys) continue;
+                __m512 p = _mm512_set1_ps(a[i].scores[jj - first]);
                 acc[i][0] = _mm512_fmadd_ps(p, v0, acc[i][0]);
                 acc[i][1] = _mm512_fmadd_ps(p, v1, acc[i][1]);
             }
@@ -195,26 +215,110 @@ static inline __attribute__((always_inline)) void heads_multi(const int NQ, cons
     }
 }
 
-#define HEADS_MULTI(N) \
-    static void heads_multi_##N(const attention_head_args *a) { heads_multi(N, a); }
-HEADS_MULTI(1) HEADS_MULTI(2) HEADS_MULTI(3) HEADS_MULTI(4)
-HEADS_MULTI(5) HEADS_MULTI(6) HEADS_MULTI(7) HEADS_MULTI(8)
-static void (*const heads_multi_fns[MQ + 1])(const attention_head_args *) = {
-    NULL, heads_multi_1, heads_multi_2, heads_multi_3, heads_multi_4,
-    heads_multi_5, heads_multi_6, heads_multi_7, heads_multi_8};
+#define VALUES_CHUNK(N)                                                                                      \
+    static void values_chunk_##N(const attention_head_args *a, const float (*vt)[128], int64_t first,         \
+                                 int64_t j0, int64_t j1) {                                                   \
+        values_chunk(N, a, vt, first, j0, j1);                                                               \
+    }
+VALUES_CHUNK(1) VALUES_CHUNK(2) VALUES_CHUNK(3) VALUES_CHUNK(4)
+VALUES_CHUNK(5) VALUES_CHUNK(6) VALUES_CHUNK(7) VALUES_CHUNK(8)
+static void (*const values_chunk_fns[MQ + 1])(const attention_head_args *, const float (*)[128], int64_t, int64_t,
+                                              int64_t) = {NULL, values_chunk_1, values_chunk_2, values_chunk_3,
+                                                          values_chunk_4, values_chunk_5, values_chunk_6,
+                                                          values_chunk_7, values_chunk_8};
+
+/* n queries over one kv head (d_k = d_v = 128, shared first). K and V rows
+ * are 4 KiB apart in the cache (all kv heads per row) and alias in L1/L2,
+ * so tiles of them are copied together once and then serve every query:
+ * the more queries, the fewer times K and V are streamed from memory. */
+static void heads_multi(const attention_head_args *a, int n) {
+    const int64_t first = a[0].first;
+    int64_t lo = a[0].n_keys, hi = a[0].n_keys;
+    for (int i = 1; i < n; i++) {
+        lo = a[i].n_keys < lo ? a[i].n_keys : lo;
+        hi = a[i].n_keys > hi ? a[i].n_keys : hi;
+    }
+    /* Scores, 16 keys at a time per query: 16 fma chains, then the 16
+     * horizontal sums at once by a tree with _mm512_reduce_add_ps's order. */
+    int64_t j = first;
+    float kt[16][128] __attribute__((aligned(64)));
+    for (; j + 16 <= lo; j += 16) {
+        for (int k = 0; k < 16; k++) {
+            const float *src = a[0].k_blocks[(j + k) / 16] + ((j + k) % 16) * a[0].k_row + a[0].k_offset;
+            if (j + 16 + k < hi) {
+                const char *nx = (const char *)(a[0].k_blocks[(j + 16 + k) / 16] + ((j + 16 + k) % 16) * a[0].k_row +
+                                                a[0].k_offset);
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
+            }
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) _mm512_store_ps(kt[k] + 16 * c, _mm512_loadu_ps(src + 16 * c));
+        }
+        for (int i = 0; i < n; i++) {
+            __m512 qv[8], acc[16];
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) qv[c] = _mm512_loadu_ps(a[i].q + 16 * c);
+#pragma GCC unroll 16
+            for (int k = 0; k < 16; k++) {
+                acc[k] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) acc[k] = _mm512_fmadd_ps(qv[c], _mm512_load_ps(kt[k] + 16 * c), acc[k]);
+            }
+            __m512 dots = reduce16_ps(acc);
+            _mm512_storeu_ps(a[i].scores + (j - first), _mm512_mul_ps(dots, _mm512_set1_ps(a[i].scale)));
+        }
+    }
+    /* The rest: one key row in registers against every query that sees it. */
+    for (; j < hi; j++) {
+        const float *k = a[0].k_blocks[j / 16] + (j % 16) * a[0].k_row + a[0].k_offset;
+        __m512 kv[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++) kv[c] = _mm512_loadu_ps(k + 16 * c);
+        for (int i = 0; i < n; i++) {
+            if (j >= a[i].n_keys) continue;
+            __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a[i].q + 16 * c), kv[c], acc);
+            a[i].scores[j - first] = _mm512_reduce_add_ps(acc) * a[i].scale;
+        }
+    }
+    for (int i = 0; i < n; i++) softmax_scale(a[i].scores, a[i].n_keys - first);
+    /* Values: chunks of VCHUNK key rows, every query group of 8 per chunk. */
+    enum { VCHUNK = 32 };
+    float vt[VCHUNK][128] __attribute__((aligned(64)));
+    for (int64_t j0 = first; j0 < hi; j0 += VCHUNK) {
+        int64_t j1 = j0 + VCHUNK < hi ? j0 + VCHUNK : hi;
+        for (int64_t jj = j0; jj < j1; jj++) {
+            const float *src = a[0].v_blocks[jj / 16] + (jj % 16) * a[0].v_row + a[0].v_offset;
+            if (jj + VCHUNK < hi) {
+                const char *nx = (const char *)(a[0].v_blocks[(jj + VCHUNK) / 16] + ((jj + VCHUNK) % 16) * a[0].v_row +
+                                                a[0].v_offset);
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
+            }
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) _mm512_store_ps(vt[jj - j0] + 16 * c, _mm512_loadu_ps(src + 16 * c));
+        }
+        for (int s0 = 0; s0 < n; s0 += MQ) {
+            int m = n - s0 < MQ ? n - s0 : MQ;
+            /* queries that see none of this chunk keep their out as is */
+            values_chunk_fns[m](a + s0, (const float (*)[128])vt, first, j0, j1);
+        }
+    }
+}
 
 void attention_heads_avx512(const attention_head_args *a, int n) {
     int i = 0;
     while (i < n) {
         int m = 1;
         if (a[i].d_k == 128 && a[i].d_v == 128)
-            while (m < MQ && i + m < n && a[i + m].d_k == 128 && a[i + m].d_v == 128 &&
-                   a[i + m].k_blocks == a[i].k_blocks && a[i + m].v_blocks == a[i].v_blocks &&
-                   a[i + m].k_offset == a[i].k_offset && a[i + m].v_offset == a[i].v_offset &&
-                   a[i + m].k_row == a[i].k_row && a[i + m].v_row == a[i].v_row && a[i + m].first == a[i].first)
+            while (i + m < n && a[i + m].d_k == 128 && a[i + m].d_v == 128 && a[i + m].k_blocks == a[i].k_blocks &&
+                   a[i + m].v_blocks == a[i].v_blocks && a[i + m].k_offset == a[i].k_offset &&
+                   a[i + m].v_offset == a[i].v_offset && a[i + m].k_row == a[i].k_row &&
+                   a[i + m].v_row == a[i].v_row && a[i + m].first == a[i].first)
                 m++;
         if (a[i].d_k == 128 && a[i].d_v == 128)
-            heads_multi_fns[m](a + i);
+            heads_multi(a + i, m);
         else
             attention_head_avx512(a + i);
         i += m;

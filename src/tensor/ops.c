@@ -131,6 +131,14 @@ void op_attention_paged(float *out, const float *q, float *const *k_blocks, floa
     }
 }
 
+static void run_heads(const attention_head_args *args, int n) {
+    if (quant_get_isa() == QUANT_ISA_AVX512) {
+        attention_heads_avx512(args, n);
+    } else {
+        for (int i = 0; i < n; i++) attention_head_scalar(&args[i]);
+    }
+}
+
 void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size_t q_stride,
                              float *const *k_blocks, float *const *v_blocks, const int64_t *query_pos,
                              int n_rows, int n_head, int n_head_kv, int d_k, int d_v, float scale,
@@ -143,7 +151,11 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
         if (query_pos[r] + 1 > max_keys) max_keys = query_pos[r] + 1;
     /* Head-major within a kv group, rows inner: neighbours share a kv head. */
     for (int h = head_begin; h < head_end; h++) {
-        for (int r = 0; r < n_rows && n < MAX_PAIRS; r++) {
+        for (int r = 0; r < n_rows; r++) {
+            if (n == MAX_PAIRS) {
+                run_heads(args, n);
+                n = 0;
+            }
             int64_t first = 0;
             if (window > 0 && query_pos[r] - window + 1 > 0) first = query_pos[r] - window + 1;
             int kvh = h / group;
@@ -154,9 +166,5 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
             n++;
         }
     }
-    if (quant_get_isa() == QUANT_ISA_AVX512) {
-        attention_heads_avx512(args, n);
-    } else {
-        for (int i = 0; i < n; i++) attention_head_scalar(&args[i]);
-    }
+    run_heads(args, n);
 }
