@@ -120,7 +120,8 @@ void model_ctx_free(model_ctx *ctx);
 int model_ctx_max_batch(const model_ctx *ctx);
 /* logits: (number of tokens that want logits, n_vocab), in batch order. */
 int model_forward(model_ctx *ctx, const model_batch *batch, float *logits, ember_error *err);
-/* Single sequence: logits of every token if all_logits, else of the last. */
+/* Single sequence: logits of every token if all_logits, else of the last.
+ * KV-only models; models with recurrent state need model_eval_state. */
 int model_eval(model_ctx *ctx, kv_seq *seq, const int32_t *tokens, int n, bool all_logits,
                float *logits, ember_error *err);
 /* model_eval for any model: state is the sequence's recurrent state (may be
@@ -146,10 +147,14 @@ int model_eval_state(model_ctx *ctx, kv_seq *seq, model_state *state, const int3
  *    positions [0, pos)), the state is the whole sequence state.
  *  - Token-by-token recurrence in a fixed order: the state after position p
  *    is the same bits however the prompt was chunked or threaded.
- *  - Snapshot/restore: model_state_bytes() bytes, a flat copy (position
- *    included) that restores bit-exactly into any state of the same model,
- *    in this process. On a forward error the state is unspecified: reset or
- *    restore it before reuse. */
+ *  - Snapshot/restore: model_state_bytes() bytes, a flat copy (header with
+ *    the position, then the floats) that restores bit-exactly into any state
+ *    of the same model file, also in another process on a little-endian
+ *    machine. Snapshot at position N together with K/V blocks covering
+ *    [0, N) is everything needed to resume at N.
+ *  - A batch refused by validation (token id, KV block, state position)
+ *    leaves every state untouched; after an out-of-memory failure in the
+ *    middle of a pass a state is unspecified: reset or restore it. */
 bool model_has_state(const model *m);
 model_state *model_state_create(const model *m, ember_error *err); /* empty: position 0, zeros */
 void model_state_free(model_state *s);
