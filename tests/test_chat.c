@@ -290,6 +290,67 @@ static void test_engine_features(void **state) {
     chat_template_free(tpl);
 }
 
+/* Every prefix of every real template parses or fails cleanly, and what
+ * parses renders or fails cleanly (run under ASan in the sanitizer build);
+ * hostile nesting is refused instead of exhausting the stack. */
+static void test_truncated_templates(void **state) {
+    (void)state;
+    cJSON *j = cJSON_Parse("[{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"}]");
+    ember_error err = {{0}};
+    chat_messages *m = chat_messages_from_json(j, &err);
+    chat_render_opts o = {.add_generation_prompt = true, .enable_thinking = -1};
+    int parsed = 0, total = 0;
+    for (int i = 0; TEMPLATES[i]; i++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "templates/%s.jinja", TEMPLATES[i]);
+        char *src = load_text(rel);
+        assert_non_null(src);
+        size_t len = strlen(src);
+        for (size_t cut = 0; cut <= len; cut += 7) {
+            char save = src[cut];
+            src[cut] = '\0';
+            chat_template *t = chat_template_create(src, &err);
+            total++;
+            if (t) {
+                parsed++;
+                char *out = NULL;
+                if (chat_render(t, m, NULL, &o, &out, &err) == 0) free(out);
+                chat_template_free(t);
+            } else {
+                assert_non_null(strstr(err.msg, "line "));
+            }
+            src[cut] = save;
+        }
+        free(src);
+    }
+    fprintf(stderr, "  %d prefixes, %d parsed\n", total, parsed);
+    chat_messages_free(m);
+    cJSON_Delete(j);
+
+    char *deep = malloc(200000);
+    /* 1000 nested parentheses: under the token limit, over the depth limit */
+    memcpy(deep, "{{ ", 3);
+    memset(deep + 3, '(', 1000);
+    deep[1003] = 'x';
+    memset(deep + 1004, ')', 1000);
+    strcpy(deep + 2004, " }}");
+    assert_null(chat_template_create(deep, &err));
+    assert_non_null(strstr(err.msg, "too deeply"));
+    /* 5000 nested if blocks */
+    for (size_t i = 0; i < 5000; i++) memcpy(deep + i * 10, "{% if x %}", 10);
+    deep[50000] = '\0';
+    assert_null(chat_template_create(deep, &err));
+    assert_non_null(strstr(err.msg, "too deeply"));
+    /* a 50000-long attribute chain: a left-deep tree the evaluator would
+     * recurse through; refused by the per-tag token limit */
+    memcpy(deep, "{{ x", 4);
+    for (size_t i = 0; i < 50000; i++) memcpy(deep + 4 + i * 2, ".a", 2);
+    strcpy(deep + 4 + 100000, " }}");
+    assert_null(chat_template_create(deep, &err));
+    assert_non_null(strstr(err.msg, "too long"));
+    free(deep);
+}
+
 /* ---- message API ---- */
 
 static void test_messages_api(void **state) {
@@ -544,6 +605,7 @@ int main(void) {
         cmocka_unit_test(test_parse_errors),
         cmocka_unit_test(test_render_errors),
         cmocka_unit_test(test_engine_features),
+        cmocka_unit_test(test_truncated_templates),
         cmocka_unit_test(test_messages_api),
         cmocka_unit_test(test_fallback),
         cmocka_unit_test(test_object_arguments),

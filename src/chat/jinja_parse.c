@@ -48,6 +48,7 @@ typedef struct {
     size_t at;
     ember_error *err;
     bool failed;
+    int depth; /* expression nesting, bounded so a hostile template cannot exhaust the stack */
 } parser;
 
 static void *xcalloc(size_t n, size_t sz) {
@@ -181,12 +182,19 @@ static const char *const OPS[] = {
 };
 
 /* Lexes the inside of a tag until its closer; returns the offset after it. */
+#define MAX_TAG_TOKENS 4000
+
 static size_t lex_tag(parser *p, size_t i, bool block, size_t open_pos) {
     char close0 = block ? '%' : '}';
+    size_t first = p->ntoks;
     int depth = 0; /* bracket depth: a "}}" inside {...} literals still closes at depth 0 only */
     while (i < p->len) {
         char c = p->src[i];
         if (c == ' ' || c == '\t' || c == '\n' || c == '\r') { i++; continue; }
+        if (p->ntoks - first > MAX_TAG_TOKENS) {
+            perr(p, open_pos, "tag too long (more than %d tokens)", MAX_TAG_TOKENS);
+            return p->len;
+        }
         /* closer: [-+]?%} or [-+]?}} */
         if ((c == '-' || c == '+') && i + 2 < p->len + 1 && p->src[i + 1] == close0 &&
             i + 2 < p->len && p->src[i + 2] == '}' && (block || depth == 0)) {
@@ -728,9 +736,15 @@ static jnode *parse_unary(parser *p, bool with_filter) {
     tok *t = cur(p);
     jnode *n;
     if (tok_is_op(p, t, "-") || tok_is_op(p, t, "+")) {
+        if (p->depth > 200) {
+            perr(p, t->pos, "expression nested too deeply");
+            return NULL;
+        }
+        p->depth++;
         p->at++;
         n = mk(p, tok_is_op(p, t, "-") ? E_NEG : E_POS, t->pos);
         n->a = parse_unary(p, false);
+        p->depth--;
     } else {
         n = parse_primary(p);
     }
@@ -826,9 +840,15 @@ static jnode *parse_compare(parser *p) {
 static jnode *parse_not(parser *p) {
     tok *t = cur(p);
     if (tok_is_name(p, t, "not")) {
+        if (p->depth > 200) {
+            perr(p, t->pos, "expression nested too deeply");
+            return NULL;
+        }
+        p->depth++;
         p->at++;
         jnode *n = mk(p, E_NOT, t->pos);
         n->a = parse_not(p);
+        p->depth--;
         return n;
     }
     return parse_compare(p);
@@ -855,6 +875,11 @@ static jnode *parse_or(parser *p) {
 }
 
 static jnode *parse_expr(parser *p) {
+    if (++p->depth > 200) {
+        perr(p, cur(p)->pos, "expression nested too deeply");
+        p->depth--;
+        return NULL;
+    }
     jnode *e = parse_or(p);
     while (!p->failed && tok_is_name(p, cur(p), "if")) {
         size_t pos = cur(p)->pos;
@@ -865,6 +890,7 @@ static jnode *parse_expr(parser *p) {
         if (accept_name(p, "else")) n->c = parse_expr(p);
         e = n;
     }
+    p->depth--;
     return e;
 }
 
@@ -1071,7 +1097,19 @@ static jnode *parse_macro(parser *p, tok *begin) {
     return n;
 }
 
+static jnode *parse_statement_inner(parser *p, tok *begin);
+
 static jnode *parse_statement(parser *p, tok *begin) {
+    if (++p->depth > 200) {
+        perr(p, begin->pos, "statements nested too deeply");
+        return NULL;
+    }
+    jnode *n = parse_statement_inner(p, begin);
+    p->depth--;
+    return n;
+}
+
+static jnode *parse_statement_inner(parser *p, tok *begin) {
     tok *kw = cur(p);
     if (kw->t != T_NAME) {
         char d[64];
