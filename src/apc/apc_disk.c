@@ -796,7 +796,10 @@ static int open_for_read(apc_disk *d, const char *path, open_file *of) {
         close(of->fd);
         return -1;
     }
-    if (of->map == NULL && of->size > 0) posix_fadvise(of->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    if (of->map == NULL && of->size > 0) {
+        posix_fadvise(of->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+        posix_fadvise(of->fd, 0, 0, POSIX_FADV_WILLNEED);
+    }
     return 0;
 }
 
@@ -853,6 +856,25 @@ int64_t apc_disk_load_blocks(apc_disk *d, const apc_key *parent, uint64_t salt, 
                              int64_t n_want) {
     int64_t i = 0;
     char path[4096];
+    /* Start reading every file of the chain now: the kernel fetches the
+     * later files while the first ones are verified and copied. */
+    int32_t last = -1;
+    for (int64_t k = 0; k < n_want; k++) {
+        pthread_mutex_lock(&d->lock);
+        int64_t v = km_get(&d->blocks, &want[k].key);
+        file_rec rec;
+        if (v >= 0) rec = d->files[v >> 16];
+        pthread_mutex_unlock(&d->lock);
+        if (v < 0) break;
+        if ((int32_t)(v >> 16) == last) continue;
+        last = (int32_t)(v >> 16);
+        file_path(d, rec.kind, &rec.name, path, sizeof path);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+            close(fd);
+        }
+    }
     while (i < n_want) {
         pthread_mutex_lock(&d->lock);
         int64_t v = km_get(&d->blocks, &want[i].key);
