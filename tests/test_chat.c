@@ -6,6 +6,7 @@
  * raised must fail here too, with raise_exception's message when the
  * template raised it. The remaining tests cover error reporting, the message
  * API and the prompt-cache render predictions. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -351,6 +352,55 @@ static void test_truncated_templates(void **state) {
     free(deep);
 }
 
+static chat_template *load_template(const char *name);
+
+/* One parsed template rendered from several threads at once. */
+typedef struct {
+    const chat_template *t;
+    chat_messages *m; /* each thread owns its messages */
+    const char *want;
+    int bad;
+} mt_job;
+
+static void *mt_worker(void *arg) {
+    mt_job *j = arg;
+    chat_render_opts o = {.add_generation_prompt = true, .enable_thinking = -1};
+    for (int i = 0; i < 200; i++) {
+        char *out = NULL;
+        ember_error err = {{0}};
+        if (chat_render(j->t, j->m, NULL, &o, &out, &err) != 0 || strcmp(out, j->want) != 0) j->bad++;
+        free(out);
+    }
+    return NULL;
+}
+
+static void test_concurrent_render(void **state) {
+    (void)state;
+    chat_template *t = load_template("qwen3.5");
+    ember_error err = {{0}};
+    cJSON *j = cJSON_Parse("[{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"u\"},"
+                           "{\"role\": \"assistant\", \"content\": \"a\"}, {\"role\": \"user\", \"content\": \"v\"}]");
+    chat_messages *m = chat_messages_from_json(j, &err);
+    chat_render_opts o = {.add_generation_prompt = true, .enable_thinking = -1};
+    char *want = NULL;
+    assert_int_equal(chat_render(t, m, NULL, &o, &want, &err), 0);
+    pthread_t th[4];
+    mt_job jobs[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (mt_job){.t = t, .m = chat_messages_from_json(j, &err), .want = want};
+        pthread_create(&th[i], NULL, mt_worker, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(jobs[i].bad, 0);
+        chat_messages_free(jobs[i].m);
+    }
+    free(want);
+    chat_messages_free(m);
+    cJSON_Delete(j);
+    chat_template_free(t);
+}
+
 /* ---- message API ---- */
 
 static void test_messages_api(void **state) {
@@ -606,6 +656,7 @@ int main(void) {
         cmocka_unit_test(test_render_errors),
         cmocka_unit_test(test_engine_features),
         cmocka_unit_test(test_truncated_templates),
+        cmocka_unit_test(test_concurrent_render),
         cmocka_unit_test(test_messages_api),
         cmocka_unit_test(test_fallback),
         cmocka_unit_test(test_object_arguments),

@@ -13,7 +13,9 @@
  *    helper: it parses the GGUF's template and, when that is missing or
  *    unparseable, returns the built-in ChatML template and sets *fell_back
  *    (the caller logs the warning; the reason is in err). A template is
- *    immutable after creation and may be rendered from several threads.
+ *    immutable after creation and may be rendered from several threads at
+ *    once; a chat_messages (and its clones, which share values with it)
+ *    belongs to one thread at a time: build one per thread from the JSON.
  *  - Messages. chat_messages holds a conversation as template values. It is
  *    built from an OpenAI "messages" JSON array (roles system, user,
  *    assistant, tool; content a string, null or a list of {type, text}

@@ -7,6 +7,9 @@
  *    immutable once shared, except namespace() dicts, which `set ns.x = v`
  *    mutates in place (that is their point). jv_retain/jv_release manage
  *    references; every function returning a jv returns a new reference.
+ *    String literals of a parsed template are immortal (rc < 0, never
+ *    counted), so one template can be rendered by several threads at once:
+ *    rendering touches no other shared state.
  *  - Python semantics where templates can observe them: truthiness, str()
  *    (True/None, float repr, list/dict repr), equality across int/float/
  *    bool, json.dumps formatting (jv_to_json), code-point indexing of

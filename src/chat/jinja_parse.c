@@ -501,7 +501,8 @@ static void add_name(char ***arr, size_t *n, char *s) {
 static void node_free(jnode *n) {
     if (n == NULL) return;
     free(n->name);
-    jv_release(n->lit);
+    if (n->lit.t == JV_STR) free(n->lit.u.s); /* immortal: freed with the tree */
+    else jv_release(n->lit);
     node_free(n->a);
     node_free(n->b);
     node_free(n->c);
@@ -566,6 +567,7 @@ static jnode *parse_primary(parser *p) {
         }
         jnode *n = mk(p, E_LIT, t->pos);
         n->lit = jv_str(b.p, b.n);
+        n->lit.u.s->rc = -1; /* shared by concurrent renders: never counted */
         free(b.p);
         return n;
     }
@@ -935,6 +937,7 @@ static int parse_body(parser *p, jnode *into, bool second, const char *const *st
             if (t->end > t->start) {
                 jnode *n = mk(p, N_TEXT, t->start);
                 n->lit = jv_str(p->src + t->start, t->end - t->start);
+                n->lit.u.s->rc = -1;
                 body_add(into, second, n);
             }
             continue;

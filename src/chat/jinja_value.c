@@ -104,7 +104,9 @@ jv jv_func(const char *name, jv (*fn)(struct jinja_ctx *, jv, const jargs *, voi
 
 jv jv_retain(jv v) {
     switch (v.t) {
-    case JV_STR: v.u.s->rc++; break;
+    case JV_STR:
+        if (v.u.s->rc >= 0) v.u.s->rc++; /* rc < 0: an immortal template literal */
+        break;
     case JV_LIST: v.u.l->rc++; break;
     case JV_DICT: v.u.d->rc++; break;
     case JV_FUNC: v.u.fn->rc++; break;
@@ -116,7 +118,7 @@ jv jv_retain(jv v) {
 void jv_release(jv v) {
     switch (v.t) {
     case JV_STR:
-        if (--v.u.s->rc == 0) free(v.u.s);
+        if (v.u.s->rc >= 0 && --v.u.s->rc == 0) free(v.u.s);
         break;
     case JV_LIST:
         if (--v.u.l->rc == 0) {
