@@ -49,6 +49,7 @@ struct server {
     long created;
     int port;
     bool shut;
+    atomic_int in_flight;    /* requests between their first handler call and completion */
 };
 
 typedef struct conn_state {
@@ -435,6 +436,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cs = calloc(1, sizeof *cs);
         if (cs == NULL) return MHD_NO;
         *con_cls = cs;
+        atomic_fetch_add(&srv->in_flight, 1);
         int ri = find_route(url);
         cs->route = ri;
         if (ri < 0) {
@@ -507,13 +509,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls;
+    server *srv = cls;
     (void)c;
     (void)toe;
     conn_state *cs = *con_cls;
     if (cs) {
         free(cs->body);
         free(cs);
+        atomic_fetch_sub(&srv->in_flight, 1);
     }
     *con_cls = NULL;
 }
@@ -626,6 +629,12 @@ void server_shutdown(server *srv) {
         sched_counts(srv->s, &running, &waiting);
         ember_log(EMBER_LOG_INFO, "shutting down: draining %d running and %d queued requests", running, waiting);
         sched_drain(srv->s);
+    }
+    /* Let the last responses (streams ending with [DONE]) leave before the
+     * daemon closes every connection; 30 s at most. */
+    for (int i = 0; srv->d && i < 3000 && atomic_load(&srv->in_flight) > 0; i++) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
     }
     if (srv->d) {
         MHD_stop_daemon(srv->d);

@@ -209,7 +209,7 @@ static void release(sreq *r, size_t n) {
         r->n_lp_pub = r->n_lp;
     }
     pthread_mutex_unlock(&r->lock);
-    memmove(r->hold, r->hold + n, r->hold_len - n);
+    if (r->hold_len > n) memmove(r->hold, r->hold + n, r->hold_len - n);
     r->hold_len -= n;
     pthread_cond_broadcast(&r->cond);
 }
@@ -314,7 +314,9 @@ static const char *finish_name(sreq_finish f) {
     }
 }
 
-/* Publishes the finish; drops the engine's reference. */
+/* Publishes the finish. The engine's reference is dropped by compact() (or
+ * by the caller for a request that never ran), so the request stays valid
+ * for the rest of the iteration. */
 static void complete(sched *s, sreq *r, sreq_finish f, const char *error) {
     apc_seq_release(s->cache, &r->seq);
     double now = ember_now();
@@ -336,7 +338,6 @@ static void complete(sched *s, sreq *r, sreq_finish f, const char *error) {
     serve_metrics_finish(s->metrics, finish_name(f));
     s->reserved -= r->need_blocks;
     r->state = ST_DONE;
-    sreq_unref(r);
 }
 
 /* The generation ended with f: flush text, then retire (possibly after one
@@ -517,8 +518,10 @@ static void decode_step(sched *s) {
 /* Removes finished requests from the running list, keeping order. */
 static void compact(sched *s) {
     int j = 0;
-    for (int i = 0; i < s->n_running; i++)
+    for (int i = 0; i < s->n_running; i++) {
         if (s->running[i]->state != ST_DONE) s->running[j++] = s->running[i];
+        else sreq_unref(s->running[i]);
+    }
     s->n_running = j;
 }
 
@@ -532,6 +535,7 @@ static void *engine_main(void *arg) {
         }
         compact(s);
         pthread_mutex_lock(&s->lock);
+        s->n_running_pub = s->n_running;
         while (s->n_running == 0 && s->q_head == NULL && !s->draining) pthread_cond_wait(&s->wake, &s->lock);
         if (s->n_running == 0 && s->q_head == NULL && s->draining) {
             s->n_running_pub = 0;
@@ -549,8 +553,9 @@ static void *engine_main(void *arg) {
             r->next = NULL;
             if (atomic_load(&r->cancel)) {
                 pthread_mutex_unlock(&s->lock);
-                complete(s, r, SREQ_CANCELLED, NULL);
                 s->reserved += r->need_blocks; /* complete() gives it back */
+                complete(s, r, SREQ_CANCELLED, NULL);
+                sreq_unref(r);
                 pthread_mutex_lock(&s->lock);
                 continue;
             }

@@ -1,0 +1,970 @@
+/* test_serve.c - `ember serve` end to end over loopback HTTP.
+ *
+ * The group setup generates a tiny qwen3 model (ember mkmodel) in a temp
+ * directory and starts two servers from $EMBER_BIN on free ports (port 0;
+ * the port is read from the "listening on" log line): an open one with the
+ * default settings, and a locked one configured through an ember.yaml
+ * (API key, one running request, a queue of one, a 4 KiB body limit). The
+ * client is a small blocking socket client in this file (HTTP/1.1,
+ * Connection: close, chunked decoding). Tests cover every route, every
+ * error the API promises, streaming framing, stop strings across token
+ * boundaries, the prompt cache through the API (resend: cached = N-1 and
+ * identical logprobs; second chat turn: cached covers the first turn), batch
+ * invariance with 16 concurrent neighbours, cancellation on disconnect,
+ * queue overflow (503 + Retry-After), config errors, Prometheus output
+ * (checked by promtool when installed) and the graceful SIGTERM drain. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "test_util.h"
+
+/* ---- a tiny HTTP client ---- */
+
+typedef struct resp {
+    int status;
+    char *headers;
+    char *body;
+    size_t len;
+} resp;
+
+static void resp_free(resp *r) {
+    free(r->headers);
+    free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+static int connect_to(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void send_all(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0) return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+/* Sends a request; extra_headers are full lines with \r\n. */
+static int send_request(int port, const char *method, const char *path, const char *extra_headers, const char *body,
+                        size_t len) {
+    int fd = connect_to(port);
+    if (fd < 0) return -1;
+    char head[2048];
+    int n = snprintf(head, sizeof head,
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%s", method, path,
+                     extra_headers ? extra_headers : "", body ? "Content-Type: application/json\r\n" : "");
+    if (body) n += snprintf(head + n, sizeof head - (size_t)n, "Content-Length: %zu\r\n", len);
+    n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
+    send_all(fd, head, (size_t)n);
+    if (body) send_all(fd, body, len);
+    return fd;
+}
+
+static char *read_all(int fd, size_t *len) {
+    size_t cap = 65536, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (n + 4096 > cap) buf = realloc(buf, cap *= 2);
+        ssize_t r = recv(fd, buf + n, cap - n - 1, 0);
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static void parse_response(char *raw, size_t n, resp *out) {
+    memset(out, 0, sizeof *out);
+    char *sep = strstr(raw, "\r\n\r\n");
+    if (sep == NULL || sscanf(raw, "HTTP/1.%*d %d", &out->status) != 1) {
+        out->status = -1;
+        out->headers = strdup("");
+        out->body = strdup("");
+        return;
+    }
+    out->headers = strndup(raw, (size_t)(sep - raw));
+    char *b = sep + 4;
+    size_t blen = n - (size_t)(b - raw);
+    if (strcasestr(out->headers, "Transfer-Encoding: chunked")) {
+        char *o = malloc(blen + 1);
+        size_t k = 0;
+        char *p = b;
+        while (p < b + blen) {
+            unsigned long sz = strtoul(p, NULL, 16);
+            char *eol = strstr(p, "\r\n");
+            if (eol == NULL || sz == 0) break;
+            p = eol + 2;
+            memcpy(o + k, p, sz);
+            k += sz;
+            p += sz + 2;
+        }
+        o[k] = 0;
+        out->body = o;
+        out->len = k;
+    } else {
+        out->body = strndup(b, blen);
+        out->len = blen;
+    }
+}
+
+static resp http(int port, const char *method, const char *path, const char *headers, const char *body) {
+    resp r;
+    int fd = send_request(port, method, path, headers, body, body ? strlen(body) : 0);
+    if (fd < 0) {
+        memset(&r, 0, sizeof r);
+        r.status = -1;
+        return r;
+    }
+    size_t n;
+    char *raw = read_all(fd, &n);
+    close(fd);
+    parse_response(raw, n, &r);
+    free(raw);
+    return r;
+}
+
+static cJSON *json_of(const resp *r) {
+    cJSON *j = cJSON_Parse(r->body);
+    if (j == NULL) print_message("not JSON (status %d): %s\n", r->status, r->body);
+    assert_non_null(j);
+    return j;
+}
+
+static const cJSON *jget(const cJSON *o, const char *path) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    const cJSON *cur = o;
+    for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, ".")) {
+        if (tok[0] >= '0' && tok[0] <= '9') cur = cJSON_GetArrayItem(cur, atoi(tok));
+        else cur = cJSON_GetObjectItemCaseSensitive(cur, tok);
+    }
+    return cur;
+}
+
+static double jnum(const cJSON *o, const char *path) {
+    const cJSON *v = jget(o, path);
+    if (!cJSON_IsNumber(v)) print_message("missing number %s\n", path);
+    assert_true(cJSON_IsNumber(v));
+    return v->valuedouble;
+}
+
+static const char *jstr(const cJSON *o, const char *path) {
+    const cJSON *v = jget(o, path);
+    if (!cJSON_IsString(v)) print_message("missing string %s\n", path);
+    assert_true(cJSON_IsString(v));
+    return v->valuestring;
+}
+
+/* ---- servers ---- */
+
+typedef struct srv {
+    pid_t pid;
+    int port;
+    char log[512];
+} srv;
+
+static char *g_dir;
+static char g_model[512];
+static srv g_open, g_locked;
+
+static int start_server(srv *s, const char *name, char *const extra[]) {
+    snprintf(s->log, sizeof s->log, "%s/%s.log", g_dir, name);
+    const char *bin = ember_binary();
+    char *argv[32];
+    int a = 0;
+    argv[a++] = (char *)bin;
+    argv[a++] = (char *)"serve";
+    argv[a++] = g_model;
+    argv[a++] = (char *)"--port";
+    argv[a++] = (char *)"0";
+    argv[a++] = (char *)"--threads";
+    argv[a++] = (char *)"2";
+    for (int i = 0; extra && extra[i]; i++) argv[a++] = extra[i];
+    argv[a] = NULL;
+    s->pid = fork();
+    if (s->pid == 0) {
+        FILE *f = freopen(s->log, "w", stderr);
+        (void)f;
+        execv(bin, argv);
+        _exit(127);
+    }
+    for (int i = 0; i < 600; i++) {
+        size_t n;
+        char *text = read_whole_file(s->log, &n);
+        const char *p = text ? strstr(text, "listening on http://127.0.0.1:") : NULL;
+        if (p) {
+            s->port = atoi(p + strlen("listening on http://127.0.0.1:"));
+            free(text);
+            return 0;
+        }
+        free(text);
+        int st;
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+            s->pid = 0;
+            return -1;
+        }
+        usleep(50000);
+    }
+    return -1;
+}
+
+static int stop_server(srv *s) {
+    if (s->pid <= 0) return -1;
+    kill(s->pid, SIGTERM);
+    int st = 0;
+    for (int i = 0; i < 200; i++) {
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+            s->pid = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        usleep(50000);
+    }
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, &st, 0);
+    s->pid = 0;
+    return -1;
+}
+
+static int setup(void **state) {
+    (void)state;
+    if (ember_binary() == NULL) return -1;
+    g_dir = make_temp_dir();
+    snprintf(g_model, sizeof g_model, "%s/tiny.gguf", g_dir);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s mkmodel --arch qwen3 --preset tiny --seed 3 --out %s >/dev/null 2>&1",
+             ember_binary(), g_model);
+    if (system(cmd) != 0) return -1;
+    if (start_server(&g_open, "open", NULL) < 0) return -1;
+    char cfg[512];
+    snprintf(cfg, sizeof cfg, "%s/ember.yaml", g_dir);
+    FILE *f = fopen(cfg, "w");
+    fprintf(f, "# locked-down server for the auth and overload tests\nserver:\n  api_key: sekrit\n"
+               "  max_running: 1\n  queue_size: 1\n  max_body_bytes: 4096\n  ctx: 32768\ncache:\n  enabled: true\n"
+               "  hash: xxh3\n");
+    fclose(f);
+    char *extra[] = {(char *)"--config", cfg, NULL};
+    if (start_server(&g_locked, "locked", extra) < 0) return -1;
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    stop_server(&g_open);
+    stop_server(&g_locked);
+    remove_tree(g_dir);
+    free(g_dir);
+    return 0;
+}
+
+static const char *AUTH = "Authorization: Bearer sekrit\r\n";
+
+/* ---- helpers for generations ---- */
+
+static cJSON *post_ok(int port, const char *path, const char *headers, const char *body) {
+    resp r = http(port, "POST", path, headers, body);
+    if (r.status != 200) print_message("POST %s -> %d %s\n", path, r.status, r.body);
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    resp_free(&r);
+    return j;
+}
+
+static void expect_error(int port, const char *method, const char *path, const char *headers, const char *body,
+                         int status, const char *param, const char *code) {
+    resp r = http(port, method, path, headers, body);
+    if (r.status != status) print_message("%s %s body %.80s -> %d %s\n", method, path, body ? body : "", r.status, r.body);
+    assert_int_equal(r.status, status);
+    cJSON *j = json_of(&r);
+    const cJSON *e = cJSON_GetObjectItem(j, "error");
+    assert_non_null(e);
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(e, "message")));
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(e, "type")));
+    assert_non_null(cJSON_GetObjectItem(e, "param"));
+    assert_non_null(cJSON_GetObjectItem(e, "code"));
+    if (param) assert_string_equal(cJSON_GetObjectItem(e, "param")->valuestring, param);
+    if (code) assert_string_equal(cJSON_GetObjectItem(e, "code")->valuestring, code);
+    cJSON_Delete(j);
+    resp_free(&r);
+}
+
+/* Parses an SSE body into an array of JSON events; *done is set when the
+ * last event is [DONE]. */
+static cJSON *sse_events(const char *body, bool *done) {
+    cJSON *arr = cJSON_CreateArray();
+    *done = false;
+    const char *p = body;
+    while ((p = strstr(p, "data: ")) != NULL) {
+        p += 6;
+        const char *end = strstr(p, "\n\n");
+        assert_non_null(end);
+        if (strncmp(p, "[DONE]", 6) == 0) {
+            *done = true;
+            assert_string_equal(end + 2, "");
+            break;
+        }
+        char *ev = strndup(p, (size_t)(end - p));
+        cJSON *j = cJSON_Parse(ev);
+        if (j == NULL) print_message("bad SSE event: %s\n", ev);
+        assert_non_null(j);
+        cJSON_AddItemToArray(arr, j);
+        free(ev);
+        p = end + 2;
+    }
+    return arr;
+}
+
+/* ---- tests ---- */
+
+static void test_health_models(void **state) {
+    (void)state;
+    resp r = http(g_open.port, "GET", "/health", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    assert_string_equal(jstr(j, "status"), "ok");
+    cJSON_Delete(j);
+    resp_free(&r);
+    r = http(g_open.port, "GET", "/v1/models", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_string_equal(jstr(j, "object"), "list");
+    assert_string_equal(jstr(j, "data.0.id"), "tiny");
+    assert_string_equal(jstr(j, "data.0.object"), "model");
+    cJSON_Delete(j);
+    resp_free(&r);
+}
+
+static void test_chat_and_resend_cache(void **state) {
+    (void)state;
+    const char *body = "{\"model\":\"tiny\",\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},"
+                       "{\"role\":\"user\",\"content\":\"Tell me about the sea and the sky.\"}],"
+                       "\"max_tokens\":12,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3,"
+                       "\"cache_salt\":\"resend-test\"}";
+    cJSON *a = post_ok(g_open.port, "/v1/chat/completions", NULL, body);
+    assert_string_equal(jstr(a, "object"), "chat.completion");
+    assert_string_equal(jstr(a, "choices.0.message.role"), "assistant");
+    const char *fin = jstr(a, "choices.0.finish_reason");
+    assert_true(strcmp(fin, "length") == 0 || strcmp(fin, "stop") == 0);
+    int n = (int)jnum(a, "usage.prompt_tokens");
+    assert_true(n > 16);
+    assert_int_equal((int)jnum(a, "usage.prompt_tokens_details.cached_tokens"), 0);
+    int ct = (int)jnum(a, "usage.completion_tokens");
+    assert_int_equal((int)jnum(a, "usage.total_tokens"), n + ct);
+    const cJSON *lpa = jget(a, "choices.0.logprobs.content");
+    assert_int_equal(cJSON_GetArraySize(lpa), ct);
+    assert_int_equal(cJSON_GetArraySize(jget(lpa, "0.top_logprobs")), 3);
+    cJSON *b = post_ok(g_open.port, "/v1/chat/completions", NULL, body);
+    assert_int_equal((int)jnum(b, "usage.prompt_tokens_details.cached_tokens"), n - 1);
+    assert_string_equal(jstr(a, "choices.0.message.content"), jstr(b, "choices.0.message.content"));
+    char *la = cJSON_PrintUnformatted(jget(a, "choices.0.logprobs"));
+    char *lb = cJSON_PrintUnformatted(jget(b, "choices.0.logprobs"));
+    assert_string_equal(la, lb); /* bit-identical logits print identically */
+    free(la);
+    free(lb);
+    /* another tenant shares nothing */
+    cJSON *c = post_ok(g_open.port, "/v1/chat/completions", "X-APC-Tenant: someone-else\r\n", body);
+    assert_int_equal((int)jnum(c, "usage.prompt_tokens_details.cached_tokens"), 0);
+    assert_string_equal(jstr(a, "choices.0.message.content"), jstr(c, "choices.0.message.content"));
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    cJSON_Delete(c);
+}
+
+static void test_two_turn_chat(void **state) {
+    (void)state;
+    const char *turn1 = "{\"messages\":[{\"role\":\"system\",\"content\":\"You help.\"},"
+                        "{\"role\":\"user\",\"content\":\"Name three colors of the rainbow, please.\"}],"
+                        "\"max_tokens\":10,\"temperature\":0,\"cache_salt\":\"two-turn\"}";
+    cJSON *a = post_ok(g_open.port, "/v1/chat/completions", NULL, turn1);
+    int n1 = (int)jnum(a, "usage.prompt_tokens");
+    const char *reply = jstr(a, "choices.0.message.content");
+    cJSON *t2 = cJSON_Parse(turn1);
+    cJSON *msgs = cJSON_GetObjectItem(t2, "messages");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "assistant");
+    cJSON_AddStringToObject(m, "content", reply);
+    cJSON_AddItemToArray(msgs, m);
+    m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "user");
+    cJSON_AddStringToObject(m, "content", "And two more?");
+    cJSON_AddItemToArray(msgs, m);
+    char *body2 = cJSON_PrintUnformatted(t2);
+    cJSON *b = post_ok(g_open.port, "/v1/chat/completions", NULL, body2);
+    int cached = (int)jnum(b, "usage.prompt_tokens_details.cached_tokens");
+    print_message("two-turn: turn 1 prompt %d tokens + %d generated; turn 2 prompt %d, cached %d\n", n1,
+                  (int)jnum(a, "usage.completion_tokens"), (int)jnum(b, "usage.prompt_tokens"), cached);
+    assert_true(cached >= n1); /* the whole previous turn's prompt, and the reply as far as it re-tokenizes */
+    free(body2);
+    cJSON_Delete(t2);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+}
+
+static void test_streaming_chat(void **state) {
+    (void)state;
+    const char *plain = "{\"messages\":[{\"role\":\"user\",\"content\":\"Stream me a story.\"}],"
+                        "\"max_tokens\":9,\"temperature\":0,\"cache_salt\":\"stream-test\"}";
+    cJSON *ref = post_ok(g_open.port, "/v1/chat/completions", NULL, plain);
+    const char *sbody = "{\"messages\":[{\"role\":\"user\",\"content\":\"Stream me a story.\"}],"
+                        "\"max_tokens\":9,\"temperature\":0,\"stream\":true,"
+                        "\"stream_options\":{\"include_usage\":true},\"cache_salt\":\"stream-test\"}";
+    resp r = http(g_open.port, "POST", "/v1/chat/completions", NULL, sbody);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strcasestr(r.headers, "Content-Type: text/event-stream"));
+    bool done;
+    cJSON *ev = sse_events(r.body, &done);
+    assert_true(done);
+    int n = cJSON_GetArraySize(ev);
+    assert_true(n >= 3);
+    assert_string_equal(jstr(ev, "0.object"), "chat.completion.chunk");
+    assert_string_equal(jstr(ev, "0.choices.0.delta.role"), "assistant");
+    char text[4096] = "";
+    const char *finish = NULL;
+    for (int i = 0; i < n - 1; i++) {
+        const cJSON *e = cJSON_GetArrayItem(ev, i);
+        assert_string_equal(jstr(e, "id"), jstr(ev, "0.id"));
+        assert_true(cJSON_IsNull(jget(e, "usage")));
+        const cJSON *c = jget(e, "choices.0.delta.content");
+        if (cJSON_IsString(c)) strncat(text, c->valuestring, sizeof text - strlen(text) - 1);
+        const cJSON *f = jget(e, "choices.0.finish_reason");
+        if (cJSON_IsString(f)) finish = f->valuestring;
+    }
+    assert_non_null(finish);
+    assert_string_equal(finish, jstr(ref, "choices.0.finish_reason"));
+    assert_string_equal(text, jstr(ref, "choices.0.message.content"));
+    const cJSON *last = cJSON_GetArrayItem(ev, n - 1);
+    assert_int_equal(cJSON_GetArraySize(jget(last, "choices")), 0);
+    assert_int_equal((int)jnum(last, "usage.completion_tokens"), (int)jnum(ref, "usage.completion_tokens"));
+    assert_int_equal((int)jnum(last, "usage.prompt_tokens"), (int)jnum(ref, "usage.prompt_tokens"));
+    assert_int_equal((int)jnum(last, "usage.prompt_tokens_details.cached_tokens"),
+                     (int)jnum(ref, "usage.prompt_tokens") - 1);
+    cJSON_Delete(ev);
+    resp_free(&r);
+    cJSON_Delete(ref);
+}
+
+static void test_completions(void **state) {
+    (void)state;
+    cJSON *a = post_ok(g_open.port, "/v1/completions", NULL,
+                       "{\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":2}");
+    assert_string_equal(jstr(a, "object"), "text_completion");
+    assert_true(cJSON_IsString(jget(a, "choices.0.text")));
+    int ct = (int)jnum(a, "usage.completion_tokens");
+    assert_int_equal(cJSON_GetArraySize(jget(a, "choices.0.logprobs.tokens")), ct);
+    assert_int_equal(cJSON_GetArraySize(jget(a, "choices.0.logprobs.token_logprobs")), ct);
+    /* a map keyed by token text: two alternatives that both render as U+FFFD collapse */
+    int nt = cJSON_GetArraySize(jget(a, "choices.0.logprobs.top_logprobs.0"));
+    assert_true(nt >= 1 && nt <= 2);
+    cJSON *b = post_ok(g_open.port, "/v1/completions", NULL,
+                       "{\"prompt\":[5,6,7,8,9,10],\"max_tokens\":4,\"temperature\":0.7,\"top_p\":0.9,\"top_k\":20,"
+                       "\"min_p\":0.01,\"seed\":42}");
+    assert_int_equal((int)jnum(b, "usage.prompt_tokens"), 6);
+    cJSON *c = post_ok(g_open.port, "/v1/completions", NULL,
+                       "{\"prompt\":[[5,6,7,8,9,10]],\"max_tokens\":4,\"temperature\":0.7,\"top_p\":0.9,\"top_k\":20,"
+                       "\"min_p\":0.01,\"seed\":42}");
+    /* same seed, same sampled text */
+    assert_string_equal(jstr(b, "choices.0.text"), jstr(c, "choices.0.text"));
+    assert_int_equal((int)jnum(c, "usage.prompt_tokens_details.cached_tokens"), 5);
+    resp r = http(g_open.port, "POST", "/v1/completions", NULL,
+                  "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"stream\":true}");
+    bool done;
+    cJSON *ev = sse_events(r.body, &done);
+    assert_true(done);
+    assert_string_equal(jstr(ev, "0.object"), "text_completion");
+    cJSON_Delete(ev);
+    resp_free(&r);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    cJSON_Delete(c);
+}
+
+/* The stop string spans the boundary between two generated tokens. */
+static void test_stop_strings(void **state) {
+    (void)state;
+    const char *base = "{\"prompt\":\"Once upon a time there was\",\"max_tokens\":48,\"temperature\":0,"
+                       "\"ignore_eos\":true";
+    char body[1024];
+    snprintf(body, sizeof body, "%s}", base);
+    cJSON *a = post_ok(g_open.port, "/v1/completions", NULL, body);
+    const char *full = jstr(a, "choices.0.text");
+    /* The tiny model's vocabulary is mostly single bytes, so any two
+     * neighbouring characters of the output come from two tokens. */
+    char stop[16] = "";
+    const unsigned char *u = (const unsigned char *)full;
+    for (size_t i = 1; u[i] && u[i + 1]; i++) {
+        if (u[i] >= ' ' && u[i] < 0x7f && u[i] != '"' && u[i] != '\\' && u[i + 1] >= ' ' && u[i + 1] < 0x7f &&
+            u[i + 1] != '"' && u[i + 1] != '\\') {
+            stop[0] = (char)u[i];
+            stop[1] = (char)u[i + 1];
+            break;
+        }
+        /* or a replacement character followed by anything printable */
+        if (u[i] == 0xEF && u[i + 1] == 0xBF && u[i + 2] == 0xBD && u[i + 3] >= ' ' && u[i + 3] < 0x7f &&
+            u[i + 3] != '"' && u[i + 3] != '\\') {
+            memcpy(stop, full + i, 4);
+            break;
+        }
+    }
+    if (stop[0] == 0) {
+        print_message("skipping the stop-string check: no usable character pair in the output\n");
+        cJSON_Delete(a);
+        return;
+    }
+    const char *hit = strstr(full, stop);
+    assert_non_null(hit);
+    size_t want = (size_t)(hit - full);
+    for (int stream = 0; stream < 2; stream++) {
+        snprintf(body, sizeof body, "%s,\"stop\":[\"zzzz\",\"%s\"],\"stream\":%s}", base, stop,
+                 stream ? "true" : "false");
+        resp r = http(g_open.port, "POST", "/v1/completions", NULL, body);
+        assert_int_equal(r.status, 200);
+        char text[4096] = "";
+        const char *finish = NULL;
+        cJSON *holder = NULL;
+        if (stream) {
+            bool done;
+            holder = sse_events(r.body, &done);
+            assert_true(done);
+            for (int i = 0; i < cJSON_GetArraySize(holder); i++) {
+                const cJSON *e = cJSON_GetArrayItem(holder, i);
+                strncat(text, jstr(e, "choices.0.text"), sizeof text - strlen(text) - 1);
+                assert_null(strstr(text, stop)); /* never emitted, not even in part at the end */
+                const cJSON *f = jget(e, "choices.0.finish_reason");
+                if (cJSON_IsString(f)) finish = f->valuestring;
+            }
+        } else {
+            holder = json_of(&r);
+            snprintf(text, sizeof text, "%s", jstr(holder, "choices.0.text"));
+            finish = jstr(holder, "choices.0.finish_reason");
+        }
+        assert_int_equal(strlen(text), want);
+        assert_memory_equal(text, full, want);
+        assert_string_equal(finish, "stop");
+        cJSON_Delete(holder);
+        resp_free(&r);
+    }
+    cJSON_Delete(a);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    int p = g_open.port;
+    const char *chat = "/v1/chat/completions";
+    expect_error(p, "POST", chat, NULL, "{\"messages\": [", 400, NULL, "invalid_json");
+    expect_error(p, "POST", chat, NULL, "{}", 400, "messages", "missing_required_parameter");
+    expect_error(p, "POST", chat, NULL, "{\"messages\": 5}", 400, "messages", "invalid_type");
+    expect_error(p, "POST", chat, NULL, "{\"messages\": []}", 400, "messages", "empty_array");
+    expect_error(p, "POST", chat, NULL, "{\"messages\": [{\"role\":\"wizard\",\"content\":\"x\"}]}", 400,
+                 "messages[0].role", "invalid_value");
+    expect_error(p, "POST", chat, NULL, "{\"messages\": [{\"role\":\"user\"}]}", 400, "messages[0].content",
+                 "missing_required_parameter");
+    expect_error(p, "POST", chat, NULL, "{\"messages\": [{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}",
+                 400, "max_tokens", "integer_below_min_value");
+    expect_error(p, "POST", chat, NULL,
+                 "{\"messages\": [{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":99999999}", 400, "max_tokens",
+                 "integer_above_max_value");
+    expect_error(p, "POST", chat, NULL,
+                 "{\"messages\": [{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":1.5}", 400,
+                 "max_completion_tokens", "invalid_type");
+    expect_error(p, "POST", chat, NULL, "{\"messages\": [{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}",
+                 400, "temperature", "invalid_type");
+    expect_error(p, "POST", chat, NULL, "{\"messages\": [{\"role\":\"user\",\"content\":\"x\"}],\"stream\":1}", 400,
+                 "stream", "invalid_type");
+    expect_error(p, "POST", chat, NULL, "{\"messages\": [{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}",
+                 400, "top_logprobs", NULL);
+    expect_error(p, "POST", "/v1/completions", NULL, "{\"prompt\": [1, \"x\"]}", 400, "prompt[1]", "invalid_type");
+    expect_error(p, "POST", "/v1/completions", NULL, "{\"prompt\": [1, 99999999]}", 400, "prompt[1]", "invalid_value");
+    expect_error(p, "POST", "/v1/completions", NULL, "{\"prompt\": \"x\", \"stop\": 7}", 400, "stop", "invalid_type");
+    /* a prompt longer than the context (2048 for the tiny model) */
+    size_t big = 2600 * 2 + 64;
+    char *longp = malloc(big);
+    int k = snprintf(longp, big, "{\"prompt\":\"");
+    for (int i = 0; i < 2600; i++) k += snprintf(longp + k, big - (size_t)k, "a ");
+    snprintf(longp + k, big - (size_t)k, "\"}");
+    expect_error(p, "POST", "/v1/completions", NULL, longp, 400, "prompt", "context_length_exceeded");
+    free(longp);
+    /* invalid UTF-8 */
+    expect_error(p, "POST", "/v1/completions", NULL, "{\"prompt\":\"caf\xc3\x28\"}", 400, NULL, "invalid_encoding");
+    /* routes and methods */
+    expect_error(p, "GET", "/v1/nothing-here", NULL, NULL, 404, NULL, "not_found");
+    expect_error(p, "GET", chat, NULL, NULL, 405, NULL, "method_not_allowed");
+    expect_error(p, "DELETE", "/health", NULL, NULL, 405, NULL, "method_not_allowed");
+    expect_error(p, "GET", "/v1/cache/stats?model=other", NULL, NULL, 404, "model", "model_not_found");
+    /* the server survived all of it */
+    resp r = http(p, "GET", "/health", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+}
+
+static void test_body_limit_and_auth(void **state) {
+    (void)state;
+    int p = g_locked.port;
+    /* declared too large: refused before the body is read */
+    int fd = connect_to(p);
+    const char *head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                       "Authorization: Bearer sekrit\r\nContent-Length: 100000000\r\n\r\n";
+    send_all(fd, head, strlen(head));
+    size_t n;
+    char *raw = read_all(fd, &n);
+    close(fd);
+    resp r;
+    parse_response(raw, n, &r);
+    free(raw);
+    assert_int_equal(r.status, 413);
+    assert_non_null(strstr(r.body, "request_too_large"));
+    resp_free(&r);
+    /* just over the 4 KiB limit, sent in full */
+    char *body = malloc(5000);
+    memset(body, ' ', 4999);
+    body[4999] = 0;
+    body[0] = '{';
+    body[4998] = '}';
+    expect_error(p, "POST", "/v1/completions", AUTH, body, 413, NULL, "request_too_large");
+    free(body);
+    /* API key */
+    expect_error(p, "GET", "/v1/models", NULL, NULL, 401, NULL, "invalid_api_key");
+    expect_error(p, "GET", "/v1/models", "Authorization: Bearer wrong\r\n", NULL, 401, NULL, "invalid_api_key");
+    expect_error(p, "GET", "/metrics", NULL, NULL, 401, NULL, "invalid_api_key");
+    expect_error(p, "GET", "/v1/cache/stats", NULL, NULL, 401, NULL, "invalid_api_key");
+    expect_error(p, "POST", "/v1/chat/completions", NULL, "{}", 401, NULL, "invalid_api_key");
+    r = http(p, "GET", "/health", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    r = http(p, "GET", "/v1/models", AUTH, NULL);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    cJSON *j = post_ok(p, "/v1/completions", AUTH, "{\"prompt\":\"hello\",\"max_tokens\":2}");
+    cJSON_Delete(j);
+}
+
+typedef struct job {
+    int port;
+    char body[1024];
+    char *text;
+    char *logprobs;
+    int status;
+} job;
+
+static void *run_job(void *arg) {
+    job *jb = arg;
+    resp r = http(jb->port, "POST", "/v1/chat/completions", NULL, jb->body);
+    jb->status = r.status;
+    cJSON *j = cJSON_Parse(r.body);
+    if (j && r.status == 200) {
+        jb->text = strdup(jstr(j, "choices.0.message.content"));
+        jb->logprobs = cJSON_PrintUnformatted(jget(j, "choices.0.logprobs"));
+    }
+    cJSON_Delete(j);
+    resp_free(&r);
+    return NULL;
+}
+
+static void test_batch_invariance(void **state) {
+    (void)state;
+    /* the probe alone; each run has its own salt so nothing comes from the cache */
+    job probe = {.port = g_open.port};
+    snprintf(probe.body, sizeof probe.body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"The probe request, alone or not.\"}],"
+             "\"max_tokens\":24,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":2,\"ignore_eos\":true,"
+             "\"cache_salt\":\"probe-alone\"}");
+    run_job(&probe);
+    assert_int_equal(probe.status, 200);
+    job jobs[17];
+    pthread_t th[17];
+    for (int i = 0; i < 17; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].port = g_open.port;
+        if (i == 8)
+            snprintf(jobs[i].body, sizeof jobs[i].body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"The probe request, alone or not.\"}],"
+                     "\"max_tokens\":24,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":2,\"ignore_eos\":true,"
+                     "\"cache_salt\":\"probe-crowd\"}");
+        else
+            snprintf(jobs[i].body, sizeof jobs[i].body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"Neighbour %d says %.*s\"}],"
+                     "\"max_tokens\":%d,\"temperature\":%s,\"seed\":%d,\"ignore_eos\":true}",
+                     i, 10 + i * 7, "abcdefghijklmnopqrstuvwxyz abcdefghijklmnopqrstuvwxyz abcdefghijklmnopqrstuvwxyz "
+                                    "abcdefghijklmnopqrstuvwxyz abcdefghijklmnopqrstuvwxyz",
+                     100 + i * 10, i % 2 ? "0.8" : "0", i);
+        pthread_create(&th[i], NULL, run_job, &jobs[i]);
+    }
+    for (int i = 0; i < 17; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 17; i++) assert_int_equal(jobs[i].status, 200);
+    assert_string_equal(probe.text, jobs[8].text);
+    assert_string_equal(probe.logprobs, jobs[8].logprobs);
+    for (int i = 0; i < 17; i++) {
+        free(jobs[i].text);
+        free(jobs[i].logprobs);
+    }
+    free(probe.text);
+    free(probe.logprobs);
+}
+
+static void test_disconnect_cancels(void **state) {
+    (void)state;
+    const char *body = "{\"prompt\":\"cancel me\",\"max_tokens\":2000,\"ignore_eos\":true,\"stream\":true}";
+    int fd = send_request(g_open.port, "POST", "/v1/completions", NULL, body, strlen(body));
+    char buf[512];
+    ssize_t got = recv(fd, buf, sizeof buf, 0); /* headers and the first chunk */
+    assert_true(got > 0);
+    close(fd);
+    /* the scheduler sees the hang-up, frees the request and counts it */
+    double running = -1, cancelled = 0;
+    for (int i = 0; i < 200; i++) {
+        resp r = http(g_open.port, "GET", "/metrics", NULL, NULL);
+        const char *p = strstr(r.body, "ember_generation_finish_total{reason=\"cancelled\"} ");
+        cancelled = p ? atof(p + strlen("ember_generation_finish_total{reason=\"cancelled\"} ")) : 0;
+        p = strstr(r.body, "\nember_requests_running ");
+        running = p ? atof(p + strlen("\nember_requests_running ")) : -1;
+        resp_free(&r);
+        if (running == 0 && cancelled >= 1) break;
+        usleep(50000);
+    }
+    assert_true(running == 0);
+    assert_true(cancelled >= 1);
+}
+
+static void test_queue_full(void **state) {
+    (void)state;
+    /* locked server: one running, one queued, the third is refused */
+    const char *body = "{\"prompt\":\"long one\",\"max_tokens\":30000,\"ignore_eos\":true,\"stream\":true}";
+    int fds[2];
+    for (int i = 0; i < 2; i++) {
+        fds[i] = send_request(g_locked.port, "POST", "/v1/completions", AUTH, body, strlen(body));
+        char buf[256];
+        struct pollfd pf = {.fd = fds[i], .events = POLLIN};
+        assert_true(poll(&pf, 1, 5000) == 1);
+        assert_true(recv(fds[i], buf, sizeof buf, 0) > 0); /* 200 headers: accepted */
+    }
+    resp r = http(g_locked.port, "POST", "/v1/completions", AUTH, "{\"prompt\":\"third\",\"max_tokens\":2}");
+    assert_int_equal(r.status, 503);
+    assert_non_null(strcasestr(r.headers, "Retry-After:"));
+    assert_non_null(strstr(r.body, "\"error\""));
+    resp_free(&r);
+    for (int i = 0; i < 2; i++) close(fds[i]);
+    /* both are cancelled and the server serves again */
+    for (int i = 0; i < 100; i++) {
+        r = http(g_locked.port, "POST", "/v1/completions", AUTH, "{\"prompt\":\"after\",\"max_tokens\":2}");
+        int st = r.status;
+        resp_free(&r);
+        if (st == 200) return;
+        usleep(50000);
+    }
+    fail_msg("the locked server did not recover after the clients left");
+}
+
+static void test_cache_stats_reset_metrics(void **state) {
+    (void)state;
+    int p = g_open.port;
+    resp r = http(p, "GET", "/v1/cache/stats", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    cJSON *s = json_of(&r);
+    assert_true(cJSON_IsTrue(jget(s, "enabled")));
+    assert_string_equal(jstr(s, "tier"), "block");
+    assert_true(jnum(s, "lookups_hit") >= 1);
+    double gen = jnum(s, "generation");
+    cJSON_Delete(s);
+    resp_free(&r);
+    r = http(p, "GET", "/cache/stats?model=tiny", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    r = http(p, "POST", "/v1/cache/reset", NULL, "");
+    assert_int_equal(r.status, 200);
+    s = json_of(&r);
+    assert_string_equal(jstr(s, "status"), "cleared");
+    cJSON_Delete(s);
+    resp_free(&r);
+    r = http(p, "GET", "/v1/cache/stats", NULL, NULL);
+    s = json_of(&r);
+    assert_true(jnum(s, "generation") == gen + 1);
+    assert_true(jnum(s, "lookups_hit") == 0);
+    cJSON_Delete(s);
+    resp_free(&r);
+    /* a resend after the reset starts cold */
+    const char *body = "{\"prompt\":\"After the reset we are cold.\",\"max_tokens\":2,\"temperature\":0}";
+    cJSON *a = post_ok(p, "/v1/completions", NULL, body);
+    cJSON *b = post_ok(p, "/v1/completions", NULL, body);
+    assert_int_equal((int)jnum(b, "usage.prompt_tokens_details.cached_tokens"), (int)jnum(a, "usage.prompt_tokens") - 1);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    r = http(p, "GET", "/metrics", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strcasestr(r.headers, "Content-Type: text/plain"));
+    static const char *families[] = {"ember_http_requests_total", "ember_time_to_first_token_seconds_bucket",
+                                     "ember_time_per_output_token_seconds_count", "ember_request_duration_seconds_sum",
+                                     "ember_prompt_tokens_total", "ember_completion_tokens_total",
+                                     "ember_apc_lookups_hit_total", "ember_apc_matched_tokens_total",
+                                     "ember_apc_evictions_total", "ember_apc_declines_total{reason=",
+                                     "ember_apc_exact_stores_total", "ember_apc_ckpt_hits_total"};
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+        if (strstr(r.body, families[i]) == NULL) print_message("missing %s\n", families[i]);
+        assert_non_null(strstr(r.body, families[i]));
+    }
+    /* promtool, when installed */
+    if (system("command -v promtool >/dev/null 2>&1") == 0) {
+        char path[600], cmd[800];
+        snprintf(path, sizeof path, "%s/metrics.txt", g_dir);
+        FILE *f = fopen(path, "w");
+        fwrite(r.body, 1, r.len, f);
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
+        int rc = system(cmd);
+        assert_int_equal(rc, 0);
+    } else {
+        print_message("promtool not installed: skipping `promtool check metrics`\n");
+    }
+    resp_free(&r);
+}
+
+static void test_config_errors(void **state) {
+    (void)state;
+    char path[600], cmd[4096], log[600];
+    snprintf(path, sizeof path, "%s/bad.yaml", g_dir);
+    snprintf(log, sizeof log, "%s/bad.log", g_dir);
+    struct {
+        const char *yaml;
+        const char *expect;
+        int rc;
+    } cases[] = {
+        {"server:\n  port: [1, 2\n", "malformed YAML", 1},
+        {"server:\n  host: 127.0.0.1\n  port: abc\n", ":3: server.port", 1},
+        {"cache:\n  enabled: maybe\n", ":2: cache.enabled", 1},
+        {"cache:\n  block_size: 32\n", "cache.block_size", 1},
+        {"server:\n  port: 99999999\n", "server.port", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        FILE *f = fopen(path, "w");
+        fputs(cases[i].yaml, f);
+        fclose(f);
+        snprintf(cmd, sizeof cmd, "%s serve %s --config %s --port 0 2>%s", ember_binary(), g_model, path, log);
+        int rc = system(cmd);
+        char *text = read_whole_file(log, NULL);
+        if (!(WIFEXITED(rc) && WEXITSTATUS(rc) == cases[i].rc) || strstr(text, cases[i].expect) == NULL)
+            print_message("case %zu: rc %d, log: %s\n", i, rc, text);
+        assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == cases[i].rc);
+        assert_non_null(strstr(text, cases[i].expect));
+        free(text);
+    }
+    /* an environment value of the wrong type names the variable */
+    snprintf(cmd, sizeof cmd, "APC_NUM_BLOCKS=lots %s serve %s --port 0 2>%s", ember_binary(), g_model, log);
+    int rc = system(cmd);
+    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+    char *text = read_whole_file(log, NULL);
+    assert_non_null(strstr(text, "APC_NUM_BLOCKS"));
+    free(text);
+    /* unknown keys only warn: the server starts (checked on a live one) */
+    FILE *f = fopen(path, "w");
+    fputs("server:\n  prot: 1\ncache:\n  num_blocks: 256\n  disk:\n    path: /tmp/nowhere\n", f);
+    fclose(f);
+    srv s;
+    char *extra[] = {(char *)"--config", path, NULL};
+    assert_int_equal(start_server(&s, "unknown-key", extra), 0);
+    text = read_whole_file(s.log, NULL);
+    assert_non_null(strstr(text, "unknown key 'server.prot'"));
+    assert_non_null(strstr(text, ":2:"));
+    free(text);
+    resp r = http(s.port, "GET", "/v1/cache/stats", NULL, NULL);
+    assert_non_null(strstr(r.body, "\"num_blocks\":256"));
+    resp_free(&r);
+    assert_int_equal(stop_server(&s), 0);
+}
+
+/* Last: SIGTERM drains a running stream to its [DONE], then exits 0. */
+static void test_graceful_drain(void **state) {
+    (void)state;
+    srv s;
+    assert_int_equal(start_server(&s, "drain", NULL), 0);
+    const char *body = "{\"prompt\":\"drain\",\"max_tokens\":300,\"ignore_eos\":true,\"stream\":true}";
+    int fd = send_request(s.port, "POST", "/v1/completions", NULL, body, strlen(body));
+    char buf[256];
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    assert_true(poll(&pf, 1, 5000) == 1);
+    ssize_t got = recv(fd, buf, sizeof buf - 1, MSG_PEEK);
+    assert_true(got > 0);
+    kill(s.pid, SIGTERM);
+    size_t n;
+    char *raw = read_all(fd, &n);
+    close(fd);
+    resp r;
+    parse_response(raw, n, &r);
+    free(raw);
+    assert_int_equal(r.status, 200);
+    bool done;
+    cJSON *ev = sse_events(r.body, &done);
+    assert_true(done);
+    const cJSON *last = cJSON_GetArrayItem(ev, cJSON_GetArraySize(ev) - 1);
+    assert_string_equal(jstr(last, "choices.0.finish_reason"), "length");
+    cJSON_Delete(ev);
+    resp_free(&r);
+    int st = 0;
+    for (int i = 0; i < 200 && waitpid(s.pid, &st, WNOHANG) != s.pid; i++) usleep(50000);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    char *text = read_whole_file(s.log, NULL);
+    assert_non_null(strstr(text, "draining 1 running"));
+    assert_null(strstr(text, "Sanitizer"));
+    free(text);
+}
+
+/* Last: both shared servers stop cleanly; under ASan/UBSan their logs
+ * carry no report (a leak at exit would also change the exit status). */
+static void test_servers_exit_cleanly(void **state) {
+    (void)state;
+    srv *all[] = {&g_open, &g_locked};
+    for (int i = 0; i < 2; i++) {
+        int rc = stop_server(all[i]);
+        char *text = read_whole_file(all[i]->log, NULL);
+        bool clean = text && !strstr(text, "AddressSanitizer") && !strstr(text, "runtime error") &&
+                     !strstr(text, "LeakSanitizer");
+        if (rc != 0 || !clean) print_message("server log %s (exit %d):\n%s\n", all[i]->log, rc, text ? text : "");
+        assert_int_equal(rc, 0);
+        assert_true(clean);
+        free(text);
+    }
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_health_models),
+        cmocka_unit_test(test_chat_and_resend_cache),
+        cmocka_unit_test(test_two_turn_chat),
+        cmocka_unit_test(test_streaming_chat),
+        cmocka_unit_test(test_completions),
+        cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_body_limit_and_auth),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_disconnect_cancels),
+        cmocka_unit_test(test_queue_full),
+        cmocka_unit_test(test_cache_stats_reset_metrics),
+        cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_graceful_drain),
+        cmocka_unit_test(test_servers_exit_cleanly),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
