@@ -18,7 +18,9 @@
  * each activation block comes from matmul.c's per-block metadata
  * (matmul_q8_meta: -128 * sum(a) and the f32 scale).
  * Q4_K: the nibbles (0..15) are unsigned already; sub-block dots are scaled
- * with vpmulld, mins go through the Q8_K bsums with vpdpwssd. */
+ * with vpmulld, mins go through the Q8_K bsums with vpdpwssd.
+ * Q6_K: u = q + 32 per 16-element sub-block, scaled with vpmulld; the
+ * -32 offset through the bsums (vpdpwssd with scale pairs). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -27,7 +29,8 @@
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
 
-enum { PANEL = 16, Q8_PANEL_BLOCK = 8 * 64 + 64, Q4K_PANEL_BLOCK = (32 + 8 + 8 + 2) * 64 };
+enum { PANEL = 16, Q8_PANEL_BLOCK = 8 * 64 + 64, Q4K_PANEL_BLOCK = (32 + 8 + 8 + 2) * 64,
+       Q6K_PANEL_BLOCK = (64 + 8 + 1) * 64 };
 
 ALWAYS_INLINE __m512i row_offsets(size_t wrb) {
     return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -53,6 +56,7 @@ ALWAYS_INLINE float load_f32(const void *p) {
 size_t matmul_avx512_panel_bytes(ember_dtype type, int64_t n_in) {
     if (type == DT_Q8_0) return (size_t)(n_in / 32) * Q8_PANEL_BLOCK;
     if (type == DT_Q4_K) return (size_t)(n_in / 256) * Q4K_PANEL_BLOCK;
+    if (type == DT_Q6_K) return (size_t)(n_in / 256) * Q6K_PANEL_BLOCK;
     return 0;
 }
 
@@ -203,6 +207,94 @@ typedef void (*q4k_panel_fn)(int64_t, const uint8_t *, const uint8_t *, size_t, 
 static const q4k_panel_fn q4k_panels[9] = {NULL, q4_K_panel_1, q4_K_panel_2, q4_K_panel_3, q4_K_panel_4,
                                            q4_K_panel_5, q4_K_panel_6, q4_K_panel_7, q4_K_panel_8};
 
+/* ------------------------------------------------------------------ Q6_K */
+
+/* Panel super-block: 64 zmm of u = q + 32 (0..63) dwords in natural element
+ * order (sub-block k of 16 elements = dwords 4k..4k+3), 8 zmm of int16
+ * (scale 2i, scale 2i+1) pairs, d. isum = sum_k sc_k * dot(u, a)_k
+ * - 32 * sum_k sc_k * bsum_k: the same integer as dot_q6_K's. */
+static void pack_q6_K(const uint8_t *w, size_t wrb, int64_t nb, uint8_t *pk) {
+    for (int64_t b = 0; b < nb; b++, pk += Q6K_PANEL_BLOCK) {
+        uint32_t *u32 = (uint32_t *)pk;
+        int32_t *scp = (int32_t *)(pk + 64 * 64);
+        float *d = (float *)(pk + 72 * 64);
+        for (int r = 0; r < PANEL; r++) {
+            const block_q6_K *x = (const block_q6_K *)(w + r * wrb) + b;
+            uint8_t u[256];
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
+                uint8_t *o = u + 128 * h;
+                for (int l = 0; l < 32; l++) {
+                    o[l] = (uint8_t)((ql[l] & 15) | (((qh[l] >> 0) & 3) << 4));
+                    o[l + 32] = (uint8_t)((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4));
+                    o[l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                    o[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+                }
+            }
+            for (int q = 0; q < 64; q++) memcpy(&u32[16 * q + r], u + 4 * q, 4);
+            for (int i = 0; i < 8; i++)
+                scp[16 * i + r] = (int32_t)((uint32_t)(uint16_t)(int16_t)x->scales[2 * i] |
+                                            ((uint32_t)(uint16_t)(int16_t)x->scales[2 * i + 1] << 16));
+            d[r] = quant_f16_to_f32(x->d);
+        }
+    }
+}
+
+ALWAYS_INLINE void q6_K_panel(const int T, int64_t nb, const uint8_t *pk, const uint8_t *act, size_t as,
+                              float *y, size_t ys) {
+    __m512 facc[8];
+    UNROLL
+    for (int t = 0; t < T; t++) facc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, pk += Q6K_PANEL_BLOCK) {
+        const __m512i *uw = (const __m512i *)pk, *scp = uw + 64;
+        __m512i isum[8];
+        UNROLL
+        for (int t = 0; t < T; t++) isum[t] = _mm512_setzero_si512();
+        for (int k = 0; k < 16; k++) {
+            __m512i w[4];
+            UNROLL
+            for (int j = 0; j < 4; j++) w[j] = _mm512_load_si512(uw + 4 * k + j);
+            /* sub-block k's scale: word k & 1 of pair k >> 1, sign-extended */
+            __m512i pair = _mm512_load_si512(scp + (k >> 1));
+            __m512i sck = (k & 1) ? _mm512_srai_epi32(pair, 16) : _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16);
+            UNROLL
+            for (int t = 0; t < T; t++) {
+                const uint8_t *a = act + t * as + b * sizeof(block_q8_K) + offsetof(block_q8_K, qs) + 16 * k;
+                __m512i acc0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_set1_epi32(load_i32(a)));
+                __m512i acc1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_set1_epi32(load_i32(a + 4)));
+                acc0 = _mm512_dpbusd_epi32(acc0, w[2], _mm512_set1_epi32(load_i32(a + 8)));
+                acc1 = _mm512_dpbusd_epi32(acc1, w[3], _mm512_set1_epi32(load_i32(a + 12)));
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(_mm512_add_epi32(acc0, acc1), sck));
+            }
+        }
+        __m512 dw = _mm512_load_ps((const float *)(uw + 72));
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            const uint8_t *ab = act + t * as + b * sizeof(block_q8_K);
+            const uint8_t *bs = ab + offsetof(block_q8_K, bsums);
+            __m512i csum = _mm512_setzero_si512();
+            UNROLL
+            for (int i = 0; i < 8; i++)
+                csum = _mm512_dpwssd_epi32(csum, _mm512_load_si512(scp + i), _mm512_set1_epi32(load_i32(bs + 4 * i)));
+            __m512i tot = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(csum, 5));
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(dw, _mm512_set1_ps(load_f32(ab))), facc[t]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < T; t++) _mm512_storeu_ps(y + t * ys, facc[t]);
+}
+
+#define Q6K_PANEL_T(N)                                                                          \
+    static void q6_K_panel_##N(int64_t nb, const uint8_t *pk, const uint8_t *act, size_t as,    \
+                               float *y, size_t ys) {                                           \
+        q6_K_panel(N, nb, pk, act, as, y, ys);                                                  \
+    }
+Q6K_PANEL_T(1) Q6K_PANEL_T(2) Q6K_PANEL_T(3) Q6K_PANEL_T(4)
+Q6K_PANEL_T(5) Q6K_PANEL_T(6) Q6K_PANEL_T(7) Q6K_PANEL_T(8)
+
+static const q4k_panel_fn q6k_panels[9] = {NULL, q6_K_panel_1, q6_K_panel_2, q6_K_panel_3, q6_K_panel_4,
+                                           q6_K_panel_5, q6_K_panel_6, q6_K_panel_7, q6_K_panel_8};
+
 /* ------------------------------------------------------------------ driver */
 
 void matmul_avx512_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0,
@@ -220,13 +312,15 @@ void matmul_avx512_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_
                              y + t * n_out + o, (size_t)n_out);
             }
         }
-    } else if (type == DT_Q4_K) {
+    } else if (type == DT_Q4_K || type == DT_Q6_K) {
         int64_t nb = n_in / 256;
+        const q4k_panel_fn *fns = type == DT_Q4_K ? q4k_panels : q6k_panels;
         for (int64_t o = o0; o + PANEL <= o1; o += PANEL) {
-            pack_q4_K(w + (size_t)o * wrb, wrb, nb, pk);
+            if (type == DT_Q4_K) pack_q4_K(w + (size_t)o * wrb, wrb, nb, pk);
+            else pack_q6_K(w + (size_t)o * wrb, wrb, nb, pk);
             for (int64_t t = 0; t < n_tokens; t += TB) {
                 int64_t n = n_tokens - t < TB ? n_tokens - t : TB;
-                q4k_panels[n](nb, pk, act + (size_t)t * as, as, y + t * n_out + o, (size_t)n_out);
+                fns[n](nb, pk, act + (size_t)t * as, as, y + t * n_out + o, (size_t)n_out);
             }
         }
     }

@@ -159,7 +159,7 @@ void quant_avx512_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[DT_CO
 void quant_avx512_q8_0(const float *x, void *dst, int64_t nb);
 void quant_avx512_q8_K(const float *x, void *dst, int64_t nb);
 
-/* matmul_avx512.c: 16-row panel GEMM (AVX-512 VNNI) for Q8_0 and Q4_K.
+/* matmul_avx512.c: 16-row panel GEMM (AVX-512 VNNI) for Q8_0, Q4_K, Q6_K.
  * panel_bytes: scratch one thread needs for a packed panel (0: type not
  * handled). panels computes rows [o0, o1) rounded down to whole panels of 16
  * (the caller does the rest) for all n_tokens, bit-identical to
