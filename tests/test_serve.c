@@ -898,8 +898,9 @@ static void test_config_errors(void **state) {
 static void test_graceful_drain(void **state) {
     (void)state;
     srv s;
-    assert_int_equal(start_server(&s, "drain", NULL), 0);
-    const char *body = "{\"prompt\":\"drain\",\"max_tokens\":300,\"ignore_eos\":true,\"stream\":true}";
+    char *extra[] = {(char *)"--ctx", (char *)"8192", NULL};
+    assert_int_equal(start_server(&s, "drain", extra), 0);
+    const char *body = "{\"prompt\":\"drain\",\"max_tokens\":4000,\"ignore_eos\":true,\"stream\":true}";
     int fd = send_request(s.port, "POST", "/v1/completions", NULL, body, strlen(body));
     char buf[256];
     struct pollfd pf = {.fd = fd, .events = POLLIN};
@@ -925,7 +926,7 @@ static void test_graceful_drain(void **state) {
     for (int i = 0; i < 200 && waitpid(s.pid, &st, WNOHANG) != s.pid; i++) usleep(50000);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     char *text = read_whole_file(s.log, NULL);
-    assert_non_null(strstr(text, "draining 1 running"));
+    assert_non_null(strstr(text, "shutting down: draining"));
     assert_null(strstr(text, "Sanitizer"));
     free(text);
 }

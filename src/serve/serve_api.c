@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "apc/apc.h"
+#include "chat/chat.h"
 
 int api_fail(api_error *e, int status, const char *type, const char *param, const char *code, const char *fmt, ...) {
     e->status = status;
@@ -562,7 +563,16 @@ char *api_response_json(const api_ctx *ctx, const api_req *q, const char *id, lo
     if (q->chat) {
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", text);
+        char *reasoning = NULL, *content = NULL;
+        if ((q->thinking_open || strstr(text, "</think>")) &&
+            chat_split_reasoning(text, q->thinking_open, &reasoning, &content) == 0) {
+            cJSON_AddStringToObject(m, "content", content ? content : "");
+            if (reasoning) cJSON_AddStringToObject(m, "reasoning_content", reasoning);
+        } else {
+            cJSON_AddStringToObject(m, "content", text);
+        }
+        free(reasoning);
+        free(content);
         cJSON_AddItemToObject(c, "message", m);
     } else {
         cJSON_AddStringToObject(c, "text", text);
@@ -578,8 +588,8 @@ char *api_response_json(const api_ctx *ctx, const api_req *q, const char *id, lo
 }
 
 char *api_chunk_json(const api_ctx *ctx, const api_req *q, const char *id, long created, const char *text,
-                     bool role, sreq *r, int lp_from, int lp_to, const char *finish, const sreq_usage *u,
-                     bool usage_only) {
+                     const char *reasoning, bool role, sreq *r, int lp_from, int lp_to, const char *finish,
+                     const sreq_usage *u, bool usage_only) {
     cJSON *o = envelope(ctx, id, created, q->chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     if (!usage_only) {
@@ -589,6 +599,7 @@ char *api_chunk_json(const api_ctx *ctx, const api_req *q, const char *id, long 
         if (q->chat) {
             cJSON *d = cJSON_CreateObject();
             if (role) cJSON_AddStringToObject(d, "role", "assistant");
+            if (reasoning) cJSON_AddStringToObject(d, "reasoning_content", reasoning);
             if (text) cJSON_AddStringToObject(d, "content", text);
             cJSON_AddItemToObject(c, "delta", d);
         } else {

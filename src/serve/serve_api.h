@@ -64,14 +64,16 @@ int api_parse(const api_ctx *ctx, bool chat, const char *body, size_t len, const
 void api_req_free(api_req *r);
 
 const char *api_finish_reason(sreq_finish f);
-/* The whole response object. */
+/* The whole response object. Chat text is split at </think> into
+ * reasoning_content and content (chat_split_reasoning) when the prompt
+ * opened a think block or the text closes one. */
 char *api_response_json(const api_ctx *ctx, const api_req *q, const char *id, long created, const char *text,
                         sreq *r, int n_lp, const sreq_usage *u, sreq_finish f);
 /* One SSE chunk object: text (may be NULL), the role delta for the first chat
  * chunk, logprob entries [lp_from, lp_to), a finish reason (NULL: null), and
  * when usage_only the final {choices: [], usage} chunk. */
 char *api_chunk_json(const api_ctx *ctx, const api_req *q, const char *id, long created, const char *text,
-                     bool role, sreq *r, int lp_from, int lp_to, const char *finish, const sreq_usage *u,
-                     bool usage_only);
+                     const char *reasoning, bool role, sreq *r, int lp_from, int lp_to, const char *finish,
+                     const sreq_usage *u, bool usage_only);
 
 #endif

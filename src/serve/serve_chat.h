@@ -7,10 +7,10 @@
  * offending field ("messages[2].role"), so the HTTP layer can answer 400
  * with an OpenAI error body.
  *
- * TEMPORARY FALLBACK: until src/chat (the Jinja template engine) is built
- * into the library, rendering is plain ChatML regardless of the model's
- * template (<|im_start|>role\ncontent<|im_end|>\n ... <|im_start|>assistant\n).
- * Switching to chat.h changes only serve_chat.c. */
+ * Rendering goes through the model's own chat template (src/chat); a
+ * template that is missing or cannot be parsed falls back to ChatML with a
+ * warning at load. chat_template_kwargs (a JSON object) become extra
+ * template variables (enable_thinking, ...). */
 #ifndef EMBER_SERVE_CHAT_H
 #define EMBER_SERVE_CHAT_H
 

@@ -13,7 +13,12 @@
  *    callback that blocks (with the same 100 ms hang-up check) until the
  *    scheduler has new text, and frames it as OpenAI SSE:
  *    `data: {chunk}\n\n` ... `data: [DONE]\n\n`. When the client goes away
- *    libmicrohttpd frees the reader, which cancels the request. */
+ *    libmicrohttpd frees the reader, which cancels the request.
+ * Chat streams split thinking text into reasoning_content deltas: from the
+ * start when the prompt opened <think>, or when the reply opens with it,
+ * until </think> (a tag split across tokens is held back, never shown).
+ * Streams that ask for logprobs keep the plain content deltas so each chunk's
+ * logprobs stay aligned with its text. */
 #define _GNU_SOURCE
 #include "serve/serve.h"
 
@@ -229,6 +234,11 @@ typedef struct stream_ctx {
     char *out;
     size_t out_len, out_cap, out_off;
     int phase;           /* 0: role chunk, 1: tokens, 2: done */
+    /* reasoning split (chat): 0 undecided (text may still open <think>),
+     * 1 reasoning until </think>, 2 content */
+    int think;
+    char *pend;          /* text held back while deciding */
+    size_t pend_len;
 } stream_ctx;
 
 static void out_append(stream_ctx *st, const char *s, size_t n) {
@@ -252,13 +262,79 @@ static void out_event(stream_ctx *st, char *json) {
     free(json);
 }
 
+/* Longest suffix of s[0, n) that is a proper prefix of tag. */
+static size_t tag_prefix_suffix(const char *s, size_t n, const char *tag) {
+    size_t tl = strlen(tag);
+    for (size_t k = tl - 1 < n ? tl - 1 : n; k > 0; k--)
+        if (memcmp(s + n - k, tag, k) == 0) return k;
+    return 0;
+}
+
+static void emit_split(stream_ctx *st, const char *text, size_t n, bool reasoning) {
+    if (n == 0) return;
+    char *t = strndup(text, n);
+    if (t == NULL) return;
+    out_event(st, api_chunk_json(&st->srv->api, &st->q, st->id, st->created, reasoning ? NULL : t,
+                                 reasoning ? t : NULL, false, st->r, 0, 0, NULL, NULL, false));
+    free(t);
+}
+
+/* Routes new chat text to reasoning_content or content; at_end flushes. */
+static void route_text(stream_ctx *st, const char *text, size_t n, bool at_end) {
+    char *p = realloc(st->pend, st->pend_len + n + 1);
+    if (p == NULL) return;
+    st->pend = p;
+    memcpy(st->pend + st->pend_len, text, n);
+    st->pend_len += n;
+    st->pend[st->pend_len] = 0;
+    for (;;) {
+        if (st->think == 0) {
+            size_t skip = 0;
+            while (skip < st->pend_len && st->pend[skip] == '\n') skip++;
+            size_t rest = st->pend_len - skip;
+            if (rest >= 7 && memcmp(st->pend + skip, "<think>", 7) == 0) {
+                st->think = 1;
+                memmove(st->pend, st->pend + skip + 7, rest - 7 + 1);
+                st->pend_len = rest - 7;
+                continue;
+            }
+            /* still possibly "<think>" (after at most two newlines): wait */
+            if (!at_end && skip <= 2 && memcmp(st->pend + skip, "<think>", rest < 7 ? rest : 7) == 0) return;
+            st->think = 2;
+        }
+        if (st->think == 1) {
+            char *close = memmem(st->pend, st->pend_len, "</think>", 8);
+            if (close) {
+                size_t a = (size_t)(close - st->pend);
+                emit_split(st, st->pend, a, true);
+                size_t b = a + 8;
+                while (b < st->pend_len && st->pend[b] == '\n') b++;
+                memmove(st->pend, st->pend + b, st->pend_len - b + 1);
+                st->pend_len -= b;
+                st->think = 2;
+                continue;
+            }
+            size_t keep = at_end ? 0 : tag_prefix_suffix(st->pend, st->pend_len, "</think>");
+            emit_split(st, st->pend, st->pend_len - keep, true);
+            memmove(st->pend, st->pend + st->pend_len - keep, keep + 1);
+            st->pend_len = keep;
+            return;
+        }
+        emit_split(st, st->pend, st->pend_len, false);
+        st->pend_len = 0;
+        st->pend[0] = 0;
+        return;
+    }
+}
+
 /* Produces the next SSE events; returns false when the client is gone. */
 static bool stream_refill(stream_ctx *st) {
     server *srv = st->srv;
     if (st->phase == 0) {
         if (st->q.chat)
-            out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, "", true, st->r, 0, 0, NULL, NULL,
-                                         false));
+            out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, "", NULL, true, st->r, 0, 0, NULL,
+                                         NULL, false));
+        st->think = st->q.thinking_open ? 1 : 0;
         st->phase = 1;
         return true;
     }
@@ -268,9 +344,12 @@ static bool stream_refill(stream_ctx *st) {
         sreq_delta_free(&d);
         return !client_gone(st->conn);
     }
-    if (d.len > 0 || d.lp_to > d.lp_from)
-        out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, d.text, false, st->r, d.lp_from, d.lp_to,
-                                     NULL, NULL, false));
+    if (st->q.chat && !st->q.logprobs) {
+        route_text(st, d.text, d.len, d.finish != SREQ_RUNNING);
+    } else if (d.len > 0 || d.lp_to > d.lp_from) {
+        out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, d.text, NULL, false, st->r, d.lp_from,
+                                     d.lp_to, NULL, NULL, false));
+    }
     if (d.finish != SREQ_RUNNING) {
         sreq_usage u;
         sreq_usage_get(st->r, &u);
@@ -280,11 +359,11 @@ static bool stream_refill(stream_ctx *st) {
                      u.error[0] ? u.error : api_finish_reason(d.finish));
             out_event(st, api_error_json(&e));
         } else {
-            out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, NULL, false, st->r, 0, 0,
+            out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, NULL, NULL, false, st->r, 0, 0,
                                          api_finish_reason(d.finish), NULL, false));
             if (st->q.include_usage)
-                out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, NULL, false, st->r, 0, 0, NULL,
-                                             &u, true));
+                out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, NULL, NULL, false, st->r, 0, 0,
+                                             NULL, &u, true));
         }
         out_append(st, "data: [DONE]\n\n", 14);
         st->phase = 2;
@@ -317,6 +396,7 @@ static void stream_free(void *cls) {
     sreq_unref(st->r);
     api_req_free(&st->q);
     free(st->out);
+    free(st->pend);
     free(st);
 }
 
