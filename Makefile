@@ -1,10 +1,12 @@
-# Thin wrapper over CMake. `make run` builds and runs ember on its built-in
-# default model; `make test` builds twice (optimized, and with ASan+UBSan)
-# and runs every test in both builds.
+# Thin wrapper over CMake. `make run` builds ember and serves its built-in
+# default model over the OpenAI API (ember's main job); `make generate` runs
+# one prompt through it instead; `make test` builds twice (optimized, and
+# with ASan+UBSan) and runs every test in both builds.
 JOBS ?= $(shell nproc)
 PROMPT ?= Once upon a time
+PORT ?= 8080
 
-.PHONY: all build build-asan run test test-release test-asan bench clean
+.PHONY: all build build-asan run generate test test-release test-asan bench clean
 
 all: build
 
@@ -17,6 +19,11 @@ build-asan:
 	cmake --build build-asan -j $(JOBS)
 
 run: build
+	@echo "ember: serving the built-in default model on http://127.0.0.1:$(PORT) (Ctrl-C stops). Try:"
+	@echo "  curl -s http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":32}'"
+	./build/ember serve build/models/default.gguf --port $(PORT)
+
+generate: build
 	./build/ember run build/models/default.gguf -p "$(PROMPT)" -n 64
 
 test-release: build

@@ -8,6 +8,9 @@ missing=""
 for p in $packages; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
+# The npm client test needs node and npm; any install of them will do (the
+# machine may carry a newer Node.js than Debian's), so only check commands.
+command -v npm >/dev/null 2>&1 || missing="$missing nodejs npm"
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
     echo "ember: missing Debian packages:$missing" >&2
