@@ -382,7 +382,8 @@ int serve_config_validate(const serve_config *c, ember_error *err) {
         return ember_fail(err, "cache.block_size: %d is not supported; ember's KV blocks hold 16 tokens", c->block_size);
     if (c->host[0] == 0) return ember_fail(err, "server.host: empty");
     if (c->max_body_bytes < 1024) return ember_fail(err, "server.max_body_bytes: at least 1024");
-    if (c->disk_path[0])
-        ember_log(EMBER_LOG_WARN, "cache.disk.path=%s: the SSD tier is not built yet; ignored", c->disk_path);
+    if (strcmp(c->disk_read_mode, "direct") != 0 && strcmp(c->disk_read_mode, "mmap") != 0)
+        return ember_fail(err, "cache.disk.read_mode: '%s' is not one of direct, mmap", c->disk_read_mode);
+    if (c->disk_max_gb < 0) return ember_fail(err, "cache.disk.max_gb: must not be negative");
     return 0;
 }

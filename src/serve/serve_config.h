@@ -19,8 +19,9 @@
  *    EMBER_PREFILL_STEP, EMBER_MAX_RUNNING, EMBER_QUEUE_SIZE,
  *    EMBER_MAX_BODY_BYTES, EMBER_CONNECTION_LIMIT). A malformed value is an
  *    error naming the variable.
- *  - The cache is on by default. The disk tier is not built yet: a disk path
- *    is accepted and reported, with a warning that it is ignored. */
+ *  - The cache is on by default. The SSD tier is on when cache.disk.path is
+ *    set (or `disk: true`, which picks ~/.cache/ember/apc); the server passes
+ *    the disk keys to the cache's apc_disk_config. */
 #ifndef EMBER_SERVE_CONFIG_H
 #define EMBER_SERVE_CONFIG_H
 
