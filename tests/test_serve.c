@@ -193,14 +193,14 @@ static char *g_dir;
 static char g_model[512];
 static srv g_open, g_locked;
 
-static int start_server(srv *s, const char *name, char *const extra[]) {
+static int start_server_on(srv *s, const char *name, const char *model_path, char *const extra[]) {
     snprintf(s->log, sizeof s->log, "%s/%s.log", g_dir, name);
     const char *bin = ember_binary();
     char *argv[32];
     int a = 0;
     argv[a++] = (char *)bin;
     argv[a++] = (char *)"serve";
-    argv[a++] = g_model;
+    argv[a++] = (char *)model_path;
     argv[a++] = (char *)"--port";
     argv[a++] = (char *)"0";
     argv[a++] = (char *)"--threads";
@@ -232,6 +232,10 @@ static int start_server(srv *s, const char *name, char *const extra[]) {
         usleep(50000);
     }
     return -1;
+}
+
+static int start_server(srv *s, const char *name, char *const extra[]) {
+    return start_server_on(s, name, g_model, extra);
 }
 
 static int stop_server(srv *s) {
@@ -725,6 +729,94 @@ static void test_batch_invariance(void **state) {
     free(probe.logprobs);
 }
 
+/* Recurrent and hybrid models through the scheduler: each request owns a
+ * model_state. A small prefill step makes prompts span several chunks that
+ * share batches with other requests; the probe's greedy output and logprobs
+ * must not depend on its 8 neighbours. */
+static void check_recurrent_arch(const char *arch) {
+    char path[600], cmd[1400], name[64];
+    snprintf(path, sizeof path, "%s/%s.gguf", g_dir, arch);
+    snprintf(cmd, sizeof cmd, "%s mkmodel --arch %s --preset tiny --seed 5 --out %s >/dev/null 2>&1", ember_binary(),
+             arch, path);
+    assert_int_equal(system(cmd), 0);
+    srv s;
+    char *extra[] = {(char *)"--prefill-step", (char *)"16", NULL};
+    snprintf(name, sizeof name, "recurrent-%s", arch);
+    assert_int_equal(start_server_on(&s, name, path, extra), 0);
+    /* chat, whole and streamed, agree */
+    const char *plain = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello, recurrent friend.\"}],"
+                        "\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true}";
+    cJSON *a = post_ok(s.port, "/v1/chat/completions", NULL, plain);
+    assert_int_equal((int)jnum(a, "usage.completion_tokens"), 8);
+    assert_string_equal(jstr(a, "choices.0.finish_reason"), "length");
+    const char *sbody = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello, recurrent friend.\"}],"
+                        "\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}";
+    resp r = http(s.port, "POST", "/v1/chat/completions", NULL, sbody);
+    assert_int_equal(r.status, 200);
+    bool done;
+    cJSON *ev = sse_events(r.body, &done);
+    assert_true(done);
+    char text[4096] = "";
+    for (int i = 0; i < cJSON_GetArraySize(ev); i++) {
+        const cJSON *c = jget(cJSON_GetArrayItem(ev, i), "choices.0.delta.content");
+        if (cJSON_IsString(c)) strncat(text, c->valuestring, sizeof text - strlen(text) - 1);
+    }
+    assert_string_equal(text, jstr(a, "choices.0.message.content"));
+    cJSON_Delete(ev);
+    resp_free(&r);
+    cJSON_Delete(a);
+    /* batch invariance: alone, then among 8 neighbours */
+    const char *probe_body = "{\"messages\":[{\"role\":\"user\",\"content\":\"The recurrent probe, alone or "
+                             "in a crowd of others.\"}],\"max_tokens\":16,\"temperature\":0,\"logprobs\":true,"
+                             "\"top_logprobs\":2,\"ignore_eos\":true}";
+    job probe = {.port = s.port};
+    snprintf(probe.body, sizeof probe.body, "%s", probe_body);
+    run_job(&probe);
+    assert_int_equal(probe.status, 200);
+    job jobs[9];
+    pthread_t th[9];
+    for (int i = 0; i < 9; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].port = s.port;
+        if (i == 4)
+            snprintf(jobs[i].body, sizeof jobs[i].body, "%s", probe_body);
+        else
+            snprintf(jobs[i].body, sizeof jobs[i].body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":\"Neighbour %d says %.*s\"}],"
+                     "\"max_tokens\":%d,\"temperature\":%s,\"seed\":%d,\"ignore_eos\":true}",
+                     i, 5 + i * 9, "abcdefghijklmnopqrstuvwxyz abcdefghijklmnopqrstuvwxyz abcdefghijklmnopqrstuvwxyz",
+                     10 + i * 3, i % 2 ? "0.8" : "0", i);
+        pthread_create(&th[i], NULL, run_job, &jobs[i]);
+    }
+    for (int i = 0; i < 9; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 9; i++) assert_int_equal(jobs[i].status, 200);
+    assert_string_equal(probe.text, jobs[4].text);
+    assert_string_equal(probe.logprobs, jobs[4].logprobs);
+    for (int i = 0; i < 9; i++) {
+        free(jobs[i].text);
+        free(jobs[i].logprobs);
+    }
+    free(probe.text);
+    free(probe.logprobs);
+    int rc = stop_server(&s);
+    char *log = read_whole_file(s.log, NULL);
+    bool clean = log && !strstr(log, "Sanitizer") && !strstr(log, "runtime error") && !strstr(log, "forward failed");
+    if (rc != 0 || !clean) print_message("server log %s (exit %d):\n%s\n", s.log, rc, log ? log : "");
+    assert_int_equal(rc, 0);
+    assert_true(clean);
+    free(log);
+}
+
+static void test_recurrent_qwen35(void **state) {
+    (void)state;
+    check_recurrent_arch("qwen35");
+}
+
+static void test_recurrent_mamba2(void **state) {
+    (void)state;
+    check_recurrent_arch("mamba2");
+}
+
 static void test_disconnect_cancels(void **state) {
     (void)state;
     const char *body = "{\"prompt\":\"cancel me\",\"max_tokens\":2000,\"ignore_eos\":true,\"stream\":true}";
@@ -960,6 +1052,8 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_body_limit_and_auth),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_recurrent_qwen35),
+        cmocka_unit_test(test_recurrent_mamba2),
         cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_cache_stats_reset_metrics),

@@ -20,7 +20,15 @@
  * Output crosses to HTTP threads through the request's lock: released text
  * (final; stop strings already cut), the published logprob entries (an
  * array of pointers, each entry immutable once published), the finish
- * reason and the usage. */
+ * reason and the usage.
+ *
+ * Models with recurrent layers (model_has_state: qwen35 / qwen3next hybrids,
+ * mamba2, falcon-h1) give every request its own model_state, created at
+ * admission and freed when the request completes (finish, cancel, failure);
+ * every batch row carries its request's state (model_batch.states), prefill
+ * chunks and decode rows alike, and a sequence's rows are always in position
+ * order. Those requests run without the prompt cache for now (no lookup, no
+ * stores): a K/V-only hit would not restore the recurrent state. */
 #define _GNU_SOURCE
 #include "serve/serve_sched.h"
 
@@ -49,6 +57,7 @@ struct sreq {
     /* engine thread only */
     sreq_state state;
     kv_seq seq;
+    model_state *mstate;         /* recurrent layers; NULL for KV-only models */
     sampler *smp;
     tok_stream *ts;
     int32_t *all;                /* prompt + reply */
@@ -79,6 +88,7 @@ struct sched {
     sched_config cfg;
     int n_ctx, n_vocab, max_batch;
     int32_t pool_blocks;
+    bool stateful;               /* model_has_state: per-request model_state, no cache */
     /* queue, under lock */
     pthread_mutex_t lock;
     pthread_cond_t wake;
@@ -95,6 +105,7 @@ struct sched {
     int64_t *b_pos;
     kv_seq **b_seq;
     bool *b_want;
+    model_state **b_state;       /* (max_batch) when stateful, else NULL */
     sreq **b_req;
     float *logits;               /* (max_running, n_vocab) */
     float *scratch;              /* (n_vocab) */
@@ -103,6 +114,7 @@ struct sched {
 /* ---- requests ---- */
 
 static void sreq_free(sreq *r) {
+    model_state_free(r->mstate);
     free(r->p.prompt);
     for (int i = 0; i < r->p.n_stop; i++) free(r->p.stop[i]);
     sampler_free(r->smp);
@@ -319,6 +331,8 @@ static const char *finish_name(sreq_finish f) {
  * for the rest of the iteration. */
 static void complete(sched *s, sreq *r, sreq_finish f, const char *error) {
     apc_seq_release(s->cache, &r->seq);
+    model_state_free(r->mstate);
+    r->mstate = NULL;
     double now = ember_now();
     pthread_mutex_lock(&r->lock);
     r->n_lp_pub = r->n_lp;
@@ -350,7 +364,7 @@ static void finish_generation(sched *s, sreq *r, sreq_finish f, bool stop_matche
         else release(r, r->hold_len);
     }
     r->fin = f;
-    if (apc_get_tier(s->cache) != APC_TIER_NONE) {
+    if (!s->stateful && apc_get_tier(s->cache) != APC_TIER_NONE) {
         int64_t have = r->seq.n_tokens, total = r->p.n_prompt + r->n_gen;
         if (have == total - 1 && have < s->n_ctx && apc_retire_wants_last_token(s->cache, have)) {
             r->pending = r->all[total - 1];
@@ -368,17 +382,25 @@ static void admit(sched *s, sreq *r) {
     r->t_first = 0;
     serve_metrics_observe(s->metrics, HIST_QUEUE_SECONDS, ember_now() - r->t_arrive);
     kv_seq_init(&r->seq);
-    apc_hit hit = apc_lookup(s->cache, r->p.prompt, r->p.n_prompt, r->p.salt, &r->seq);
-    r->cached = hit.n_tokens;
     r->state = ST_PREFILL;
     s->running[s->n_running++] = r;
+    if (s->stateful) {
+        ember_error err;
+        r->mstate = model_state_create(s->m, &err);
+        if (r->mstate == NULL) complete(s, r, SREQ_FAILED, err.msg);
+        r->cached = 0;
+        return;
+    }
+    apc_hit hit = apc_lookup(s->cache, r->p.prompt, r->p.n_prompt, r->p.salt, &r->seq);
+    r->cached = hit.n_tokens;
 }
 
 /* Moves requests that reached N-1 to DECODE (with the PAUSE store). */
 static void maybe_pause(sched *s, sreq *r) {
     const int64_t N = r->p.n_prompt;
     if (r->state != ST_PREFILL || r->seq.n_tokens < N - 1) return;
-    if (N - 1 > r->cached) apc_store(s->cache, APC_STORE_PAUSE, r->p.prompt, N - 1, r->p.salt, &r->seq);
+    if (!s->stateful && N - 1 > r->cached)
+        apc_store(s->cache, APC_STORE_PAUSE, r->p.prompt, N - 1, r->p.salt, &r->seq);
     r->pending = r->p.prompt[N - 1];
     r->state = ST_DECODE;
 }
@@ -411,13 +433,14 @@ static void prefill_step(sched *s) {
             s->b_pos[n] = p + j;
             s->b_seq[n] = &r->seq;
             s->b_want[n] = false;
+            if (s->b_state) s->b_state[n] = r->mstate;
             n++;
         }
         members[nreq] = r;
         lens[nreq++] = len;
     }
     if (n == 0) return;
-    model_batch b = {n, s->b_tok, s->b_pos, s->b_seq, s->b_want};
+    model_batch b = {n, s->b_tok, s->b_pos, s->b_seq, s->b_want, s->b_state};
     if (model_forward(s->ctx, &b, s->logits, &err) < 0) {
         ember_log(EMBER_LOG_ERROR, "prefill forward failed: %s", err.msg);
         fail_batch(s, members, nreq, err.msg);
@@ -436,7 +459,7 @@ static void decode_step(sched *s) {
         sreq *r = s->running[i];
         if (r->state != ST_DECODE && r->state != ST_RETIRE) continue;
         if (apc_seq_prepare_append(s->cache, &r->seq, 1, &err) < 0) {
-            if (r->state == ST_RETIRE) { /* best effort: store one shorter */
+            if (r->state == ST_RETIRE) { /* best effort: store one shorter (never stateful) */
                 apc_store(s->cache, APC_STORE_RETIRE, r->all, r->seq.n_tokens, r->p.salt, &r->seq);
                 complete(s, r, r->fin, NULL);
             } else {
@@ -448,12 +471,13 @@ static void decode_step(sched *s) {
         s->b_pos[n] = r->seq.n_tokens;
         s->b_seq[n] = &r->seq;
         s->b_want[n] = r->state == ST_DECODE;
+        if (s->b_state) s->b_state[n] = r->mstate;
         s->b_req[n] = r;
         n_want += r->state == ST_DECODE;
         n++;
     }
     if (n == 0) return;
-    model_batch b = {n, s->b_tok, s->b_pos, s->b_seq, s->b_want};
+    model_batch b = {n, s->b_tok, s->b_pos, s->b_seq, s->b_want, s->b_state};
     if (model_forward(s->ctx, &b, s->logits, &err) < 0) {
         ember_log(EMBER_LOG_ERROR, "decode forward failed: %s", err.msg);
         fail_batch(s, s->b_req, n, err.msg);
@@ -472,7 +496,7 @@ static void decode_step(sched *s) {
         float *row = s->logits + (size_t)(k++) * s->n_vocab;
         const int64_t N = r->p.n_prompt;
         if (r->n_gen == 0) {
-            apc_store(s->cache, APC_STORE_PREFILL, r->p.prompt, N, r->p.salt, &r->seq);
+            if (!s->stateful) apc_store(s->cache, APC_STORE_PREFILL, r->p.prompt, N, r->p.salt, &r->seq);
             r->t_first = now;
             serve_metrics_observe(s->metrics, HIST_TTFT_SECONDS, now - r->t_arrive);
         } else {
@@ -598,6 +622,7 @@ sched *sched_create(engine *e, const sched_config *cfg, serve_metrics *metrics, 
     s->n_ctx = engine_n_ctx(e);
     s->n_vocab = model_get_hparams(s->m)->n_vocab;
     s->pool_blocks = kv_pool_n_blocks(engine_pool(e));
+    s->stateful = model_has_state(s->m);
     s->max_batch = s->cfg.prefill_step > s->cfg.max_running ? s->cfg.prefill_step : s->cfg.max_running;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->wake, NULL);
@@ -607,9 +632,11 @@ sched *sched_create(engine *e, const sched_config *cfg, serve_metrics *metrics, 
     s->b_seq = malloc((size_t)s->max_batch * sizeof *s->b_seq);
     s->b_want = malloc((size_t)s->max_batch * sizeof *s->b_want);
     s->b_req = malloc((size_t)s->max_batch * sizeof *s->b_req);
+    if (s->stateful) s->b_state = malloc((size_t)s->max_batch * sizeof *s->b_state);
     s->logits = malloc((size_t)s->cfg.max_running * (size_t)s->n_vocab * sizeof(float));
     s->scratch = malloc((size_t)s->n_vocab * sizeof(float));
-    if (!s->running || !s->b_tok || !s->b_pos || !s->b_seq || !s->b_want || !s->b_req || !s->logits || !s->scratch) {
+    if (!s->running || !s->b_tok || !s->b_pos || !s->b_seq || !s->b_want || !s->b_req || !s->logits || !s->scratch ||
+        (s->stateful && !s->b_state)) {
         ember_fail(err, "scheduler: out of memory for batches of %d", s->max_batch);
         sched_free(s);
         return NULL;
@@ -648,6 +675,7 @@ void sched_free(sched *s) {
     free(s->b_seq);
     free(s->b_want);
     free(s->b_req);
+    free(s->b_state);
     free(s->logits);
     free(s->scratch);
     pthread_mutex_destroy(&s->lock);
