@@ -26,7 +26,13 @@
  *   - exact lookup: a snapshot on disk longer than the best one in memory is
  *     read into a new entry and joins the LRU, then restores as usual;
  *   - exact store: the new entry is pinned for the writer and unpinned by
- *     the writer's release callback. */
+ *     the writer's release callback.
+ *
+ * Recurrent stacks (apc_set_state_model): an exact entry also carries the
+ * model_state snapshot at its length, and lookups/stores without a state
+ * refuse. Such entries stay in memory (the disk format has no state yet).
+ * The checkpoint tier and the exact-tier anchors live in apc_ckpt.c; this
+ * file hands them the lock, the pool and the counters (apc_internal.h). */
 #include "apc/apc.h"
 
 #include <pthread.h>
@@ -34,9 +40,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "apc/apc_ckpt.h"
 #include "apc/apc_disk.h"
 #include "apc/apc_internal.h"
 #include "core/log.h"
+#include "model/model.h"
 
 struct apc {
     pthread_mutex_t lock;
@@ -53,7 +61,29 @@ struct apc {
     uint64_t evictions, stores, exact_hits, exact_stores, exact_evictions, retire_stores;
     uint64_t declines[APC_DECLINE_COUNT_];
     bool decline_logged[APC_DECLINE_COUNT_];
+    /* checkpoint tier, exact anchors, recurrent state */
+    apc_ckpt *ckpt;
+    const model *state_model; /* NULL: no recurrent layers */
+    size_t state_bytes;
 };
+
+void apc__lock(apc *c) { pthread_mutex_lock(&c->lock); }
+void apc__unlock(apc *c) { pthread_mutex_unlock(&c->lock); }
+kv_pool *apc__pool(apc *c) { return c->pool; }
+const apc_layout *apc__layout(apc *c) { return &c->layout; }
+apc_ckpt *apc__ckpt(apc *c) { return c->ckpt; }
+const struct model *apc__state_model(apc *c) { return c->state_model; }
+size_t apc__state_bytes(apc *c) { return c->state_bytes; }
+void apc__count_hit_locked(apc *c, int64_t n) {
+    c->lookups_hit++;
+    c->matched_tokens += (uint64_t)n;
+}
+
+void apc_set_state_model(apc *c, const model *m) {
+    if (m == NULL || !model_has_state(m)) return;
+    c->state_model = m;
+    c->state_bytes = model_state_bytes(m);
+}
 
 static const char *decline_names[APC_DECLINE_COUNT_] = {
     "pool_exhausted", "alloc", "collision", "exact_bytes", "raced_reset", "seq_short",
@@ -101,6 +131,7 @@ apc_config apc_default_config(void) {
     cfg.disk.queue_jobs = 64;
     cfg.disk.queue_bytes = (size_t)1 << 30;
     cfg.disk.backoff_ms = 30000;
+    cfg.ckpt = apc_ckpt_default_config();
     return cfg;
 }
 
@@ -114,8 +145,6 @@ static void log_route(const apc *c) {
     ember_log(EMBER_LOG_INFO, "APC tier: %s (layers: %d kv / %d rot / %d arr)", apc_tier_name(r->tier), r->n_kv,
               r->n_rot, r->n_arr);
     if (r->forced) ember_log(EMBER_LOG_INFO, "APC tier forced by EMBER_APC_FORCE_TIER");
-    if (r->tier == APC_TIER_CKPT)
-        ember_log(EMBER_LOG_WARN, "APC checkpoint tier is not built yet: requests on this model prefill cold");
     size_t bb = kv_pool_block_bytes(c->pool);
     int32_t nb = kv_pool_n_blocks(c->pool);
     ember_log(EMBER_LOG_INFO,
@@ -173,6 +202,12 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
     }
     log_route(c);
     kv_pool_set_evict_hook(pool, on_evict, c);
+    c->ckpt = apc_ckpt_create(c, stack, layout->n_layer, &cfg);
+    if (c->ckpt == NULL) {
+        apc_free(c);
+        ember_fail(err, "prompt cache: out of memory for the checkpoint tier");
+        return NULL;
+    }
     if (cfg.disk.path && cfg.disk.path[0] &&
         (c->route.tier == APC_TIER_BLOCK || c->route.tier == APC_TIER_EXACT)) {
         if (!cfg.disk.has_fingerprint && !(cfg.disk.namespace_override && cfg.disk.namespace_override[0])) {
@@ -205,6 +240,8 @@ void apc_free(apc *c) {
     /* Queued writes land first; their release callbacks need the cache. */
     apc_disk_close(c->disk);
     c->disk = NULL;
+    apc_ckpt_free(c->ckpt); /* releases the records' blocks */
+    c->ckpt = NULL;
     if (c->pool) {
         /* Leave no indexed blocks behind in a pool that outlives us. */
         for (int32_t b = 0; b < c->index.n_blocks; b++)
@@ -227,6 +264,8 @@ const apc_route *apc_get_route(const apc *c) { return &c->route; }
 int apc_seq_prepare_append(apc *c, kv_seq *seq, int64_t n_new, ember_error *err) {
     pthread_mutex_lock(&c->lock);
     int rc = kv_seq_prepare_append(c->pool, seq, n_new, err);
+    /* A dry pool gives back the blocks of checkpoint records, oldest first. */
+    while (rc < 0 && c->ckpt && apc_ckpt_evict_one_locked(c->ckpt)) rc = kv_seq_prepare_append(c->pool, seq, n_new, err);
     pthread_mutex_unlock(&c->lock);
     return rc;
 }
@@ -421,11 +460,15 @@ static void promote_from_disk(apc *c, const int32_t *tokens, int64_t n, uint64_t
     pthread_mutex_unlock(&c->lock);
 }
 
-static apc_hit lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq) {
+static apc_hit lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq,
+                            model_state *state) {
     apc_hit hit = {0, APC_SOURCE_NONE};
-    if (c->disk) promote_from_disk(c, tokens, n, salt);
+    if (c->state_model && state == NULL) return hit;
+    if (c->disk && c->state_model == NULL) promote_from_disk(c, tokens, n, salt);
     pthread_mutex_lock(&c->lock);
     apc_exact_entry *e = apc_exact_find_prefix(&c->exact, tokens, n - 1, salt);
+    /* On a recurrent stack only entries with their state restore. */
+    while (e && c->state_model && e->state == NULL) e = apc_exact_find_prefix(&c->exact, tokens, e->n - 1, salt);
     if (e == NULL) {
         pthread_mutex_unlock(&c->lock);
         return hit;
@@ -443,11 +486,21 @@ static apc_hit lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t s
 
     apc_snapshot_copy_in(c->pool, &c->layout, e->data, e->n, seq);
     int64_t got = e->n;
+    bool state_ok = true;
+    if (c->state_model) {
+        ember_error serr;
+        state_ok = model_state_restore(state, e->state, e->state_bytes, &serr) == 0 && model_state_pos(state) == got;
+        if (!state_ok) model_state_reset(state);
+    }
 
     pthread_mutex_lock(&c->lock);
     apc_exact_unpin(&c->exact, e);
-    if (gen != c->generation) {
+    if (!state_ok) {
         kv_seq_release(c->pool, seq);
+        decline(c, APC_DECLINE_ALLOC, "a recurrent-state snapshot did not restore");
+    } else if (gen != c->generation) {
+        kv_seq_release(c->pool, seq);
+        if (state) model_state_reset(state);
         decline(c, APC_DECLINE_RACED_RESET, "a snapshot restore overlapped a cache reset");
     } else {
         seq->n_tokens = got;
@@ -461,14 +514,25 @@ static apc_hit lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t s
     return hit;
 }
 
-apc_hit apc_lookup(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq) {
+int64_t apc__exact_best_locked(apc *c, const int32_t *tokens, int64_t max_len, uint64_t salt) {
+    apc_exact_entry *e = apc_exact_find_prefix(&c->exact, tokens, max_len, salt);
+    while (e && c->state_model && e->state == NULL) e = apc_exact_find_prefix(&c->exact, tokens, e->n - 1, salt);
+    return e ? e->n : 0;
+}
+
+apc_hit apc_lookup_state(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq, model_state *state) {
     apc_hit none = {0, APC_SOURCE_NONE};
     if (seq->n_tokens != 0 || seq->n_blocks != 0 || n < 1) return none;
+    if (c->state_model && (state == NULL || model_state_pos(state) != 0)) return none;
     switch (c->route.tier) {
     case APC_TIER_BLOCK: return lookup_blocks(c, tokens, n, salt, seq);
-    case APC_TIER_EXACT: return n >= 2 ? lookup_exact(c, tokens, n, salt, seq) : none;
+    case APC_TIER_EXACT: return n >= 2 ? lookup_exact(c, tokens, n, salt, seq, state) : none;
     default: return none;
     }
+}
+
+apc_hit apc_lookup(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq) {
+    return apc_lookup_state(c, tokens, n, salt, seq, NULL);
 }
 
 /* ---- Store ---- */
@@ -520,8 +584,12 @@ static void exact_written(void *owner, apc_exact_entry *e) {
 }
 
 static void store_exact(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
-                        const kv_seq *seq) {
-    if (apc_snapshot_bytes(&c->layout, n) > c->cfg.exact_max_bytes) {
+                        const kv_seq *seq, const model_state *state) {
+    if (c->state_model && (state == NULL || model_state_pos(state) != n)) {
+        if (state) decline_locked(c, APC_DECLINE_SEQ_SHORT, "a store's recurrent state is not at its length");
+        return;
+    }
+    if (apc_snapshot_bytes(&c->layout, n) + c->state_bytes > c->cfg.exact_max_bytes) {
         decline_locked(c, APC_DECLINE_EXACT_BYTES, "a snapshot is larger than exact_max_bytes");
         return;
     }
@@ -537,6 +605,17 @@ static void store_exact(apc *c, apc_store_point point, const int32_t *tokens, in
         return;
     }
     apc_snapshot_copy_out(c->pool, &c->layout, seq, n, e->data);
+    if (c->state_model) {
+        e->state = malloc(c->state_bytes);
+        if (e->state == NULL) {
+            apc_exact_entry_free(e);
+            decline_locked(c, APC_DECLINE_ALLOC, "out of memory for a recurrent-state snapshot");
+            return;
+        }
+        model_state_snapshot(state, e->state);
+        e->state_bytes = c->state_bytes;
+        e->bytes += c->state_bytes;
+    }
 
     pthread_mutex_lock(&c->lock);
     same = apc_exact_find_same(&c->exact, tokens, n, salt);
@@ -548,7 +627,7 @@ static void store_exact(apc *c, apc_store_point point, const int32_t *tokens, in
         c->exact_evictions += (uint64_t)apc_exact_insert(&c->exact, e);
         c->exact_stores++;
         if (point == APC_STORE_RETIRE) c->retire_stores++;
-        if (c->disk) {
+        if (c->disk && e->state == NULL) {
             e->pins++; /* the writer reads e->data; released by exact_written */
         } else {
             e = NULL;
@@ -559,7 +638,13 @@ static void store_exact(apc *c, apc_store_point point, const int32_t *tokens, in
 }
 
 void apc_store(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt, const kv_seq *seq) {
+    apc_store_state(c, point, tokens, n, salt, seq, NULL);
+}
+
+void apc_store_state(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
+                     const kv_seq *seq, const model_state *state) {
     if (n < 1) return;
+    if (c->state_model && state == NULL) return; /* nothing restorable without the state */
     if (n > seq->n_tokens) {
         if (c->route.tier == APC_TIER_BLOCK || c->route.tier == APC_TIER_EXACT)
             decline_locked(c, APC_DECLINE_SEQ_SHORT, "a store asked for more tokens than the sequence holds");
@@ -570,7 +655,7 @@ void apc_store(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, 
         if (point != APC_STORE_PAUSE) store_blocks(c, point, tokens, n, salt, seq);
         break;
     case APC_TIER_EXACT:
-        if (point != APC_STORE_PREFILL) store_exact(c, point, tokens, n, salt, seq);
+        if (point != APC_STORE_PREFILL) store_exact(c, point, tokens, n, salt, seq, state);
         break;
     default: break;
     }
@@ -614,6 +699,7 @@ void apc_get_stats(apc *c, apc_stats *s) {
     s->retire_stores = c->retire_stores;
     s->generation = c->generation;
     memcpy(s->declines, c->declines, sizeof s->declines);
+    if (c->ckpt) apc_ckpt_stats_locked(c->ckpt, s);
     pthread_mutex_unlock(&c->lock);
     if (c->disk) {
         apc_disk_stats ds;
@@ -663,13 +749,10 @@ cJSON *apc_stats_json(apc *c) {
     cJSON_AddNumberToObject(o, "disk_writes", (double)s.disk_writes);
     cJSON_AddNumberToObject(o, "exact_hits", (double)s.exact_hits);
     cJSON_AddNumberToObject(o, "exact_stores", (double)s.exact_stores);
-    /* checkpoint family, anchors, L0: zero until those tiers exist */
-    static const char *zeros[] = {"ckpt_stores", "ckpt_hits", "ckpt_matched_tokens", "ckpt_missed_adoptions",
-                                  "ckpt_skeleton_writes", "sidecar_writes", "retire_fallback_full",
-                                  "ckpt_pool_evictions", "ckpt_grid_truncate", "anchor_stores", "anchor_hits",
-                                  "spec_prefix_hits", "spec_prefix_hit_tokens", "spec_prefix_stores"};
+    /* checkpoint family and anchors (apc_ckpt.c); L0: zero until it exists */
+    apc_ckpt_stats_json(&s, o);
+    static const char *zeros[] = {"spec_prefix_hits", "spec_prefix_hit_tokens", "spec_prefix_stores"};
     for (size_t i = 0; i < sizeof zeros / sizeof zeros[0]; i++) cJSON_AddNumberToObject(o, zeros[i], 0);
-    cJSON_AddItemToObject(o, "ckpt_declines", cJSON_CreateObject());
     /* ember */
     cJSON_AddStringToObject(o, "tier", apc_tier_name(s.tier));
     cJSON_AddStringToObject(o, "hash", s.hash == APC_HASH_XXH3 ? "xxh3" : "sha256");
@@ -714,6 +797,7 @@ void apc_reset(apc *c) {
     c->evictions = c->stores = c->exact_hits = c->exact_stores = c->exact_evictions = c->retire_stores = 0;
     memset(c->declines, 0, sizeof c->declines);
     memset(c->decline_logged, 0, sizeof c->decline_logged);
+    if (c->ckpt) apc_ckpt_reset_locked(c->ckpt);
     c->generation++;
     pthread_mutex_unlock(&c->lock);
     /* The disk keeps its files; only its cumulative counters restart. */

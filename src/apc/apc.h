@@ -77,7 +77,7 @@
 typedef enum apc_tier {
     APC_TIER_NONE = 0,
     APC_TIER_BLOCK = 1,
-    APC_TIER_CKPT = 2,   /* routed, not built yet: behaves as none */
+    APC_TIER_CKPT = 2,   /* checkpoint records (apc_ckpt.h) */
     APC_TIER_EXACT = 3,
 } apc_tier;
 
@@ -97,6 +97,8 @@ typedef enum apc_source {
     APC_SOURCE_NONE = 0,
     APC_SOURCE_BLOCK = 1,
     APC_SOURCE_EXACT = 2,
+    APC_SOURCE_CKPT = 3,   /* a checkpoint record (apc_ckpt.h) */
+    APC_SOURCE_ANCHOR = 4, /* an exact-tier system-prompt anchor */
 } apc_source;
 
 typedef enum apc_store_point {
@@ -142,6 +144,29 @@ typedef struct apc_disk_config {
     int backoff_ms;               /* writes off after ENOSPC/EIO (default 30000) */
 } apc_disk_config;
 
+/* The checkpoint tier and the exact-tier anchors (reference §7, §6.4).
+ * apc_default_config() fills these from the EMBER_APC_* environment
+ * (docs/cache-switches.md); after that they are plain per-cache values. */
+typedef struct apc_ckpt_config {
+    int interval;            /* EMBER_APC_CKPT_INTERVAL 4096: prefill checkpoint spacing, floored to the
+                              * prefill unit, at least one unit; <= 0: terminal point only */
+    bool replay;             /* EMBER_APC_CKPT_REPLAY 1: the N-1 replay checkpoint */
+    int replay_min;          /* EMBER_APC_CKPT_REPLAY_MIN 1024: least N for a replay on arr layouts */
+    bool turn;               /* EMBER_APC_CKPT_TURN 1: the turn checkpoint at the predicted boundary */
+    bool sys;                /* EMBER_APC_CKPT_SYS 1: the system-prompt anchor (both tiers) */
+    int sys_min;             /* EMBER_APC_CKPT_SYS_MIN 256: least anchor position */
+    int tripwire;            /* EMBER_APC_CKPT_TRIPWIRE 5; <= 0 silences both warnings */
+    int records;             /* EMBER_APC_CKPT_RECORDS 32 (at least 2) */
+    int heavy;               /* EMBER_APC_CKPT_HEAVY 2: plain records per chain kept by strip-on-extend */
+    size_t budget_bytes;     /* EMBER_APC_CKPT_BUDGET_MB 4096: record-owned bytes (recurrent states) */
+    int decode_interval;     /* EMBER_APC_DECODE_CKPT 512: decode-time snapshot spacing; <= 0 off */
+    int anchor_entries;      /* EMBER_APC_ANCHOR_ENTRIES 4: exact-tier anchor LRU (at least 1) */
+    size_t anchor_budget_bytes; /* EMBER_APC_ANCHOR_BUDGET_MB 4096 */
+} apc_ckpt_config;
+
+/* Defaults overridden by the environment (read at every call). */
+apc_ckpt_config apc_ckpt_default_config(void);
+
 typedef struct apc_config {
     bool enabled;             /* false: tier none, stats {"enabled": false} */
     apc_hash_kind hash;
@@ -150,6 +175,7 @@ typedef struct apc_config {
     apc_force force_tier;     /* APC_FORCE_NONE: EMBER_APC_FORCE_TIER, else routing */
     bool ckpt_enabled;        /* false: stacks that would go ckpt go exact */
     apc_disk_config disk;     /* off by default */
+    apc_ckpt_config ckpt;     /* checkpoint tier and exact anchors */
 } apc_config;
 
 /* Counters. Stock (reference §11.1): block_size, num_blocks, pool_used,
@@ -189,6 +215,17 @@ typedef struct apc_stats {
     uint64_t disk_bytes, disk_max_bytes, disk_evictions, disk_files, disk_blocks_indexed, disk_exact_indexed;
     uint64_t disk_write_drops, disk_write_errors, disk_corrupt;
     char disk_namespace[33];
+    /* Checkpoint family (reference §11.1; live on ckpt-tier models, anchors
+     * on exact-tier models). ckpt_declines by apc_ckpt_decline. ember's
+     * additions: retire_fallback_suppressed (a retirement skipped because
+     * the next-turn render diverged and this request's turn checkpoint
+     * covers it), ckpt_records, ckpt_bytes, ckpt_armed, anchor_entries. */
+    uint64_t ckpt_stores, ckpt_hits, ckpt_matched_tokens, ckpt_missed_adoptions, ckpt_pool_evictions;
+    uint64_t ckpt_grid_truncate, ckpt_skeleton_writes, sidecar_writes, retire_fallback_full;
+    uint64_t retire_fallback_suppressed, anchor_stores, anchor_hits, ckpt_armed;
+    uint64_t ckpt_declines[16];
+    int ckpt_records, anchor_entries;
+    size_t ckpt_bytes;
 } apc_stats;
 
 typedef struct apc apc;
@@ -244,6 +281,26 @@ void apc_store(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, 
 /* Whether retirement is worth one extra forward of the last generated token
  * so that the stored sequence covers the whole reply. n_kv: tokens with K/V. */
 bool apc_retire_wants_last_token(const apc *c, int64_t n_kv);
+
+/* ---- Recurrent state (ARR / LIST layers) ----
+ * A stack with recurrent layers needs the sequence's model_state beside its
+ * K/V: engine_create tells the cache which model that is. apc_lookup and
+ * apc_store then refuse (miss, no store) on such a cache, and the _state
+ * variants restore / snapshot the state together with the K/V: an exact
+ * entry of n tokens is the K/V rows [0, n) plus the state at position n
+ * (model_state_pos must be n at a store, or the store is declined). */
+struct model;
+struct model_state;
+void apc_set_state_model(apc *c, const struct model *m);
+apc_hit apc_lookup_state(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq,
+                         struct model_state *state);
+void apc_store_state(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
+                     const kv_seq *seq, const struct model_state *state);
+
+/* Next-turn render prediction (src/chat): the length of the common prefix
+ * of tokens[0, n) and the render of the conversation with this reply as
+ * the assistant's message (no generation prompt); < 0: no prediction. */
+typedef int64_t (*apc_predict_fn)(void *user, const int32_t *tokens, int64_t n);
 
 /* ---- Stats and reset ---- */
 void apc_get_stats(apc *c, apc_stats *out);

@@ -37,6 +37,7 @@ void apc_exact_entry_free(apc_exact_entry *e) {
     if (e == NULL) return;
     free(e->tokens);
     free(e->data);
+    free(e->state);
     free(e);
 }
 

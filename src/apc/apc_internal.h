@@ -56,6 +56,8 @@ typedef struct apc_exact_entry {
     size_t bytes;      /* data + tokens */
     int pins;          /* readers copying out of data right now */
     bool listed;       /* in the LRU; an unlisted entry dies with its last pin */
+    void *state;       /* recurrent stacks: model_state snapshot at n (counted in bytes); else NULL */
+    size_t state_bytes;
 } apc_exact_entry;
 
 typedef struct apc_exact {
@@ -84,5 +86,36 @@ int apc_exact_insert(apc_exact *ex, apc_exact_entry *e);
 /* Drops one pin; frees the entry when it is unlisted and unpinned. */
 void apc_exact_unpin(apc_exact *ex, apc_exact_entry *e);
 void apc_exact_clear(apc_exact *ex);
+
+/* ---- Checkpoint tier (apc_ckpt.c) ----
+ * The cache (apc.c) owns one apc_ckpt per cache and calls these; the
+ * ones named _locked run under the cache's mutex. */
+typedef struct apc_ckpt apc_ckpt;
+struct cJSON;
+apc_ckpt *apc_ckpt_create(apc *c, const cache_layer *stack, int n_layer, const apc_config *cfg);
+void apc_ckpt_free(apc_ckpt *k);
+void apc_ckpt_reset_locked(apc_ckpt *k);
+/* Evicts the least recently used record (non-anchors first); false when
+ * there is none. For a pool that ran dry. */
+bool apc_ckpt_evict_one_locked(apc_ckpt *k);
+void apc_ckpt_stats_locked(apc_ckpt *k, apc_stats *s);
+void apc_ckpt_stats_json(const apc_stats *s, struct cJSON *o);
+/* Exact-tier anchors: longest anchor that is a prefix of tokens with
+ * min < length <= max_len (restored into seq/state), or 0. */
+int64_t apc_ckpt_anchor_lookup(apc_ckpt *k, const int32_t *tokens, int64_t max_len, int64_t min, uint64_t salt,
+                               kv_seq *seq, struct model_state *state);
+
+/* What apc_ckpt.c needs of the cache (apc.c). */
+void apc__lock(apc *c);
+void apc__unlock(apc *c);
+kv_pool *apc__pool(apc *c);
+const apc_layout *apc__layout(apc *c);
+apc_ckpt *apc__ckpt(apc *c);
+const struct model *apc__state_model(apc *c); /* NULL: no recurrent layers */
+size_t apc__state_bytes(apc *c);
+/* Under the lock: a lookup adopted n tokens (lookups_hit, matched_tokens). */
+void apc__count_hit_locked(apc *c, int64_t n);
+/* Under the lock: the longest restorable exact entry, 0 if none. */
+int64_t apc__exact_best_locked(apc *c, const int32_t *tokens, int64_t max_len, uint64_t salt);
 
 #endif

@@ -30,6 +30,8 @@ const char *apc_source_name(apc_source s) {
     switch (s) {
     case APC_SOURCE_BLOCK: return "block";
     case APC_SOURCE_EXACT: return "exact";
+    case APC_SOURCE_CKPT: return "ckpt";
+    case APC_SOURCE_ANCHOR: return "anchor";
     default: return "none";
     }
 }

@@ -15,11 +15,19 @@
  * the block tier: when it completes a block) the engine spends it, so that the
  * next turn of the conversation warm-starts past the whole reply.
  *
+ * Ckpt- and exact-tier caches get a per-request apc_req (apc_ckpt.h): the
+ * prefill loop also stops where it schedules a checkpoint, decode reports
+ * each step, retirement goes through it. Models with recurrent layers carry
+ * a model_state per request in every batch row (model_batch.states); it is
+ * restored by the lookup together with the K/V and read by the stores.
+ *
  * Model contexts (scratch buffers, a thread pool) are not shareable, so the
  * engine keeps a small stack of idle ones; a concurrent call creates another. */
 #include "engine/engine.h"
 
 #include <pthread.h>
+
+#include "apc/apc_ckpt.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +45,8 @@ struct engine {
     pthread_mutex_t ctx_lock;
     model_ctx *idle[ENGINE_MAX_IDLE_CTX];
     int n_idle;
+    bool stateful;                  /* recurrent layers: a model_state per request */
+    pthread_mutex_t prefill_lock;   /* ckpt tier: one prompt prefill at a time */
 };
 
 engine_config engine_default_config(void) {
@@ -86,7 +96,9 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
         return NULL;
     }
     pthread_mutex_init(&e->ctx_lock, NULL);
+    pthread_mutex_init(&e->prefill_lock, NULL);
     e->m = m;
+    e->stateful = model_has_state(m);
     e->cfg = cfg;
     e->n_vocab = hp->n_vocab;
     kv_pool_config kc;
@@ -103,6 +115,7 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
     }
     e->cache = apc_create(e->pool, &kc, model_cache_stack(m), &cfg.cache, err);
     if (e->cache == NULL) goto fail;
+    apc_set_state_model(e->cache, m);
     return e;
 fail:
     engine_free(e);
@@ -115,6 +128,7 @@ void engine_free(engine *e) {
     apc_free(e->cache);
     kv_pool_free(e->pool);
     pthread_mutex_destroy(&e->ctx_lock);
+    pthread_mutex_destroy(&e->prefill_lock);
     free(e);
 }
 
@@ -158,6 +172,8 @@ typedef struct run_state {
     bool *want;
     float *logits;   /* (n_vocab) */
     int64_t forwarded;
+    model_state *state;   /* recurrent layers; else NULL */
+    model_state **states; /* (prefill_step) rows' states, or NULL */
 } run_state;
 
 /* Forwards tokens[0, n) at the sequence's next positions; logits of the
@@ -168,8 +184,9 @@ static int forward(run_state *rs, const int32_t *tokens, int n, bool want_last, 
         rs->pos[i] = rs->seq.n_tokens + i;
         rs->seqs[i] = &rs->seq;
         rs->want[i] = want_last && i == n - 1;
+        if (rs->states) rs->states[i] = rs->state;
     }
-    model_batch b = {n, tokens, rs->pos, rs->seqs, rs->want};
+    model_batch b = {n, tokens, rs->pos, rs->seqs, rs->want, rs->states};
     if (model_forward(rs->ctx, &b, rs->logits, err) < 0) return -1;
     rs->seq.n_tokens += n;
     rs->forwarded += n;
@@ -199,6 +216,8 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
                           (long long)need, (long long)N, max_tokens, kv_pool_n_blocks(e->pool));
 
     double t0 = ember_now();
+    apc_req *ar = NULL;
+    bool prefill_locked = false;
     run_state rs;
     memset(&rs, 0, sizeof rs);
     rs.e = e;
@@ -209,11 +228,15 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
     rs.seqs = malloc((size_t)step * sizeof *rs.seqs);
     rs.want = malloc((size_t)step * sizeof *rs.want);
     rs.logits = malloc((size_t)V * sizeof(float));
+    if (e->stateful) {
+        rs.state = model_state_create(e->m, NULL);
+        rs.states = malloc((size_t)step * sizeof *rs.states);
+    }
     out->tokens = malloc((size_t)(max_tokens ? max_tokens : 1) * sizeof(int32_t));
     if (req->want_logits) out->logits = malloc((size_t)(max_tokens ? max_tokens : 1) * (size_t)V * sizeof(float));
     int rc = -1;
     if (smp == NULL || all == NULL || !rs.pos || !rs.seqs || !rs.want || !rs.logits || !out->tokens ||
-        (req->want_logits && out->logits == NULL)) {
+        (req->want_logits && out->logits == NULL) || (e->stateful && (rs.state == NULL || rs.states == NULL))) {
         ember_fail(err, "out of memory for a request of %lld tokens", (long long)N);
         goto done;
     }
@@ -221,28 +244,57 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
     if (rs.ctx == NULL) goto done;
     memcpy(all, req->prompt, (size_t)N * sizeof(int32_t));
     for (int64_t i = 0; i < N; i++) sampler_accept(smp, req->prompt[i]);
-    const bool lookup = req->cache == ENGINE_CACHE_ON;
-    const bool store = req->cache != ENGINE_CACHE_BYPASS;
+    const bool lookup = req->cache == ENGINE_CACHE_ON || req->cache == ENGINE_CACHE_LOOKUP;
+    const bool store = req->cache == ENGINE_CACHE_ON || req->cache == ENGINE_CACHE_STORE;
     apc *cache = e->cache;
+    if (lookup || store) {
+        apc_req_params ap;
+        memset(&ap, 0, sizeof ap);
+        ap.prompt = req->prompt;
+        ap.n_prompt = N;
+        ap.salt = req->salt;
+        ap.prefill_step = step;
+        ap.lookup = lookup;
+        ap.store = store;
+        ap.turn_pos = req->ckpt_turn_pos;
+        ap.anchor_pos = req->sys_prefix_pos;
+        ap.predict = req->next_turn_predict;
+        ap.predict_user = req->next_turn_user;
+        ar = apc_req_begin(cache, &ap);
+    }
+    if (ar && apc_prefill_serial(cache)) {
+        pthread_mutex_lock(&e->prefill_lock);
+        prefill_locked = true;
+    }
 
     /* 1. Lookup. */
     if (lookup) {
         double tc = ember_now();
-        apc_hit hit = apc_lookup(cache, req->prompt, N, req->salt, &rs.seq);
+        apc_hit hit = ar ? apc_req_lookup(ar, &rs.seq, rs.state)
+                         : apc_lookup_state(cache, req->prompt, N, req->salt, &rs.seq, rs.state);
         out->cache_s += ember_now() - tc;
         out->cached_tokens = hit.n_tokens;
         out->cache_source = hit.source;
     }
-    /* 2. Prefill [cached, N-1) on the grid, then pause at N-1. */
+    if (ar) apc_req_arm(ar, out->cached_tokens);
+    /* 2. Prefill [cached, N-1) on the grid (stopping at scheduled
+     * checkpoints), then pause at N-1. */
     while (rs.seq.n_tokens < N - 1) {
         int64_t p = rs.seq.n_tokens;
         int64_t end = (p / step + 1) * step;
         if (end > N - 1) end = N - 1;
+        int64_t stop = apc_req_next_stop(ar, p);
+        if (stop < end) end = stop;
         if (forward(&rs, req->prompt + p, (int)(end - p), false, err) < 0) goto done;
+        if (ar) {
+            double tc = ember_now();
+            apc_req_at(ar, &rs.seq, rs.state);
+            out->cache_s += ember_now() - tc;
+        }
     }
-    if (store && N - 1 > out->cached_tokens) {
+    if (!ar && store && N - 1 > out->cached_tokens) {
         double tc = ember_now();
-        apc_store(cache, APC_STORE_PAUSE, req->prompt, N - 1, req->salt, &rs.seq);
+        apc_store_state(cache, APC_STORE_PAUSE, req->prompt, N - 1, req->salt, &rs.seq, rs.state);
         out->cache_s += ember_now() - tc;
     }
     /* 3. The last prompt token alone; then the post-prefill store. */
@@ -251,8 +303,13 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
     out->prompt_forwarded = rs.forwarded;
     if (store) {
         double tc = ember_now();
-        apc_store(cache, APC_STORE_PREFILL, req->prompt, N, req->salt, &rs.seq);
+        if (ar) apc_req_prefilled(ar, &rs.seq, rs.state);
+        else apc_store_state(cache, APC_STORE_PREFILL, req->prompt, N, req->salt, &rs.seq, rs.state);
         out->cache_s += ember_now() - tc;
+    }
+    if (prefill_locked) {
+        pthread_mutex_unlock(&e->prefill_lock);
+        prefill_locked = false;
     }
 
     /* 4. Decode. */
@@ -278,19 +335,28 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
             break;
         }
         if (forward(&rs, &next, 1, true, err) < 0) goto done;
+        if (ar && store) apc_req_decode(ar, all, &rs.seq, rs.state);
     }
 
     /* 5. Retirement. */
     if (store && apc_get_tier(cache) != APC_TIER_NONE) {
         double tc = ember_now(); /* the extra forward is a cost of the store */
         int64_t have = rs.seq.n_tokens, total = N + out->n_tokens;
-        if (have == total - 1 && have < e->cfg.n_ctx && apc_retire_wants_last_token(cache, have)) {
+        bool wants = ar ? apc_req_retire_wants_last_token(ar, have) : apc_retire_wants_last_token(cache, have);
+        bool state_ok = true;
+        if (have == total - 1 && have < e->cfg.n_ctx && wants) {
             ember_error ignored;
-            /* Best effort: without the extra token the store is one shorter. */
-            if (forward(&rs, &all[total - 1], 1, false, &ignored) < 0)
+            /* Best effort: without the extra token the store is one shorter
+             * (a recurrent state that failed mid-pass is not stored). */
+            if (forward(&rs, &all[total - 1], 1, false, &ignored) < 0) {
                 apc_seq_truncate(cache, &rs.seq, have);
+                state_ok = rs.state == NULL;
+            }
         }
-        apc_store(cache, APC_STORE_RETIRE, all, rs.seq.n_tokens, req->salt, &rs.seq);
+        if (state_ok) {
+            if (ar) apc_req_retire(ar, all, rs.seq.n_tokens, &rs.seq, rs.state);
+            else apc_store_state(cache, APC_STORE_RETIRE, all, rs.seq.n_tokens, req->salt, &rs.seq, rs.state);
+        }
         out->cache_s += ember_now() - tc;
     }
     out->n_vocab = V;
@@ -299,6 +365,10 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
     out->total_s = ember_now() - t0;
     rc = 0;
 done:
+    if (prefill_locked) pthread_mutex_unlock(&e->prefill_lock);
+    apc_req_end(ar);
+    model_state_free(rs.state);
+    free(rs.states);
     apc_seq_release(e->cache, &rs.seq);
     if (rs.ctx) ctx_return(e, rs.ctx);
     sampler_free(smp);

@@ -17,6 +17,13 @@
  *         first token), then the post-prefill store runs;
  *      4. decode, one token per step, greedy or sampled;
  *      5. at finish, the retirement store of prompt + reply.
+ *    On ckpt- and exact-tier caches the runner drives the per-request
+ *    protocol of apc_ckpt.h instead: prefill also stops at the scheduled
+ *    checkpoints (grid points, the turn boundary, the system-prompt anchor,
+ *    N-1), decode takes snapshots, retirement follows reference §7.7; on a
+ *    ckpt-tier model the prompt phase of concurrent calls runs one at a time.
+ *    Models with recurrent layers (model_has_state) get a model_state per
+ *    request, restored and stored with the K/V.
  *    Because every kernel is batch-invariant and the chunk grid is fixed,
  *    the logits of every generated step are bit-identical whether the
  *    prefix came from the cache or not.
@@ -50,6 +57,7 @@ typedef enum engine_cache_mode {
     ENGINE_CACHE_ON = 0,     /* lookup and store */
     ENGINE_CACHE_BYPASS = 1, /* neither: a cold request that leaves no trace */
     ENGINE_CACHE_STORE = 2,  /* store only: a cold request that feeds the cache */
+    ENGINE_CACHE_LOOKUP = 3, /* lookup only: a warm request that stores nothing */
 } engine_cache_mode;
 
 typedef enum engine_finish {
@@ -73,6 +81,12 @@ typedef struct engine_request {
     bool want_logits;         /* keep the logits of every generated step */
     engine_token_fn on_token;
     void *user;
+    /* Render-derived cache positions (src/chat computes them; they only
+     * decide where the cache stores, never what a lookup adopts): */
+    int64_t ckpt_turn_pos;    /* predicted next-turn boundary, chat_render_stable (p_stable); 0: none */
+    int64_t sys_prefix_pos;   /* end of the system prompt, chat_system_prefix_anchor; 0: none */
+    apc_predict_fn next_turn_predict; /* chat_predict_next_turn as an LCP; NULL: no render context */
+    void *next_turn_user;
 } engine_request;
 
 typedef struct engine_result {

@@ -1,0 +1,930 @@
+/* apc_ckpt.c - checkpoint records, the prefill schedule, decode-time
+ * snapshots, ckpt retirement, exact-tier anchors and the per-request
+ * protocol (see apc_ckpt.h).
+ *
+ * Design. ember keeps every position of every attention layer (kv and rot
+ * alike) in the paged pool, so the only state that cannot be cut at an
+ * arbitrary position is the recurrent state of arr layers. A checkpoint
+ * record is therefore cheap: a reference on each block of the chain [0, p)
+ * the storing sequence already holds (no copy; a partial last block is
+ * copied by the pool when its owner appends, because the record's reference
+ * makes it shared), plus a model_state snapshot on arr stacks. Records of
+ * one conversation share their blocks through the refcounts, which is the
+ * dedup the reference gets from its salted chain keys. A lookup adopts the
+ * record's blocks into the new sequence (refcount only, under the lock) and
+ * restores the state outside the lock from the pinned record.
+ *
+ * Where the reference and design.md differ, design.md wins:
+ *  - restore points of recurrent state lie on the prefill grid or at N-1:
+ *    interval, turn and anchor points are floored to the unit on arr
+ *    layouts, exact-tier anchors of recurrent stacks too; the replay gate
+ *    keeps replay records (N-1) for identical resends;
+ *  - a lookup that only finds a record of exactly the query's length is not
+ *    a missed adoption (the N-1 rule, not a fault);
+ *  - when the pool runs dry, records are evicted (ckpt_pool_evictions)
+ *    instead of declining the live request's allocation;
+ *  - a ckpt retirement whose next-turn render diverges and that has no
+ *    decode snapshot below the divergence skips the whole-sequence fallback
+ *    when this request's turn checkpoint landed (retire_fallback_suppressed):
+ *    that record already serves the next turn.
+ *
+ * Locking: the cache's mutex (apc__lock) guards records, anchors, counters
+ * and the pool. Snapshots of states and of exact anchors are copied outside
+ * it; a record or anchor being read is pinned. */
+#include "apc/apc_ckpt.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "apc/apc_internal.h"
+#include "core/log.h"
+
+/* ---- Configuration ---- */
+
+static long env_long(const char *name, long def) {
+    const char *v = getenv(name);
+    if (v == NULL || v[0] == '\0') return def;
+    char *end;
+    long x = strtol(v, &end, 10);
+    return *end == '\0' ? x : def;
+}
+
+static bool env_bool(const char *name, bool def) {
+    const char *v = getenv(name);
+    if (v == NULL) return def;
+    if (!strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "on")) return true;
+    if (!strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "off") || !v[0]) return false;
+    return def;
+}
+
+apc_ckpt_config apc_ckpt_default_config(void) {
+    apc_ckpt_config c;
+    c.interval = (int)env_long("EMBER_APC_CKPT_INTERVAL", 4096);
+    c.replay = env_bool("EMBER_APC_CKPT_REPLAY", true);
+    c.replay_min = (int)env_long("EMBER_APC_CKPT_REPLAY_MIN", 1024);
+    c.turn = env_bool("EMBER_APC_CKPT_TURN", true);
+    c.sys = env_bool("EMBER_APC_CKPT_SYS", true);
+    c.sys_min = (int)env_long("EMBER_APC_CKPT_SYS_MIN", 256);
+    c.tripwire = (int)env_long("EMBER_APC_CKPT_TRIPWIRE", 5);
+    c.records = (int)env_long("EMBER_APC_CKPT_RECORDS", 32);
+    c.heavy = (int)env_long("EMBER_APC_CKPT_HEAVY", 2);
+    long mb = env_long("EMBER_APC_CKPT_BUDGET_MB", 4096);
+    c.budget_bytes = (size_t)(mb > 0 ? mb : 0) << 20;
+    c.decode_interval = (int)env_long("EMBER_APC_DECODE_CKPT", 512);
+    c.anchor_entries = (int)env_long("EMBER_APC_ANCHOR_ENTRIES", 4);
+    mb = env_long("EMBER_APC_ANCHOR_BUDGET_MB", 4096);
+    c.anchor_budget_bytes = (size_t)(mb > 0 ? mb : 0) << 20;
+    return c;
+}
+
+static const char *decline_names[APC_CKPT_DECLINE_COUNT_] = {
+    "layout", "buffered", "offset", "grid", "short_chain", "canon", "clone", "exception", "anchor_clone", "replay_gate",
+};
+
+const char *apc_ckpt_decline_name(apc_ckpt_decline d) {
+    return (unsigned)d < APC_CKPT_DECLINE_COUNT_ ? decline_names[d] : "?";
+}
+
+const char *apc_ckpt_kind_name(apc_ckpt_kind k) {
+    switch (k) {
+    case APC_CKPT_BOUNDARY: return "boundary";
+    case APC_CKPT_ANCHOR: return "anchor";
+    case APC_CKPT_REPLAY: return "replay";
+    case APC_CKPT_RETIRE: return "retire";
+    }
+    return "?";
+}
+
+/* ---- The prefill schedule ---- */
+
+static int64_t floor_to(int64_t x, int64_t g) { return g > 0 ? x / g * g : x; }
+
+/* Inserts (pos, kind) keeping out sorted; on a collision an anchor upgrades
+ * the existing point, anything else keeps it. */
+static void sched_add(apc_ckpt_point *out, int *n, int cap, int64_t pos, apc_ckpt_kind kind) {
+    int i = 0;
+    while (i < *n && out[i].pos < pos) i++;
+    if (i < *n && out[i].pos == pos) {
+        if (kind == APC_CKPT_ANCHOR) out[i].kind = APC_CKPT_ANCHOR;
+        return;
+    }
+    if (*n >= cap) return;
+    memmove(&out[i + 1], &out[i], (size_t)(*n - i) * sizeof *out);
+    out[i].pos = pos;
+    out[i].kind = kind;
+    (*n)++;
+}
+
+int apc_ckpt_schedule(const apc_ckpt_sched_in *in, apc_ckpt_point *out, int cap, int64_t *bounds, int *n_bounds) {
+    int n = 0;
+    *n_bounds = 0;
+    const apc_ckpt_config *cfg = &in->cfg;
+    const int64_t unit = in->unit > 0 ? in->unit : KV_BLOCK_TOKENS;
+    const int64_t N = in->n, restored = in->restored;
+    const bool has_rot = in->window > 0;
+    /* 1-2. Interval points on the grid, then the terminal. */
+    int64_t terminal = floor_to(in->guard, unit);
+    if (terminal > restored) {
+        if (cfg->interval > 0) {
+            int64_t iv = floor_to(cfg->interval, unit);
+            if (iv < unit) iv = unit;
+            for (int64_t p = (restored / iv + 1) * iv; p < terminal; p += iv) sched_add(out, &n, cap, p, APC_CKPT_BOUNDARY);
+        }
+        sched_add(out, &n, cap, terminal, APC_CKPT_BOUNDARY);
+    }
+    /* 3. The turn checkpoint. */
+    if (cfg->turn && in->p_stable > 0) {
+        int64_t need = (in->has_arr || !has_rot) ? unit : (unit < in->window ? unit : in->window);
+        if (N - 1 >= need) {
+            int64_t ps = in->p_stable < N - 1 ? in->p_stable : N - 1;
+            int64_t g = floor_to(ps, unit);
+            if (g > restored && g > 0) {
+                sched_add(out, &n, cap, g, APC_CKPT_BOUNDARY);
+                bounds[(*n_bounds)++] = g;
+            }
+            if (!in->has_arr && has_rot && ps % unit != 0 && ps > restored && ps >= in->window) {
+                sched_add(out, &n, cap, ps, APC_CKPT_BOUNDARY);
+                bounds[(*n_bounds)++] = ps;
+            }
+        }
+    }
+    /* 4. The system-prompt anchor. */
+    if (cfg->sys && in->sys_lcp > 0) {
+        int64_t fl = cfg->sys_min > KV_BLOCK_TOKENS ? cfg->sys_min : KV_BLOCK_TOKENS;
+        if (in->has_arr && cfg->replay_min > fl) fl = cfg->replay_min;
+        if (N - 1 >= fl) {
+            int64_t g = in->has_arr ? unit : KV_BLOCK_TOKENS;
+            int64_t pos = floor_to(in->sys_lcp < N - 1 ? in->sys_lcp : N - 1, g);
+            if (pos >= fl && pos > restored) sched_add(out, &n, cap, pos, APC_CKPT_ANCHOR);
+        }
+    }
+    /* 5. The replay checkpoint at N-1. */
+    if (cfg->replay && N - 1 >= 2 && N - 1 > restored && (!in->has_arr || N >= cfg->replay_min) &&
+        (!has_rot || N - 1 >= in->window))
+        sched_add(out, &n, cap, N - 1, APC_CKPT_REPLAY);
+    return n;
+}
+
+/* ---- Records ---- */
+
+typedef struct ck_rec {
+    struct ck_rec *newer, *older;
+    int32_t *tokens;
+    int64_t p;
+    uint64_t salt;
+    apc_ckpt_kind kind;
+    int32_t *blocks; /* (n_blocks) one reference each while listed */
+    int32_t n_blocks;
+    void *state;     /* arr stacks: model_state snapshot at p */
+    size_t bytes;    /* record-owned: the state */
+    int pins;
+    bool listed;
+} ck_rec;
+
+struct apc_ckpt {
+    apc *c;
+    apc_ckpt_config cfg;
+    apc_tier tier;
+    bool has_arr;
+    int window, keep;
+    ck_rec *newest, *oldest;
+    int count;
+    size_t bytes;
+    apc_exact anchors;
+    /* counters (reference §11.1 ckpt family; zeroed by reset) */
+    uint64_t stores, hits, matched, missed, pool_evictions, grid_truncate, fallback_full, fallback_suppressed;
+    uint64_t anchor_stores, anchor_hits, armed;
+    uint64_t declines[APC_CKPT_DECLINE_COUNT_];
+    bool decline_logged[APC_CKPT_DECLINE_COUNT_];
+    bool warned_zero, warned_missed;
+};
+
+apc_ckpt *apc_ckpt_create(apc *c, const cache_layer *stack, int n_layer, const apc_config *cfg) {
+    apc_ckpt *k = calloc(1, sizeof *k);
+    if (k == NULL) return NULL;
+    k->c = c;
+    k->cfg = cfg->ckpt;
+    if (k->cfg.records < 2) k->cfg.records = 2;
+    if (k->cfg.heavy < 1) k->cfg.heavy = 1;
+    if (k->cfg.anchor_entries < 1) k->cfg.anchor_entries = 1;
+    k->tier = apc_get_tier(c);
+    for (int l = 0; l < n_layer; l++) {
+        if (stack[l].kind == CACHE_KIND_ARR || stack[l].kind == CACHE_KIND_LIST) k->has_arr = true;
+        if (stack[l].kind == CACHE_KIND_ROT && stack[l].window > k->window) {
+            k->window = stack[l].window;
+            k->keep = stack[l].keep;
+        }
+    }
+    k->anchors.max_entries = k->cfg.anchor_entries;
+    k->anchors.max_bytes = k->cfg.anchor_budget_bytes;
+    return k;
+}
+
+static void rec_free(ck_rec *r) {
+    free(r->tokens);
+    free(r->blocks);
+    free(r->state);
+    free(r);
+}
+
+/* Under the lock: unlists r and drops its block references; the memory
+ * goes with the last pin. */
+static void rec_release(apc_ckpt *k, ck_rec *r) {
+    if (r->newer) r->newer->older = r->older;
+    else k->newest = r->older;
+    if (r->older) r->older->newer = r->newer;
+    else k->oldest = r->newer;
+    r->newer = r->older = NULL;
+    r->listed = false;
+    k->count--;
+    k->bytes -= r->bytes;
+    kv_pool *pool = apc__pool(k->c);
+    for (int32_t i = 0; i < r->n_blocks; i++) kv_block_unref(pool, r->blocks[i]);
+    r->n_blocks = 0;
+    if (r->pins == 0) rec_free(r);
+}
+
+static void rec_push_newest(apc_ckpt *k, ck_rec *r) {
+    r->older = k->newest;
+    r->newer = NULL;
+    if (k->newest) k->newest->newer = r;
+    else k->oldest = r;
+    k->newest = r;
+    r->listed = true;
+    k->count++;
+    k->bytes += r->bytes;
+}
+
+static void rec_touch(apc_ckpt *k, ck_rec *r) {
+    if (!r->listed || k->newest == r) return;
+    if (r->newer) r->newer->older = r->older;
+    if (r->older) r->older->newer = r->newer;
+    else k->oldest = r->newer;
+    r->older = k->newest;
+    r->newer = NULL;
+    k->newest->newer = r;
+    k->newest = r;
+}
+
+void apc_ckpt_free(apc_ckpt *k) {
+    if (k == NULL) return;
+    while (k->newest) rec_release(k, k->newest);
+    apc_exact_clear(&k->anchors);
+    free(k);
+}
+
+void apc_ckpt_reset_locked(apc_ckpt *k) {
+    while (k->newest) rec_release(k, k->newest);
+    apc_exact_clear(&k->anchors);
+    k->stores = k->hits = k->matched = k->missed = k->pool_evictions = k->grid_truncate = 0;
+    k->fallback_full = k->fallback_suppressed = k->anchor_stores = k->anchor_hits = k->armed = 0;
+    memset(k->declines, 0, sizeof k->declines);
+    memset(k->decline_logged, 0, sizeof k->decline_logged);
+    k->warned_zero = k->warned_missed = false;
+}
+
+/* Under the lock. */
+static void ck_decline(apc_ckpt *k, apc_ckpt_decline why, const char *detail) {
+    k->declines[why]++;
+    if (!k->decline_logged[why]) {
+        k->decline_logged[why] = true;
+        ember_log(EMBER_LOG_INFO, "APC ckpt store declined (%s): %s (logged once)", apc_ckpt_decline_name(why), detail);
+    }
+}
+
+static void ck_decline_locked(apc_ckpt *k, apc_ckpt_decline why, const char *detail) {
+    apc__lock(k->c);
+    ck_decline(k, why, detail);
+    apc__unlock(k->c);
+}
+
+/* The oldest record other than keep that is not an anchor, else the oldest
+ * anchor other than keep. */
+static ck_rec *lru_victim(apc_ckpt *k, const ck_rec *keep) {
+    for (ck_rec *r = k->oldest; r; r = r->newer)
+        if (r != keep && r->kind != APC_CKPT_ANCHOR) return r;
+    for (ck_rec *r = k->oldest; r; r = r->newer)
+        if (r != keep) return r;
+    return NULL;
+}
+
+bool apc_ckpt_evict_one_locked(apc_ckpt *k) {
+    ck_rec *v = k->oldest; /* plain LRU order: anchors get no protection here (reference §7.1) */
+    if (v == NULL) return false;
+    rec_release(k, v);
+    k->pool_evictions++;
+    ember_log(EMBER_LOG_DEBUG, "APC ckpt pool pressure: evicted 1 record for an allocation");
+    return true;
+}
+
+static bool is_prefix_of(const ck_rec *a, const ck_rec *b) {
+    return a->salt == b->salt && a->p < b->p && memcmp(a->tokens, b->tokens, (size_t)a->p * sizeof(int32_t)) == 0;
+}
+
+static int cmp_p_desc(const void *x, const void *y) {
+    const ck_rec *a = *(ck_rec *const *)x, *b = *(ck_rec *const *)y;
+    return a->p < b->p ? 1 : a->p > b->p ? -1 : 0;
+}
+
+/* Under the lock: reference §7.4. */
+static void rec_insert(apc_ckpt *k, ck_rec *R) {
+    /* 1. Same key: replace (an anchor's boundary successor stays an anchor). */
+    for (ck_rec *r = k->newest; r; r = r->older) {
+        if (r->salt == R->salt && r->p == R->p && memcmp(r->tokens, R->tokens, (size_t)R->p * sizeof(int32_t)) == 0) {
+            if (r->kind == APC_CKPT_ANCHOR && R->kind == APC_CKPT_BOUNDARY) R->kind = APC_CKPT_ANCHOR;
+            rec_release(k, r);
+            break;
+        }
+    }
+    /* 2. The chain: records that are prefixes of R. */
+    ck_rec **chain = malloc((size_t)(k->count + 1) * sizeof *chain);
+    int nc = 0;
+    if (chain)
+        for (ck_rec *r = k->newest; r; r = r->older)
+            if (is_prefix_of(r, R)) chain[nc++] = r;
+    /* 3. One replay and one anchor per chain; the first restorable boundary
+     * of a fresh chain becomes its anchor. */
+    bool has_plain = false;
+    for (int i = 0; i < nc; i++)
+        if (chain[i]->kind != APC_CKPT_REPLAY) has_plain = true;
+    if (R->kind == APC_CKPT_BOUNDARY && !has_plain) R->kind = APC_CKPT_ANCHOR;
+    if (R->kind == APC_CKPT_REPLAY || R->kind == APC_CKPT_ANCHOR) {
+        for (int i = 0; i < nc; i++)
+            if (chain[i]->kind == R->kind) {
+                rec_release(k, chain[i]);
+                chain[i] = NULL;
+            }
+    }
+    /* 4. Strip-on-extend: heavy-1 plain records of the chain survive. */
+    int np = 0;
+    for (int i = 0; i < nc; i++)
+        if (chain[i] && chain[i]->kind != APC_CKPT_REPLAY && chain[i]->kind != APC_CKPT_ANCHOR) chain[np++] = chain[i];
+    if (np > 0) qsort(chain, (size_t)np, sizeof *chain, cmp_p_desc);
+    for (int i = k->cfg.heavy - 1; i < np; i++) rec_release(k, chain[i]);
+    free(chain);
+    /* 5-6. Insert as newest; the record cap and the byte budget. */
+    rec_push_newest(k, R);
+    while (k->count > k->cfg.records) rec_release(k, lru_victim(k, R));
+    while (k->bytes > k->cfg.budget_bytes && k->count > 1) rec_release(k, lru_victim(k, R));
+}
+
+/* Stores a record of tokens[0, p) from seq's blocks and, on arr stacks,
+ * the live state (at p) or a snapshot buffer. Returns whether it landed. */
+static bool ck_store(apc_ckpt *k, apc_ckpt_kind kind, const int32_t *tokens, int64_t p, uint64_t salt,
+                     const kv_seq *seq, const model_state *live, const void *snap, bool grid_truncate) {
+    apc *c = k->c;
+    size_t sb = apc__state_bytes(c);
+    if (p < 2) {
+        ck_decline_locked(k, APC_CKPT_DECLINE_LAYOUT, "a checkpoint needs at least two tokens");
+        return false;
+    }
+    if (p > seq->n_tokens || (sb && snap == NULL && (live == NULL || model_state_pos(live) != p))) {
+        ck_decline_locked(k, APC_CKPT_DECLINE_OFFSET, "the sequence or its state is not at the checkpoint position");
+        return false;
+    }
+    /* Sliding layers below the window keep the block grid (reference §7.1). */
+    if (k->window > 0 && p < k->window && p % KV_BLOCK_TOKENS != 0) {
+        int64_t b_full = p / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS;
+        if (grid_truncate && !k->has_arr && b_full >= 2) {
+            p = b_full;
+            apc__lock(c);
+            k->grid_truncate++;
+            apc__unlock(c);
+            ember_log(EMBER_LOG_DEBUG, "APC ckpt store: terminal grid store at %lld", (long long)p);
+        } else {
+            ck_decline_locked(k, APC_CKPT_DECLINE_GRID, "sliding layers below the window, off the block grid");
+            return false;
+        }
+    }
+    ck_rec *r = calloc(1, sizeof *r);
+    int32_t nb = (int32_t)((p + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    if (r) {
+        r->tokens = malloc((size_t)p * sizeof(int32_t));
+        r->blocks = malloc((size_t)nb * sizeof(int32_t));
+        if (sb) r->state = malloc(sb);
+    }
+    if (r == NULL || r->tokens == NULL || r->blocks == NULL || (sb && r->state == NULL)) {
+        if (r) rec_free(r);
+        ck_decline_locked(k, sb ? APC_CKPT_DECLINE_CLONE : APC_CKPT_DECLINE_EXCEPTION, "out of memory for a record");
+        return false;
+    }
+    memcpy(r->tokens, tokens, (size_t)p * sizeof(int32_t));
+    if (sb) {
+        if (snap) memcpy(r->state, snap, sb);
+        else model_state_snapshot(live, r->state);
+    }
+    r->p = p;
+    r->salt = salt;
+    r->kind = kind;
+    r->bytes = sb;
+    apc__lock(c);
+    kv_pool *pool = apc__pool(c);
+    for (int32_t i = 0; i < nb; i++) {
+        r->blocks[i] = seq->blocks[i];
+        kv_block_ref(pool, r->blocks[i]);
+    }
+    r->n_blocks = nb;
+    rec_insert(k, r);
+    k->stores++;
+    apc__unlock(c);
+    ember_log(EMBER_LOG_DEBUG, "APC ckpt store: tokens=%lld kind=%s main=%d states=%d", (long long)p,
+              apc_ckpt_kind_name(kind), (int)nb, sb ? 1 : 0);
+    return true;
+}
+
+/* Tripwire 2 (reference §11.5), under the lock. */
+static void missed_adoption(apc_ckpt *k) {
+    k->missed++;
+    int T = k->cfg.tripwire;
+    if (T > 0 && !k->warned_missed && k->missed >= (uint64_t)T && k->hits == 0) {
+        k->warned_missed = true;
+        ember_log(EMBER_LOG_WARN,
+                  "APC ckpt tripwire: %llu lookups found a prefix-matching record and adopted nothing (zero hits) -- "
+                  "stores and lookups are not intersecting (EMBER_APC_CKPT_TRIPWIRE=0 silences)",
+                  (unsigned long long)k->missed);
+    }
+}
+
+/* The longest restorable record for tokens[0, n): reference §7.5. */
+static apc_hit ck_lookup(apc_ckpt *k, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq,
+                         model_state *state) {
+    apc_hit hit = {0, APC_SOURCE_NONE};
+    apc *c = k->c;
+    size_t sb = apc__state_bytes(c);
+    if (n < 2 || (sb && state == NULL)) return hit;
+    apc__lock(c);
+    bool matched = false, gated = false;
+    ck_rec *best = NULL;
+    for (ck_rec *r = k->newest; r; r = r->older) {
+        if (r->salt != salt || r->p > n || r->tokens[r->p - 1] != tokens[r->p - 1]) continue;
+        if (memcmp(r->tokens, tokens, (size_t)r->p * sizeof(int32_t)) != 0) continue;
+        if (r->p >= n) continue; /* the N-1 rule: never the whole query */
+        matched = true;
+        if (r->kind == APC_CKPT_REPLAY && k->has_arr && r->p != n - 1) {
+            gated = true;
+            continue;
+        }
+        if (best == NULL || r->p > best->p) best = r;
+    }
+    if (gated) ck_decline(k, APC_CKPT_DECLINE_REPLAY_GATE, "a replay record matched a longer query");
+    if (best == NULL) {
+        if (matched) missed_adoption(k);
+        apc__unlock(c);
+        return hit;
+    }
+    kv_pool *pool = apc__pool(c);
+    ember_error err;
+    bool ok = true;
+    for (int32_t i = 0; i < best->n_blocks && ok; i++)
+        if (kv_seq_adopt_block(pool, seq, best->blocks[i], &err) < 0) ok = false;
+    if (!ok) {
+        kv_seq_release(pool, seq);
+        ck_decline(k, APC_CKPT_DECLINE_EXCEPTION, "out of memory growing a block table");
+        missed_adoption(k);
+        apc__unlock(c);
+        return hit;
+    }
+    if (seq->n_tokens > best->p) kv_seq_truncate(pool, seq, best->p);
+    best->pins++;
+    rec_touch(k, best);
+    apc__unlock(c);
+
+    bool state_ok = true;
+    if (sb) {
+        ember_error serr;
+        state_ok = model_state_restore(state, best->state, sb, &serr) == 0 && model_state_pos(state) == best->p;
+        if (!state_ok) model_state_reset(state);
+    }
+    int64_t p = best->p;
+    apc__lock(c);
+    if (--best->pins == 0 && !best->listed) rec_free(best);
+    if (!state_ok) {
+        kv_seq_release(pool, seq);
+        ck_decline(k, APC_CKPT_DECLINE_CLONE, "a recurrent-state snapshot did not restore");
+        missed_adoption(k);
+    } else {
+        k->hits++;
+        k->matched += (uint64_t)p;
+        apc__count_hit_locked(c, p);
+        hit.n_tokens = p;
+        hit.source = APC_SOURCE_CKPT;
+    }
+    apc__unlock(c);
+    if (hit.n_tokens) ember_log(EMBER_LOG_DEBUG, "APC ckpt hit: prefix=%lld (pinned record)", (long long)p);
+    return hit;
+}
+
+/* ---- Exact-tier anchors (reference §6.4) ---- */
+
+static void anchor_store(apc_ckpt *k, const int32_t *tokens, int64_t p, uint64_t salt, const kv_seq *seq,
+                         const model_state *state) {
+    apc *c = k->c;
+    const apc_layout *lay = apc__layout(c);
+    size_t sb = apc__state_bytes(c);
+    if (p > seq->n_tokens || (sb && (state == NULL || model_state_pos(state) != p))) {
+        ck_decline_locked(k, APC_CKPT_DECLINE_OFFSET, "the sequence or its state is not at the anchor position");
+        return;
+    }
+    apc_exact_entry *e = apc_exact_entry_new(lay, tokens, p, salt);
+    if (e && sb) {
+        e->state = malloc(sb);
+        if (e->state == NULL) {
+            apc_exact_entry_free(e);
+            e = NULL;
+        }
+    }
+    if (e == NULL) {
+        ck_decline_locked(k, APC_CKPT_DECLINE_ANCHOR_CLONE, "out of memory for an anchor snapshot");
+        return;
+    }
+    apc_snapshot_copy_out(apc__pool(c), lay, seq, p, e->data);
+    if (sb) {
+        model_state_snapshot(state, e->state);
+        e->state_bytes = sb;
+        e->bytes += sb;
+    }
+    apc__lock(c);
+    /* A re-store under the same key holds the same bits: refresh the old one. */
+    apc_exact_entry *same = apc_exact_find_same(&k->anchors, tokens, p, salt);
+    if (same) {
+        apc_exact_touch(&k->anchors, same);
+        apc_exact_entry_free(e);
+    } else {
+        apc_exact_insert(&k->anchors, e);
+    }
+    k->anchor_stores++;
+    apc__unlock(c);
+    ember_log(EMBER_LOG_DEBUG, "APC anchor store: tokens=%lld", (long long)p);
+}
+
+int64_t apc_ckpt_anchor_lookup(apc_ckpt *k, const int32_t *tokens, int64_t max_len, int64_t min, uint64_t salt,
+                               kv_seq *seq, model_state *state) {
+    apc *c = k->c;
+    size_t sb = apc__state_bytes(c);
+    if (sb && state == NULL) return 0;
+    apc__lock(c);
+    apc_exact_entry *e = apc_exact_find_prefix(&k->anchors, tokens, max_len, salt);
+    if (e == NULL || e->n <= min) {
+        apc__unlock(c);
+        return 0;
+    }
+    kv_pool *pool = apc__pool(c);
+    ember_error err;
+    if (kv_seq_prepare_append(pool, seq, e->n, &err) < 0) {
+        apc__unlock(c);
+        return 0;
+    }
+    e->pins++;
+    apc_exact_touch(&k->anchors, e);
+    apc__unlock(c);
+    apc_snapshot_copy_in(pool, apc__layout(c), e->data, e->n, seq);
+    bool ok = true;
+    if (sb) {
+        ember_error serr;
+        ok = model_state_restore(state, e->state, e->state_bytes, &serr) == 0 && model_state_pos(state) == e->n;
+        if (!ok) model_state_reset(state);
+    }
+    int64_t got = e->n;
+    apc__lock(c);
+    apc_exact_unpin(&k->anchors, e);
+    if (!ok) {
+        kv_seq_release(pool, seq);
+        ck_decline(k, APC_CKPT_DECLINE_ANCHOR_CLONE, "an anchor's state did not restore");
+        got = 0;
+    } else {
+        seq->n_tokens = got;
+        k->anchor_hits++;
+        apc__count_hit_locked(c, got);
+    }
+    apc__unlock(c);
+    if (got) ember_log(EMBER_LOG_DEBUG, "APC anchor hit: prefix=%lld", (long long)got);
+    return got;
+}
+
+/* ---- Stats ---- */
+
+void apc_ckpt_stats_locked(apc_ckpt *k, apc_stats *s) {
+    s->ckpt_stores = k->stores;
+    s->ckpt_hits = k->hits;
+    s->ckpt_matched_tokens = k->matched;
+    s->ckpt_missed_adoptions = k->missed;
+    s->ckpt_pool_evictions = k->pool_evictions;
+    s->ckpt_grid_truncate = k->grid_truncate;
+    s->retire_fallback_full = k->fallback_full;
+    s->retire_fallback_suppressed = k->fallback_suppressed;
+    s->anchor_stores = k->anchor_stores;
+    s->anchor_hits = k->anchor_hits;
+    s->ckpt_armed = k->armed;
+    for (int i = 0; i < APC_CKPT_DECLINE_COUNT_; i++) s->ckpt_declines[i] = k->declines[i];
+    s->ckpt_records = k->count;
+    s->ckpt_bytes = k->bytes;
+    s->anchor_entries = k->anchors.count;
+}
+
+void apc_ckpt_stats_json(const apc_stats *s, cJSON *o) {
+    cJSON_AddNumberToObject(o, "ckpt_stores", (double)s->ckpt_stores);
+    cJSON_AddNumberToObject(o, "ckpt_hits", (double)s->ckpt_hits);
+    cJSON_AddNumberToObject(o, "ckpt_matched_tokens", (double)s->ckpt_matched_tokens);
+    cJSON *d = cJSON_CreateObject();
+    for (int i = 0; i < APC_CKPT_DECLINE_COUNT_; i++)
+        if (s->ckpt_declines[i])
+            cJSON_AddNumberToObject(d, apc_ckpt_decline_name((apc_ckpt_decline)i), (double)s->ckpt_declines[i]);
+    cJSON_AddItemToObject(o, "ckpt_declines", d);
+    cJSON_AddNumberToObject(o, "ckpt_missed_adoptions", (double)s->ckpt_missed_adoptions);
+    cJSON_AddNumberToObject(o, "ckpt_skeleton_writes", (double)s->ckpt_skeleton_writes);
+    cJSON_AddNumberToObject(o, "sidecar_writes", (double)s->sidecar_writes);
+    cJSON_AddNumberToObject(o, "retire_fallback_full", (double)s->retire_fallback_full);
+    cJSON_AddNumberToObject(o, "retire_fallback_suppressed", (double)s->retire_fallback_suppressed);
+    cJSON_AddNumberToObject(o, "ckpt_pool_evictions", (double)s->ckpt_pool_evictions);
+    cJSON_AddNumberToObject(o, "ckpt_grid_truncate", (double)s->ckpt_grid_truncate);
+    cJSON_AddNumberToObject(o, "anchor_stores", (double)s->anchor_stores);
+    cJSON_AddNumberToObject(o, "anchor_hits", (double)s->anchor_hits);
+    cJSON_AddNumberToObject(o, "ckpt_records", s->ckpt_records);
+    cJSON_AddNumberToObject(o, "ckpt_bytes", (double)s->ckpt_bytes);
+    cJSON_AddNumberToObject(o, "ckpt_armed", (double)s->ckpt_armed);
+    cJSON_AddNumberToObject(o, "anchor_entries", s->anchor_entries);
+}
+
+/* ---- Per request ---- */
+
+typedef struct ring_snap {
+    int64_t p;
+    void *state; /* arr stacks */
+} ring_snap;
+
+struct apc_req {
+    apc *c;
+    apc_ckpt *k;
+    apc_tier tier;
+    const int32_t *prompt;
+    int64_t N;
+    uint64_t salt;
+    int unit;
+    bool lookup, store;
+    int64_t turn_pos, anchor_pos;
+    apc_predict_fn predict;
+    void *predict_user;
+    int64_t restored;
+    bool armed;
+    /* ckpt: the schedule */
+    apc_ckpt_point *sched;
+    int n_sched, head;
+    int64_t bounds[2];
+    int n_bounds;
+    bool bound_landed;
+    /* exact: the anchor */
+    int64_t anchor_at; /* 0: not armed */
+    /* ckpt: decode-time snapshots */
+    bool ring_on, ring_frozen;
+    int64_t ring_next;
+    int ring_grid;
+    ring_snap snaps[2];
+    int n_snaps;
+};
+
+static int64_t lcm64(int64_t a, int64_t b) {
+    int64_t x = a, y = b;
+    while (y) {
+        int64_t t = x % y;
+        x = y;
+        y = t;
+    }
+    return a / x * b;
+}
+
+bool apc_prefill_serial(const apc *c) { return apc_get_tier(c) == APC_TIER_CKPT; }
+
+apc_req *apc_req_begin(apc *c, const apc_req_params *p) {
+    apc_tier t = apc_get_tier(c);
+    if (t != APC_TIER_CKPT && t != APC_TIER_EXACT) return NULL;
+    apc_req *r = calloc(1, sizeof *r);
+    if (r == NULL) return NULL;
+    r->c = c;
+    r->k = apc__ckpt(c);
+    r->tier = t;
+    r->prompt = p->prompt;
+    r->N = p->n_prompt;
+    r->salt = p->salt;
+    r->unit = (int)lcm64(p->prefill_step > 0 ? p->prefill_step : KV_BLOCK_TOKENS, KV_BLOCK_TOKENS);
+    r->lookup = p->lookup;
+    r->store = p->store;
+    r->turn_pos = p->turn_pos;
+    r->anchor_pos = p->anchor_pos;
+    r->predict = p->predict;
+    r->predict_user = p->predict_user;
+    return r;
+}
+
+void apc_req_end(apc_req *r) {
+    if (r == NULL) return;
+    for (int i = 0; i < r->n_snaps; i++) free(r->snaps[i].state);
+    free(r->sched);
+    free(r);
+}
+
+apc_hit apc_req_lookup(apc_req *r, kv_seq *seq, model_state *state) {
+    apc_hit hit = {0, APC_SOURCE_NONE};
+    if (!r->lookup || r->N < 2) return hit;
+    if (r->tier == APC_TIER_CKPT) return ck_lookup(r->k, r->prompt, r->N, r->salt, seq, state);
+    /* exact: the stock snapshot, or an anchor when strictly longer */
+    apc__lock(r->c);
+    int64_t best = apc__exact_best_locked(r->c, r->prompt, r->N - 1, r->salt);
+    apc_exact_entry *a = apc_exact_find_prefix(&r->k->anchors, r->prompt, r->N - 1, r->salt);
+    int64_t anchor = a ? a->n : 0;
+    apc__unlock(r->c);
+    if (anchor > best) {
+        int64_t got = apc_ckpt_anchor_lookup(r->k, r->prompt, r->N - 1, best, r->salt, seq, state);
+        if (got > 0) {
+            hit.n_tokens = got;
+            hit.source = APC_SOURCE_ANCHOR;
+            return hit;
+        }
+    }
+    return apc_lookup_state(r->c, r->prompt, r->N, r->salt, seq, state);
+}
+
+void apc_req_arm(apc_req *r, int64_t restored) {
+    r->restored = restored;
+    if (!r->store) return;
+    apc_ckpt *k = r->k;
+    const apc_ckpt_config *cfg = &k->cfg;
+    if (r->tier == APC_TIER_EXACT) {
+        /* The system-prompt anchor (reference §6.4; on the grid for
+         * recurrent stacks, design.md §1). */
+        if (!cfg->sys || r->anchor_pos <= 0) return;
+        int64_t pos = r->anchor_pos < r->N - 1 ? r->anchor_pos : r->N - 1;
+        if (k->has_arr && pos != r->N - 1) pos = floor_to(pos, r->unit);
+        int64_t fl = cfg->sys_min > 2 ? cfg->sys_min : 2;
+        if (pos >= fl && pos > restored) {
+            r->anchor_at = pos;
+            ember_log(EMBER_LOG_DEBUG, "APC anchor armed: pos=%lld guard=%lld", (long long)pos, (long long)(r->N - 1));
+        }
+        return;
+    }
+    /* ckpt */
+    r->armed = true;
+    apc_ckpt_sched_in in;
+    memset(&in, 0, sizeof in);
+    in.n = r->N;
+    in.guard = r->N - 1;
+    in.restored = restored;
+    in.unit = r->unit;
+    in.has_arr = k->has_arr;
+    in.window = k->window;
+    in.p_stable = r->turn_pos;
+    in.sys_lcp = r->anchor_pos;
+    in.cfg = *cfg;
+    int64_t iv = cfg->interval > 0 ? floor_to(cfg->interval, r->unit) : 0;
+    if (cfg->interval > 0 && iv < r->unit) iv = r->unit;
+    int cap = (int)(iv > 0 ? r->N / iv : 0) + 6;
+    r->sched = malloc((size_t)cap * sizeof *r->sched);
+    if (r->sched) r->n_sched = apc_ckpt_schedule(&in, r->sched, cap, r->bounds, &r->n_bounds);
+    /* decode-time snapshots need a render prediction */
+    if (cfg->decode_interval > 0 && r->predict) {
+        int64_t grid = r->unit;
+        if (grid > cfg->decode_interval) grid = KV_BLOCK_TOKENS;
+        r->ring_grid = (int)grid;
+        r->ring_on = true;
+        int64_t eff = cfg->decode_interval;
+        if (r->N / 64 > eff) eff = r->N / 64;
+        r->ring_next = (r->N + eff + grid - 1) / grid * grid;
+    }
+    apc__lock(r->c);
+    k->armed++;
+    int T = cfg->tripwire;
+    if (T > 0 && !k->warned_zero && k->armed > (uint64_t)T && k->stores == 0) {
+        k->warned_zero = true;
+        ember_log(EMBER_LOG_WARN,
+                  "APC ckpt tripwire: %llu requests armed with zero checkpoint stores -- the tier is not working for "
+                  "this model/config and every request prefills cold (EMBER_APC_CKPT_TRIPWIRE=0 silences)",
+                  (unsigned long long)k->armed);
+    }
+    apc__unlock(r->c);
+}
+
+int64_t apc_req_next_stop(const apc_req *r, int64_t p) {
+    if (r == NULL || !r->store) return INT64_MAX;
+    if (r->tier == APC_TIER_EXACT) return r->anchor_at > p ? r->anchor_at : INT64_MAX;
+    for (int i = r->head; i < r->n_sched; i++)
+        if (r->sched[i].pos > p) return r->sched[i].pos;
+    return INT64_MAX;
+}
+
+void apc_req_at(apc_req *r, const kv_seq *seq, const model_state *state) {
+    if (r == NULL || !r->store) return;
+    int64_t p = seq->n_tokens;
+    if (r->tier == APC_TIER_EXACT) {
+        if (r->anchor_at > 0 && p == r->anchor_at) anchor_store(r->k, r->prompt, p, r->salt, seq, state);
+        if (p == r->N - 1 && p > r->restored)
+            apc_store_state(r->c, APC_STORE_PAUSE, r->prompt, p, r->salt, seq, state);
+        return;
+    }
+    while (r->head < r->n_sched && r->sched[r->head].pos < p) r->head++; /* passed without a stop */
+    if (r->head < r->n_sched && r->sched[r->head].pos == p) {
+        apc_ckpt_point pt = r->sched[r->head++];
+        if (ck_store(r->k, pt.kind, r->prompt, p, r->salt, seq, state, NULL, false))
+            for (int i = 0; i < r->n_bounds; i++)
+                if (r->bounds[i] == p) r->bound_landed = true;
+    }
+}
+
+void apc_req_prefilled(apc_req *r, const kv_seq *seq, const model_state *state) {
+    if (r == NULL || !r->store || r->tier != APC_TIER_CKPT || !r->armed) return;
+    if (r->bound_landed) {
+        ember_log(EMBER_LOG_DEBUG, "APC ckpt post-prefill store skipped: render-stable boundary landed");
+        return;
+    }
+    if (r->N > r->restored) ck_store(r->k, APC_CKPT_BOUNDARY, r->prompt, r->N, r->salt, seq, state, NULL, false);
+}
+
+void apc_req_decode(apc_req *r, const int32_t *all, const kv_seq *seq, const model_state *state) {
+    if (r == NULL || !r->ring_on || r->ring_frozen) return;
+    int64_t p = seq->n_tokens;
+    if (p < r->ring_next) return;
+    apc_ckpt *k = r->k;
+    if (k->window > 0 && p < k->window && p % KV_BLOCK_TOKENS != 0) return;
+    int64_t eff = k->cfg.decode_interval;
+    if (p / 64 > eff) eff = p / 64;
+    int64_t g = r->ring_grid;
+    r->ring_next = (p + eff + g - 1) / g * g;
+    int64_t pred = r->predict(r->predict_user, all, p);
+    if (pred < 0) return;
+    if (pred + 64 < p) {
+        int keep = 0;
+        for (int i = 0; i < r->n_snaps; i++) {
+            if (r->snaps[i].p <= pred) r->snaps[keep++] = r->snaps[i];
+            else free(r->snaps[i].state);
+        }
+        r->n_snaps = keep;
+        r->ring_frozen = true;
+        ember_log(EMBER_LOG_DEBUG, "APC decode ckpt frozen: render diverges at %lld (live %lld)", (long long)pred,
+                  (long long)p);
+        return;
+    }
+    size_t sb = apc__state_bytes(r->c);
+    void *buf = NULL;
+    if (sb) {
+        if (state == NULL || model_state_pos(state) != p || (buf = malloc(sb)) == NULL) {
+            r->ring_on = false; /* first strike disables the ring */
+            return;
+        }
+        model_state_snapshot(state, buf);
+    }
+    if (r->n_snaps == 2) {
+        free(r->snaps[0].state);
+        r->snaps[0] = r->snaps[1];
+        r->n_snaps = 1;
+    }
+    r->snaps[r->n_snaps].p = p;
+    r->snaps[r->n_snaps].state = buf;
+    r->n_snaps++;
+    ember_log(EMBER_LOG_DEBUG, "APC decode ckpt snapshot: p=%lld pred=%lld", (long long)p, (long long)pred);
+}
+
+bool apc_req_retire_wants_last_token(const apc_req *r, int64_t n_kv) {
+    if (r == NULL || !r->store) return false;
+    return r->tier == APC_TIER_EXACT; /* ckpt: the reference's offset rule stores len-1 */
+}
+
+void apc_req_retire(apc_req *r, const int32_t *all, int64_t n, const kv_seq *seq, const model_state *state) {
+    if (r == NULL || !r->store) return;
+    if (r->tier == APC_TIER_EXACT) {
+        apc_store_state(r->c, APC_STORE_RETIRE, all, n, r->salt, seq, state);
+        return;
+    }
+    apc_ckpt *k = r->k;
+    int64_t cap = n;
+    if (r->predict) {
+        int64_t pred = r->predict(r->predict_user, all, n);
+        if (pred >= 0 && pred < n) cap = pred;
+    }
+    /* 1. The whole sequence when the next turn replays it verbatim. */
+    if (cap == n) {
+        if (ck_store(k, APC_CKPT_RETIRE, all, n, r->salt, seq, state, NULL, true)) return;
+    }
+    /* 2. The newest decode snapshot at or below the cap. */
+    for (int i = r->n_snaps - 1; i >= 0; i--) {
+        int64_t p = r->snaps[i].p;
+        if (p < 2 || p > cap) continue;
+        if (ck_store(k, APC_CKPT_RETIRE, all, p, r->salt, seq, NULL, r->snaps[i].state, false)) {
+            ember_log(EMBER_LOG_DEBUG, "APC retirement: decode ckpt stored at %lld", (long long)p);
+            return;
+        }
+        break;
+    }
+    if (cap < n) {
+        apc__lock(r->c);
+        bool suppress = r->bound_landed;
+        if (suppress) k->fallback_suppressed++;
+        apc__unlock(r->c);
+        if (suppress) return;
+        /* 3. The full sequence under its verbatim key. */
+        if (ck_store(k, APC_CKPT_RETIRE, all, n, r->salt, seq, state, NULL, true)) {
+            apc__lock(r->c);
+            k->fallback_full++;
+            apc__unlock(r->c);
+            ember_log(EMBER_LOG_DEBUG, "APC retirement: full-sequence fallback stored at %lld", (long long)n);
+        }
+    }
+}
