@@ -575,6 +575,52 @@ static void test_strip_on_extend(void **st) {
     kv_pool_free(pool);
 }
 
+/* Sliding layers below the window stay on the block grid (reference §16.4
+ * C4/C5): an off-grid p = N store declines `grid`; retirement truncates to
+ * the block grid (ckpt_grid_truncate). */
+static void test_grid_truncate(void **st) {
+    (void)st;
+    int kw[2] = {4, 4};
+    kv_pool_config kc = {2, kw, kw, 32};
+    ember_error err;
+    kv_pool *pool = kv_pool_create(&kc, &err);
+    assert_non_null(pool);
+    cache_layer stack[2] = {{CACHE_KIND_KV, 0, 0}, {CACHE_KIND_ROT, 32, 0}};
+    apc_config cfg = apc_default_config();
+    cfg.ckpt = test_ckpt_config();
+    apc *c = apc_create(pool, &kc, stack, &cfg, &err);
+    assert_non_null(c);
+    int32_t a[64];
+    random_tokens(a, 64, 512);
+    kv_seq seq;
+    kv_seq_init(&seq);
+    assert_int_equal(apc_seq_prepare_append(c, &seq, 20, &err), 0);
+    seq.n_tokens = 20;
+    apc_req_params rp;
+    memset(&rp, 0, sizeof rp);
+    rp.prompt = a;
+    rp.n_prompt = 20;
+    rp.prefill_step = 1024;
+    rp.store = true;
+    apc_req *r = apc_req_begin(c, &rp);
+    apc_req_arm(r, 0);
+    apc_req_prefilled(r, &seq, NULL);
+    apc_stats s;
+    apc_get_stats(c, &s);
+    assert_int_equal(s.ckpt_stores, 0);
+    assert_int_equal(s.ckpt_declines[APC_CKPT_DECLINE_GRID], 1);
+    apc_req_retire(r, a, 20, &seq, NULL);
+    apc_req_end(r);
+    apc_seq_release(c, &seq);
+    apc_get_stats(c, &s);
+    assert_int_equal(s.ckpt_stores, 1);
+    assert_int_equal(s.ckpt_grid_truncate, 1);
+    assert_int_equal(s.exact_stores, 0);
+    assert_int_equal(probe(c, a, 30), 16);
+    apc_free(c);
+    kv_pool_free(pool);
+}
+
 /* ---- tripwires ---- */
 
 static char *capture_begin(int *saved, char *tmpl) {
@@ -673,7 +719,8 @@ int main(void) {
         cmocka_unit_test(test_multi_turn),      cmocka_unit_test(test_system_anchor),
         cmocka_unit_test(test_branch),          cmocka_unit_test(test_pool_pressure),
         cmocka_unit_test(test_intersection),    cmocka_unit_test(test_decode_snapshots),
-        cmocka_unit_test(test_strip_on_extend), cmocka_unit_test(test_tripwires),
+        cmocka_unit_test(test_strip_on_extend), cmocka_unit_test(test_grid_truncate),
+        cmocka_unit_test(test_tripwires),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
