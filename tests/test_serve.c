@@ -817,6 +817,76 @@ static void test_recurrent_mamba2(void **state) {
     check_recurrent_arch("mamba2");
 }
 
+/* Requests that offer tools: validation, and a reply (the tiny model writes
+ * no tool call) that comes back the same whole and streamed through the
+ * tool filter. The parser itself is tested on fixed strings in
+ * test_serve_tools. */
+static void test_tools_api(void **state) {
+    (void)state;
+    const int p = g_open.port;
+    const char *path = "/v1/chat/completions";
+    expect_error(p, "POST", path, NULL,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[3]}", 400, "tools[0]", "invalid_type");
+    expect_error(p, "POST", path, NULL,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
+                 "\"function\":{}}]}",
+                 400, "tools[0].function.name", "missing_required_parameter");
+    expect_error(p, "POST", path, NULL,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"retrieval\"}]}", 400,
+                 "tools[0].type", "invalid_value");
+    expect_error(p, "POST", path, NULL,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
+                 "\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"sometimes\"}",
+                 400, "tool_choice", "invalid_value");
+    expect_error(p, "POST", path, NULL,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
+                 "\"function\":{\"name\":\"f\"}}],\"tool_choice\":7}",
+                 400, "tool_choice", "invalid_type");
+    expect_error(p, "POST", path, NULL,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", 400,
+                 "tool_choice", "invalid_value");
+    const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":"
+                        "\"Weather of a city\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":"
+                        "{\"type\":\"string\"}},\"required\":[\"city\"]}}}],\"tool_choice\":\"auto\"";
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},{\"role\":\"assistant\","
+             "\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":"
+             "\"get_weather\",\"arguments\":\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},{\"role\":\"tool\","
+             "\"tool_call_id\":\"call_1\",\"content\":\"sunny\"}],%s,\"max_tokens\":12,\"temperature\":0}",
+             tools);
+    cJSON *a = post_ok(p, path, NULL, body);
+    const char *fin = jstr(a, "choices.0.finish_reason");
+    assert_true(strcmp(fin, "length") == 0 || strcmp(fin, "stop") == 0);
+    const char *content = jstr(a, "choices.0.message.content");
+    assert_null(jget(a, "choices.0.message.tool_calls"));
+    /* streamed through the filter: the same text */
+    char sbody[2200];
+    snprintf(sbody, sizeof sbody, "%.*s,\"stream\":true}", (int)strlen(body) - 1, body);
+    resp r = http(p, "POST", path, NULL, sbody);
+    assert_int_equal(r.status, 200);
+    bool done;
+    cJSON *ev = sse_events(r.body, &done);
+    assert_true(done);
+    char text[4096] = "";
+    const char *sfin = NULL;
+    for (int i = 0; i < cJSON_GetArraySize(ev); i++) {
+        const cJSON *e = cJSON_GetArrayItem(ev, i);
+        const cJSON *c = jget(e, "choices.0.delta.content");
+        if (cJSON_IsString(c)) strncat(text, c->valuestring, sizeof text - strlen(text) - 1);
+        if (i > 0 && cJSON_IsString(c)) assert_true(c->valuestring[0] != 0); /* no empty deltas */
+        assert_null(jget(e, "choices.0.delta.tool_calls"));
+        const cJSON *f = jget(e, "choices.0.finish_reason");
+        if (cJSON_IsString(f)) sfin = f->valuestring;
+    }
+    assert_string_equal(text, content);
+    assert_non_null(sfin);
+    assert_string_equal(sfin, fin);
+    cJSON_Delete(ev);
+    resp_free(&r);
+    cJSON_Delete(a);
+}
+
 static void test_disconnect_cancels(void **state) {
     (void)state;
     const char *body = "{\"prompt\":\"cancel me\",\"max_tokens\":2000,\"ignore_eos\":true,\"stream\":true}";
@@ -1054,6 +1124,7 @@ int main(void) {
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_recurrent_qwen35),
         cmocka_unit_test(test_recurrent_mamba2),
+        cmocka_unit_test(test_tools_api),
         cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_cache_stats_reset_metrics),

@@ -179,7 +179,61 @@ static uint64_t random_seed(void) {
     return x;
 }
 
+/* Validates tools and tool_choice; picks the reply's tool-call syntax. */
+static int parse_tools(const api_ctx *ctx, const cJSON *body, const cJSON *tools, api_req *out, api_error *e) {
+    int n = cJSON_IsArray(tools) ? cJSON_GetArraySize(tools) : 0, i = 0;
+    const cJSON *t;
+    if (n > 0) cJSON_ArrayForEach(t, tools) {
+        char name[64];
+        snprintf(name, sizeof name, "tools[%d]", i);
+        if (!cJSON_IsObject(t)) return bad_type(e, name, "an object", t);
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
+        if (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0)) {
+            snprintf(name, sizeof name, "tools[%d].type", i);
+            return api_fail(e, 400, "invalid_request_error", name, "invalid_value",
+                            "Invalid value for '%s': only 'function' tools are supported.", name);
+        }
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(f, "name");
+        if (!cJSON_IsObject(f) || !cJSON_IsString(fn) || fn->valuestring[0] == 0) {
+            snprintf(name, sizeof name, "tools[%d].function.name", i);
+            return api_fail(e, 400, "invalid_request_error", name, "missing_required_parameter",
+                            "Missing required parameter: '%s'.", name);
+        }
+        i++;
+    }
+    bool parse = n > 0;
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
+    if (tc && !cJSON_IsNull(tc)) {
+        if (cJSON_IsString(tc)) {
+            const char *v = tc->valuestring;
+            if (strcmp(v, "none") != 0 && strcmp(v, "auto") != 0 && strcmp(v, "required") != 0)
+                return api_fail(e, 400, "invalid_request_error", "tool_choice", "invalid_value",
+                                "Invalid value: '%.64s'. Supported values are: 'none', 'auto', and 'required'.", v);
+            if (strcmp(v, "none") == 0) parse = false;
+        } else if (cJSON_IsObject(tc)) {
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(tc, "function"), "name");
+            if (!cJSON_IsString(fn))
+                return api_fail(e, 400, "invalid_request_error", "tool_choice.function.name",
+                                "missing_required_parameter", "Missing required parameter: 'tool_choice.function.name'.");
+        } else {
+            return bad_type(e, "tool_choice", "a string or an object", tc);
+        }
+        if (n == 0 && !(cJSON_IsString(tc) && strcmp(tc->valuestring, "none") == 0))
+            return api_fail(e, 400, "invalid_request_error", "tool_choice", "invalid_value",
+                            "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are "
+                            "specified.");
+    }
+    if (parse) {
+        out->tool_schema = cJSON_Duplicate(tools, true);
+        if (out->tool_schema == NULL) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        out->tools = serve_chat_tool_syntax(ctx->chat);
+    }
+    return 0;
+}
+
 void api_req_free(api_req *r) {
+    cJSON_Delete(r->tool_schema);
     free(r->p.prompt);
     for (int i = 0; i < r->p.n_stop; i++) free(r->p.stop[i]);
     memset(r, 0, sizeof *r);
@@ -313,6 +367,7 @@ int api_parse(const api_ctx *ctx, bool chat, const char *body_text, size_t len, 
             bad_type(e, "tools", "an array", tools);
             goto done;
         }
+        if (parse_tools(ctx, body, tools, out, e) < 0) goto done;
         const cJSON *kwargs = cJSON_GetObjectItemCaseSensitive(body, "chat_template_kwargs");
         if (kwargs && !cJSON_IsNull(kwargs) && !cJSON_IsObject(kwargs)) {
             bad_type(e, "chat_template_kwargs", "an object", kwargs);
@@ -560,17 +615,29 @@ char *api_response_json(const api_ctx *ctx, const api_req *q, const char *id, lo
     cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
     cJSON_AddItemToArray(choices, c);
     cJSON_AddNumberToObject(c, "index", 0);
+    bool tool_finish = false;
     if (q->chat) {
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", "assistant");
         char *reasoning = NULL, *content = NULL;
+        const char *said = text;
         if ((q->thinking_open || strstr(text, "</think>")) &&
-            chat_split_reasoning(text, q->thinking_open, &reasoning, &content) == 0) {
-            cJSON_AddStringToObject(m, "content", content ? content : "");
+            chat_split_reasoning(text, q->thinking_open, &reasoning, &content) == 0)
+            said = content ? content : "";
+        tool_calls calls = {0};
+        char *rest = NULL;
+        if (q->tools != TOOL_SYNTAX_NONE && tools_parse(q->tools, q->tool_schema, said, &rest, &calls) > 0) {
+            if (rest) cJSON_AddStringToObject(m, "content", rest);
+            else cJSON_AddNullToObject(m, "content");
             if (reasoning) cJSON_AddStringToObject(m, "reasoning_content", reasoning);
+            cJSON_AddItemToObject(m, "tool_calls", tool_calls_json(&calls));
+            if (f == SREQ_STOP) tool_finish = true;
         } else {
-            cJSON_AddStringToObject(m, "content", text);
+            cJSON_AddStringToObject(m, "content", said);
+            if (reasoning) cJSON_AddStringToObject(m, "reasoning_content", reasoning);
         }
+        tool_calls_free(&calls);
+        free(rest);
         free(reasoning);
         free(content);
         cJSON_AddItemToObject(c, "message", m);
@@ -580,7 +647,7 @@ char *api_response_json(const api_ctx *ctx, const api_req *q, const char *id, lo
     if (q->logprobs) cJSON_AddItemToObject(c, "logprobs", q->chat ? chat_logprobs(ctx, r, 0, n_lp)
                                                                      : completion_logprobs(ctx, r, 0, n_lp, 0));
     else cJSON_AddNullToObject(c, "logprobs");
-    cJSON_AddStringToObject(c, "finish_reason", api_finish_reason(f));
+    cJSON_AddStringToObject(c, "finish_reason", tool_finish ? "tool_calls" : api_finish_reason(f));
     cJSON_AddItemToObject(o, "usage", usage_json(u));
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
@@ -616,6 +683,34 @@ char *api_chunk_json(const api_ctx *ctx, const api_req *q, const char *id, long 
         if (usage_only && u) cJSON_AddItemToObject(o, "usage", usage_json(u));
         else cJSON_AddNullToObject(o, "usage");
     }
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+char *api_tool_chunk_json(const api_ctx *ctx, const api_req *q, const char *id, long created, int index,
+                          const tool_call *call, bool head) {
+    cJSON *o = envelope(ctx, id, created, "chat.completion.chunk");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    cJSON *d = cJSON_CreateObject(), *arr = cJSON_CreateArray(), *tc = cJSON_CreateObject(), *fn = cJSON_CreateObject();
+    cJSON_AddNumberToObject(tc, "index", index);
+    if (head) {
+        cJSON_AddStringToObject(tc, "id", call->id);
+        cJSON_AddStringToObject(tc, "type", "function");
+        cJSON_AddStringToObject(fn, "name", call->name);
+        cJSON_AddStringToObject(fn, "arguments", "");
+    } else {
+        cJSON_AddStringToObject(fn, "arguments", call->arguments);
+    }
+    cJSON_AddItemToObject(tc, "function", fn);
+    cJSON_AddItemToArray(arr, tc);
+    cJSON_AddItemToObject(d, "tool_calls", arr);
+    cJSON_AddItemToObject(c, "delta", d);
+    cJSON_AddNullToObject(c, "logprobs");
+    cJSON_AddNullToObject(c, "finish_reason");
+    if (q->include_usage) cJSON_AddNullToObject(o, "usage");
     char *s = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return s;

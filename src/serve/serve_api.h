@@ -17,7 +17,15 @@
  *    ({content: [{token, logprob, bytes, top_logprobs}]}) or the legacy
  *    completions shape, and error bodies {"error": {message, type, param,
  *    code}}. Token texts that are not valid UTF-8 by themselves are shown
- *    with U+FFFD; their exact bytes are in "bytes". */
+ *    with U+FFFD; their exact bytes are in "bytes".
+ *  - Tools: a chat request with a non-empty `tools` array (each entry
+ *    {type: "function", function: {name, ...}}) and a tool_choice other
+ *    than "none" has its reply parsed for tool calls in the template's
+ *    syntax (serve_tools.h): message.tool_calls, content null when nothing
+ *    else was said, finish_reason "tool_calls"; streamed as OpenAI
+ *    delta.tool_calls chunks (a head {index, id, type, function{name,
+ *    arguments: ""}}, then the arguments). tool_choice is validated, not
+ *    enforced (generation is not constrained). */
 #ifndef EMBER_SERVE_API_H
 #define EMBER_SERVE_API_H
 
@@ -50,6 +58,8 @@ typedef struct api_req {
     bool logprobs;       /* chat: logprobs; completions: logprobs != null */
     int top_logprobs;
     bool thinking_open;
+    tool_syntax tools;   /* NONE: replies are not parsed for tool calls */
+    cJSON *tool_schema;  /* the request's tools array (owned) */
     sreq_params p;
 } api_req;
 
@@ -75,5 +85,9 @@ char *api_response_json(const api_ctx *ctx, const api_req *q, const char *id, lo
 char *api_chunk_json(const api_ctx *ctx, const api_req *q, const char *id, long created, const char *text,
                      const char *reasoning, bool role, sreq *r, int lp_from, int lp_to, const char *finish,
                      const sreq_usage *u, bool usage_only);
+/* A delta.tool_calls chunk for call `index`: the head (id, type, name, empty
+ * arguments) or the arguments. */
+char *api_tool_chunk_json(const api_ctx *ctx, const api_req *q, const char *id, long created, int index,
+                          const tool_call *call, bool head);
 
 #endif

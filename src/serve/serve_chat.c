@@ -18,6 +18,7 @@
 struct serve_chat {
     chat_template *tpl;
     char *bos, *eos;
+    tool_syntax tools;
 };
 
 static char *token_text(const tokenizer *t, int32_t id) {
@@ -48,6 +49,8 @@ serve_chat *serve_chat_create(const model *m, ember_error *err) {
     else
         ember_log(EMBER_LOG_INFO, "chat template: the model's own (%zu bytes)",
                   strlen(chat_template_source(c->tpl)));
+    c->tools = tool_syntax_for_template(chat_template_source(c->tpl));
+    ember_log(EMBER_LOG_INFO, "tool calls in replies are parsed as %s", tool_syntax_name(c->tools));
     c->bos = token_text(tok, tokenizer_bos(tok));
     c->eos = token_text(tok, tokenizer_eos(tok));
     return c;
@@ -60,6 +63,8 @@ void serve_chat_free(serve_chat *c) {
     free(c->eos);
     free(c);
 }
+
+tool_syntax serve_chat_tool_syntax(const serve_chat *c) { return c->tools; }
 
 static bool role_ok(const char *r) {
     static const char *roles[] = {"system", "user", "assistant", "tool", "developer"};

@@ -10,7 +10,10 @@
  * Rendering goes through the model's own chat template (src/chat); a
  * template that is missing or cannot be parsed falls back to ChatML with a
  * warning at load. chat_template_kwargs (a JSON object) become extra
- * template variables (enable_thinking, ...). */
+ * template variables (enable_thinking, ...).
+ *
+ * serve_chat_tool_syntax says how the template's model writes tool calls
+ * (serve_tools.h), for parsing replies to requests that offer tools. */
 #ifndef EMBER_SERVE_CHAT_H
 #define EMBER_SERVE_CHAT_H
 
@@ -20,12 +23,14 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "serve/serve_tools.h"
 
 typedef struct serve_chat serve_chat;
 
 /* ---- API ---- */
 serve_chat *serve_chat_create(const model *m, ember_error *err);
 void serve_chat_free(serve_chat *c);
+tool_syntax serve_chat_tool_syntax(const serve_chat *c);
 /* *out is malloc'd. *thinking_open: the prompt ends inside <think>. */
 int serve_chat_render(const serve_chat *c, const cJSON *messages, const cJSON *tools, const cJSON *kwargs,
                       char **out, bool *thinking_open, char *param, size_t param_cap, ember_error *err);

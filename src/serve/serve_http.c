@@ -18,7 +18,10 @@
  * start when the prompt opened <think>, or when the reply opens with it,
  * until </think> (a tag split across tokens is held back, never shown).
  * Streams that ask for logprobs keep the plain content deltas so each chunk's
- * logprobs stay aligned with its text. */
+ * logprobs stay aligned with its text. When the request offers tools, content
+ * goes through a tool_filter (serve_tools.h): text that may begin a tool call
+ * is held, and at the end the calls go out as delta.tool_calls chunks before
+ * the finish chunk (finish_reason "tool_calls"). */
 #define _GNU_SOURCE
 #include "serve/serve.h"
 
@@ -239,6 +242,8 @@ typedef struct stream_ctx {
     int think;
     char *pend;          /* text held back while deciding */
     size_t pend_len;
+    tool_filter *tools;  /* requests with tools: content is parsed for calls */
+    int n_calls;
 } stream_ctx;
 
 static void out_append(stream_ctx *st, const char *s, size_t n) {
@@ -272,11 +277,31 @@ static size_t tag_prefix_suffix(const char *s, size_t n, const char *tag) {
 
 static void emit_split(stream_ctx *st, const char *text, size_t n, bool reasoning) {
     if (n == 0) return;
-    char *t = strndup(text, n);
-    if (t == NULL) return;
+    char *t = !reasoning && st->tools ? tool_filter_push(st->tools, text, n, false, NULL) : strndup(text, n);
+    if (t == NULL || t[0] == 0) {
+        free(t);
+        return;
+    }
     out_event(st, api_chunk_json(&st->srv->api, &st->q, st->id, st->created, reasoning ? NULL : t,
                                  reasoning ? t : NULL, false, st->r, 0, 0, NULL, NULL, false));
     free(t);
+}
+
+/* The end of a stream with tools: held content, then the calls. */
+static void emit_tool_calls(stream_ctx *st) {
+    if (st->tools == NULL) return;
+    tool_calls calls;
+    char *t = tool_filter_push(st->tools, "", 0, true, &calls);
+    if (t && t[0])
+        out_event(st, api_chunk_json(&st->srv->api, &st->q, st->id, st->created, t, NULL, false, st->r, 0, 0, NULL,
+                                     NULL, false));
+    free(t);
+    for (int i = 0; i < calls.n; i++) {
+        out_event(st, api_tool_chunk_json(&st->srv->api, &st->q, st->id, st->created, i, &calls.v[i], true));
+        out_event(st, api_tool_chunk_json(&st->srv->api, &st->q, st->id, st->created, i, &calls.v[i], false));
+    }
+    st->n_calls = calls.n;
+    tool_calls_free(&calls);
 }
 
 /* Routes new chat text to reasoning_content or content; at_end flushes. */
@@ -347,8 +372,10 @@ static bool stream_refill(stream_ctx *st) {
     if (st->q.chat && !st->q.logprobs) {
         route_text(st, d.text, d.len, d.finish != SREQ_RUNNING);
     } else if (d.len > 0 || d.lp_to > d.lp_from) {
-        out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, d.text, NULL, false, st->r, d.lp_from,
-                                     d.lp_to, NULL, NULL, false));
+        char *t = st->tools ? tool_filter_push(st->tools, d.text, d.len, false, NULL) : NULL;
+        out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, t ? t : d.text, NULL, false, st->r,
+                                     d.lp_from, d.lp_to, NULL, NULL, false));
+        free(t);
     }
     if (d.finish != SREQ_RUNNING) {
         sreq_usage u;
@@ -359,8 +386,10 @@ static bool stream_refill(stream_ctx *st) {
                      u.error[0] ? u.error : api_finish_reason(d.finish));
             out_event(st, api_error_json(&e));
         } else {
-            out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, NULL, NULL, false, st->r, 0, 0,
-                                         api_finish_reason(d.finish), NULL, false));
+            emit_tool_calls(st);
+            const char *fin = st->n_calls > 0 && d.finish == SREQ_STOP ? "tool_calls" : api_finish_reason(d.finish);
+            out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, NULL, NULL, false, st->r, 0, 0, fin,
+                                         NULL, false));
             if (st->q.include_usage)
                 out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, NULL, NULL, false, st->r, 0, 0,
                                              NULL, &u, true));
@@ -397,6 +426,7 @@ static void stream_free(void *cls) {
     api_req_free(&st->q);
     free(st->out);
     free(st->pend);
+    tool_filter_free(st->tools);
     free(st);
 }
 
@@ -443,6 +473,13 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, bo
         sc->q = q;
         sc->created = created;
         snprintf(sc->id, sizeof sc->id, "%s", id);
+        if (sc->q.tools != TOOL_SYNTAX_NONE && q.chat) {
+            sc->tools = tool_filter_create(sc->q.tools, sc->q.tool_schema);
+            if (sc->tools == NULL) {
+                stream_free(sc);
+                return MHD_NO;
+            }
+        }
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, sc,
                                                                       stream_free);
         if (resp == NULL) {
