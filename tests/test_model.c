@@ -561,6 +561,68 @@ static void test_state_restore(void **state) {
     check_state_restore("reference/falcon-h1-normjit-f32.gguf");
 }
 
+/* rope_freqs.weight (Llama 3.1 long-context factors) is bound and applied:
+ * a copy of a llama fixture with all factors 1 gives the same bits, with
+ * factors 2 different logits. */
+static float *logits_of_copy(const char *src_path, const char *dir, float factor, int32_t *ids, int n) {
+    ember_error err;
+    gguf_file *src = gguf_open(src_path, &err);
+    assert_non_null(src);
+    gguf_writer *w = gguf_writer_create();
+    for (int64_t i = 0; i < gguf_kv_count(src); i++) gguf_writer_copy_kv(w, src, i);
+    for (int64_t i = 0; i < gguf_tensor_count(src); i++) {
+        const gguf_tensor *t = gguf_tensor_at(src, i);
+        assert_int_equal(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, &err), 0);
+    }
+    int64_t n_rot = 0, head = 0, n_embd = 0;
+    assert_true(gguf_get_int(src, "llama.attention.head_count", &head));
+    assert_true(gguf_get_int(src, "llama.embedding_length", &n_embd));
+    if (!gguf_get_int(src, "llama.rope.dimension_count", &n_rot)) n_rot = n_embd / head;
+    float factors[512];
+    for (int i = 0; i < n_rot / 2; i++) factors[i] = factor;
+    int64_t ne[1] = {n_rot / 2};
+    assert_int_equal(gguf_writer_add_tensor(w, "rope_freqs.weight", 0, 1, ne, factors, &err), 0);
+    char path[512];
+    snprintf(path, sizeof path, "%s/rope-%g.gguf", dir, factor);
+    if (gguf_writer_write(w, path, &err) < 0) fail_msg("write: %s", err.msg);
+    gguf_writer_free(w);
+    gguf_close(src);
+    engine e;
+    engine_open(&e, path, 1, 64);
+    float *logits = malloc((size_t)n * n_vocab_of(&e) * sizeof(float));
+    eval_or_fail(&e, ids, n, true, logits);
+    engine_close(&e);
+    return logits;
+}
+
+static void test_rope_freqs_tensor(void **state) {
+    (void)state;
+    REQUIRE_FIXTURE(p, "reference/llama-gqa-f32.gguf");
+    char src[1024];
+    snprintf(src, sizeof src, "%s", p);
+    int32_t ids[24];
+    for (int i = 0; i < 24; i++) ids[i] = (int32_t)(i * 13 % 500) + 3;
+    ids[0] = 1;
+    engine e;
+    engine_open(&e, src, 1, 64);
+    int V = n_vocab_of(&e);
+    float *plain = malloc((size_t)24 * V * sizeof(float));
+    eval_or_fail(&e, ids, 24, true, plain);
+    engine_close(&e);
+    char *dir = make_temp_dir();
+    float *ones = logits_of_copy(src, dir, 1.0f, ids, 24);
+    float *twos = logits_of_copy(src, dir, 2.0f, ids, 24);
+    assert_memory_equal(plain, ones, (size_t)24 * V * sizeof(float));
+    /* position 0 has no rotation, so only later rows may differ */
+    assert_memory_equal(plain, twos, (size_t)V * sizeof(float));
+    assert_true(memcmp(plain + V, twos + V, (size_t)23 * V * sizeof(float)) != 0);
+    free(plain);
+    free(ones);
+    free(twos);
+    remove_tree(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_golden),
@@ -570,6 +632,7 @@ int main(void) {
         cmocka_unit_test(test_state_restore),
         cmocka_unit_test(test_cache_stacks),
         cmocka_unit_test(test_mkmodel_archs),
+        cmocka_unit_test(test_rope_freqs_tensor),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -464,6 +464,9 @@ static int bind_model(model *m, ember_error *err) {
     if (bind_matrix(m, "output.weight", hp->n_embd, hp->n_vocab, true, &m->output, err) < 0) return -1;
     hp->tied_output = m->output.data == NULL;
     if (hp->tied_output) m->output = m->tok_embd;
+    /* Llama 3.1-style long-context factors divide each pair's frequency; they
+     * apply to the model's main rope (not to gemma3's local-layer rope). */
+    if (bind_vector(m, "rope_freqs.weight", hp->rope.n_rot / 2, true, &hp->rope.freq_factors, err) < 0) return -1;
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     m->stack = calloc((size_t)hp->n_layer, sizeof *m->stack);
     m->kv_k_width = calloc((size_t)hp->n_layer, sizeof(int));
