@@ -678,20 +678,26 @@ static uint8_t *make_image(const apc_layout *lay, const uint8_t ns[16], uint32_t
         h.last_rows = last_rows;
         h.keys = keys;
         h.content = keys[nb - 1];
+    } else if (kind == APC_DISK_KIND_SKEL) {
+        h.content = apc_disk_skel_key(h.salt, tok, (int64_t)nt);
+        h.first_block = 2;
     } else {
         h.content = apc_disk_exact_key(h.salt, tok, (int64_t)nt);
     }
     h.n_tokens = nt;
-    uint64_t bytes = apc_disk_file_bytes(lay, h.n_blocks, nt);
+    h.state_bytes = kind == APC_DISK_KIND_SHARD ? 0 : lay->state_bytes;
+    uint64_t bytes = apc_disk_file_bytes(lay, kind, h.n_blocks, nt);
     uint8_t *img = malloc(bytes);
     apc_disk_write_header(img, ns, &h, lay);
     uint8_t *p = img + APC_DISK_HEADER_BYTES + 16 * (size_t)h.n_blocks;
     for (uint64_t i = 0; i < nt; i++) memcpy(p + 4 * i, &tok[i], 4);
     p += 4 * nt;
-    for (uint64_t i = 0; i < nt * lay->row_floats; i++) {
+    uint64_t floats = kind == APC_DISK_KIND_SKEL ? 0 : nt * lay->row_floats;
+    for (uint64_t i = 0; i < floats; i++) {
         float v = (float)(rnd() % 2000) / 1000.0f - 1.0f;
         memcpy(p + 4 * i, &v, 4);
     }
+    for (uint64_t i = 0; i < h.state_bytes; i++) p[4 * floats + i] = (uint8_t)rnd();
     uint64_t sum = XXH3_64bits(img, bytes - 8);
     memcpy(img + bytes - 8, &sum, 8);
     free(tok);
@@ -702,18 +708,19 @@ static uint8_t *make_image(const apc_layout *lay, const uint8_t ns[16], uint32_t
 static void test_reader_fuzz(void **state) {
     (void)state;
     int kw[3] = {8, 0, 4}, vw[3] = {8, 0, 12};
-    apc_layout lay = {3, kw, vw, 32};
+    apc_layout lay = {3, kw, vw, 32, 24, 0}; /* 24 bytes of recurrent state in exact files and skeletons */
     apc_disk_expect ex;
     for (int i = 0; i < 16; i++) ex.ns[i] = (uint8_t)(i * 7);
     ex.hash = APC_HASH_XXH3;
     ex.layout = &lay;
-    size_t sizes[3];
-    uint8_t *imgs[3] = {make_image(&lay, ex.ns, APC_DISK_KIND_SHARD, 3, 5, 0, &sizes[0]),
+    size_t sizes[4];
+    uint8_t *imgs[4] = {make_image(&lay, ex.ns, APC_DISK_KIND_SHARD, 3, 5, 0, &sizes[0]),
                         make_image(&lay, ex.ns, APC_DISK_KIND_SHARD, 2, 16, 0, &sizes[1]),
-                        make_image(&lay, ex.ns, APC_DISK_KIND_EXACT, 0, 0, 37, &sizes[2])};
+                        make_image(&lay, ex.ns, APC_DISK_KIND_EXACT, 0, 0, 37, &sizes[2]),
+                        make_image(&lay, ex.ns, APC_DISK_KIND_SKEL, 0, 0, 29, &sizes[3])};
     apc_disk_header h;
     ember_error err;
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         if (apc_disk_parse_image(imgs[k], sizes[k], &ex, &h, &err) < 0) fail_msg("image %d: %s", k, err.msg);
         apc_disk_header_free(&h);
     }
@@ -724,10 +731,16 @@ static void test_reader_fuzz(void **state) {
     ex.ns[0] ^= 1;
     assert_int_equal(apc_disk_parse_image(imgs[2], sizes[2], &ex, &h, &err), -1);
     ex.ns[0] ^= 1;
+    /* Another state size (a model with another layer mix) rejects exact
+     * files and skeletons. */
+    lay.state_bytes = 16;
+    assert_int_equal(apc_disk_parse_image(imgs[2], sizes[2], &ex, &h, &err), -1);
+    assert_int_equal(apc_disk_parse_image(imgs[3], sizes[3], &ex, &h, &err), -1);
+    lay.state_bytes = 24;
 
     int rejected = 0;
-    for (int it = 0; it < 600; it++) {
-        int k = it % 3;
+    for (int it = 0; it < 800; it++) {
+        int k = it % 4;
         size_t size = sizes[k];
         uint8_t *m = malloc(size + 64);
         memcpy(m, imgs[k], size);
@@ -744,7 +757,7 @@ static void test_reader_fuzz(void **state) {
             for (size_t i = 0; i < extra; i++) m[size + i] = (uint8_t)rnd();
             size += extra;
         } else if (how == 3) { /* a header field set to something else, header resealed */
-            uint32_t off = 8 + 4 * (rnd() % 26);
+            uint32_t off = 8 + 4 * (rnd() % 28);
             uint32_t v = rnd() % 3 == 0 ? 0xffffffffu : rnd() % 300;
             uint32_t old;
             memcpy(&old, m + off, 4);
@@ -757,11 +770,11 @@ static void test_reader_fuzz(void **state) {
             if (nb <= 64 && APC_DISK_HEADER_BYTES + 16 * (size_t)nb <= size) {
                 XXH3_state_t *st = XXH3_createState();
                 XXH3_64bits_reset(st);
-                XXH3_64bits_update(st, m, 112);
+                XXH3_64bits_update(st, m, APC_DISK_HEADER_SUM_AT);
                 XXH3_64bits_update(st, m + APC_DISK_HEADER_BYTES, 16 * (size_t)nb);
                 uint64_t sum = XXH3_64bits_digest(st);
                 XXH3_freeState(st);
-                memcpy(m + 112, &sum, 8);
+                memcpy(m + APC_DISK_HEADER_SUM_AT, &sum, 8);
             }
         } else { /* random bytes over a random range */
             size_t at = rnd() % size, len = 1 + rnd() % 32;
@@ -777,8 +790,8 @@ static void test_reader_fuzz(void **state) {
         }
         free(m);
     }
-    assert_true(rejected > 450);
-    for (int k = 0; k < 3; k++) free(imgs[k]);
+    assert_true(rejected > 600);
+    for (int k = 0; k < 4; k++) free(imgs[k]);
 
     /* Names. */
     uint32_t kind;
@@ -788,6 +801,8 @@ static void test_reader_fuzz(void **state) {
     assert_int_equal(key.b[15], 0xff);
     assert_false(apc_disk_parse_name("b-00112233445566778899AABBCCDDEEFF.apc", &kind, &key));
     assert_false(apc_disk_parse_name("q-00112233445566778899aabbccddeeff.apc", &kind, &key));
+    assert_true(apc_disk_parse_name("k-00112233445566778899aabbccddeeff.apc", &kind, &key));
+    assert_int_equal(kind, APC_DISK_KIND_SKEL);
     assert_false(apc_disk_parse_name(".tmp-1-2.apc", &kind, &key));
     assert_false(apc_disk_parse_name("b-00112233445566778899aabbccddeeff.apc.tmp", &kind, &key));
 }

@@ -30,12 +30,17 @@
  *
  * Recurrent stacks (apc_set_state_model): an exact entry also carries the
  * model_state snapshot at its length, and lookups/stores without a state
- * refuse. Such entries stay in memory (the disk format has no state yet).
+ * refuse. The disk stores and restores that state with the entry; its
+ * namespace includes the state size and the cache stack, so on such stacks
+ * the disk opens in apc_set_state_model, once the state size is known.
+ * Checkpoint records (ckpt tier) go to disk as skeletons plus ckpt-salted
+ * shards (apc_ckpt.c stores them, apc_disk_ckpt.c restores them).
  * The checkpoint tier and the exact-tier anchors live in apc_ckpt.c; this
  * file hands them the lock, the pool and the counters (apc_internal.h). */
 #include "apc/apc.h"
 
 #include <pthread.h>
+#include <xxhash.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +60,9 @@ struct apc {
     apc_index index;
     apc_exact exact;
     apc_disk *disk;         /* NULL: no SSD tier */
+    apc_disk_config disk_cfg; /* recurrent stacks: opened by apc_set_state_model */
+    char *disk_path, *disk_ns;
+    bool disk_deferred;
     uint64_t generation;
     /* counters (reference §11.1 + ours); zeroed by reset */
     uint64_t lookups_hit, lookups_miss, matched_tokens, served_tokens;
@@ -74,15 +82,24 @@ const apc_layout *apc__layout(apc *c) { return &c->layout; }
 apc_ckpt *apc__ckpt(apc *c) { return c->ckpt; }
 const struct model *apc__state_model(apc *c) { return c->state_model; }
 size_t apc__state_bytes(apc *c) { return c->state_bytes; }
+struct apc_disk *apc__disk(apc *c) { return c->disk; }
+apc_hash_kind apc__hash(apc *c) { return c->cfg.hash; }
 void apc__count_hit_locked(apc *c, int64_t n) {
     c->lookups_hit++;
     c->matched_tokens += (uint64_t)n;
 }
 
+static void open_disk(apc *c, const apc_disk_config *dc);
+
 void apc_set_state_model(apc *c, const model *m) {
     if (m == NULL || !model_has_state(m)) return;
     c->state_model = m;
     c->state_bytes = model_state_bytes(m);
+    c->layout.state_bytes = c->state_bytes;
+    if (c->disk_deferred && c->disk == NULL) {
+        c->disk_deferred = false;
+        open_disk(c, &c->disk_cfg);
+    }
 }
 
 static const char *decline_names[APC_DECLINE_COUNT_] = {
@@ -208,31 +225,57 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
         ember_fail(err, "prompt cache: out of memory for the checkpoint tier");
         return NULL;
     }
-    if (cfg.disk.path && cfg.disk.path[0] &&
-        (c->route.tier == APC_TIER_BLOCK || c->route.tier == APC_TIER_EXACT)) {
-        if (!cfg.disk.has_fingerprint && !(cfg.disk.namespace_override && cfg.disk.namespace_override[0])) {
-            ember_log(EMBER_LOG_WARN, "APC disk tier disabled: no model fingerprint and no namespace given");
-        } else {
-            ember_error derr;
-            c->disk = apc_disk_open(&cfg.disk, &c->layout, cfg.hash, pool, &derr);
-            if (c->disk == NULL) {
-                ember_log(EMBER_LOG_WARN, "APC disk tier disabled (init failed): %s", derr.msg);
-            } else {
-                apc_disk_stats ds;
-                apc_disk_get_stats(c->disk, &ds);
-                char cap[48];
-                if (cfg.disk.max_bytes) snprintf(cap, sizeof cap, "%.2f GiB", (double)cfg.disk.max_bytes / (1u << 30));
-                else snprintf(cap, sizeof cap, "unbounded");
-                ember_log(EMBER_LOG_INFO, "APC disk tier at %s (ns=%s, cap=%s, read_mode=%s, workers=%d)",
-                          cfg.disk.path, ds.ns_hex, cap, cfg.disk.read_mode == APC_DISK_READ_MMAP ? "mmap" : "direct",
-                          cfg.disk.workers > 0 ? cfg.disk.workers : 1);
+    /* The layer mix enters the disk namespace. */
+    {
+        XXH3_state_t *st = XXH3_createState();
+        if (st) {
+            XXH3_64bits_reset(st);
+            for (int l = 0; l < layout->n_layer; l++) {
+                int32_t v[3] = {(int32_t)stack[l].kind, stack[l].window, stack[l].keep};
+                XXH3_64bits_update(st, v, sizeof v);
             }
+            c->layout.stack_sig = XXH3_64bits_digest(st);
+            XXH3_freeState(st);
+        }
+    }
+    if (cfg.disk.path && cfg.disk.path[0] &&
+        (c->route.tier == APC_TIER_BLOCK || c->route.tier == APC_TIER_EXACT || c->route.tier == APC_TIER_CKPT)) {
+        if (c->route.n_arr + c->route.n_list > 0) {
+            /* The namespace needs the state size: apc_set_state_model opens it. */
+            c->disk_cfg = cfg.disk;
+            c->disk_path = strdup(cfg.disk.path);
+            c->disk_ns = cfg.disk.namespace_override ? strdup(cfg.disk.namespace_override) : NULL;
+            c->disk_cfg.path = c->disk_path;
+            c->disk_cfg.namespace_override = c->disk_ns;
+            c->disk_deferred = c->disk_path != NULL;
+        } else {
+            open_disk(c, &cfg.disk);
         }
     }
     /* The strings were the caller's; nothing reads them after creation. */
     c->cfg.disk.path = NULL;
     c->cfg.disk.namespace_override = NULL;
     return c;
+}
+
+static void open_disk(apc *c, const apc_disk_config *dc) {
+    if (!dc->has_fingerprint && !(dc->namespace_override && dc->namespace_override[0])) {
+        ember_log(EMBER_LOG_WARN, "APC disk tier disabled: no model fingerprint and no namespace given");
+        return;
+    }
+    ember_error derr;
+    c->disk = apc_disk_open(dc, &c->layout, c->cfg.hash, c->pool, &derr);
+    if (c->disk == NULL) {
+        ember_log(EMBER_LOG_WARN, "APC disk tier disabled (init failed): %s", derr.msg);
+        return;
+    }
+    apc_disk_stats ds;
+    apc_disk_get_stats(c->disk, &ds);
+    char cap[48];
+    if (dc->max_bytes) snprintf(cap, sizeof cap, "%.2f GiB", (double)dc->max_bytes / (1u << 30));
+    else snprintf(cap, sizeof cap, "unbounded");
+    ember_log(EMBER_LOG_INFO, "APC disk tier at %s (ns=%s, cap=%s, read_mode=%s, workers=%d)", dc->path, ds.ns_hex, cap,
+              dc->read_mode == APC_DISK_READ_MMAP ? "mmap" : "direct", dc->workers > 0 ? dc->workers : 1);
 }
 
 void apc_free(apc *c) {
@@ -252,6 +295,8 @@ void apc_free(apc *c) {
     apc_index_free(&c->index);
     free(c->layout.k_width);
     free(c->layout.v_width);
+    free(c->disk_path);
+    free(c->disk_ns);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -444,8 +489,7 @@ static apc_hit lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t 
 /* A snapshot on disk longer than memory's best joins the LRU. */
 static void promote_from_disk(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
     pthread_mutex_lock(&c->lock);
-    apc_exact_entry *best = apc_exact_find_prefix(&c->exact, tokens, n - 1, salt);
-    int64_t have = best ? best->n : 0;
+    int64_t have = apc__exact_best_locked(c, tokens, n - 1, salt);
     pthread_mutex_unlock(&c->lock);
     apc_exact_entry *e = apc_disk_load_exact(c->disk, tokens, n - 1, have, salt, c->cfg.exact_max_bytes);
     if (e == NULL) return;
@@ -464,7 +508,7 @@ static apc_hit lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t s
                             model_state *state) {
     apc_hit hit = {0, APC_SOURCE_NONE};
     if (c->state_model && state == NULL) return hit;
-    if (c->disk && c->state_model == NULL) promote_from_disk(c, tokens, n, salt);
+    if (c->disk) promote_from_disk(c, tokens, n, salt);
     pthread_mutex_lock(&c->lock);
     apc_exact_entry *e = apc_exact_find_prefix(&c->exact, tokens, n - 1, salt);
     /* On a recurrent stack only entries with their state restore. */
@@ -627,7 +671,7 @@ static void store_exact(apc *c, apc_store_point point, const int32_t *tokens, in
         c->exact_evictions += (uint64_t)apc_exact_insert(&c->exact, e);
         c->exact_stores++;
         if (point == APC_STORE_RETIRE) c->retire_stores++;
-        if (c->disk && e->state == NULL) {
+        if (c->disk) {
             e->pins++; /* the writer reads e->data; released by exact_written */
         } else {
             e = NULL;
@@ -716,6 +760,7 @@ void apc_get_stats(apc *c, apc_stats *s) {
         s->disk_write_drops = ds.write_drops;
         s->disk_write_errors = ds.write_errors;
         s->disk_corrupt = ds.corrupt;
+        s->ckpt_skeleton_writes = ds.skeleton_writes;
         memcpy(s->disk_namespace, ds.ns_hex, sizeof s->disk_namespace);
     }
 }

@@ -28,6 +28,19 @@
  *    when this request's turn checkpoint landed (retire_fallback_suppressed):
  *    that record already serves the next turn.
  *
+ * The SSD tier (apc_disk.h), when the cache has one: a store asked to
+ * (skeleton policy below) also queues the record's skeleton and its
+ * ckpt-salted chain before the record is listed; a lookup first asks the
+ * disk for a skeleton deeper than the best record in memory (design.md §2:
+ * longest wins) and falls back to memory when the disk has none or its
+ * restore fails. Skeleton policy (reference §7.2, §10.4): stacks without
+ * arr layers write one for every store; arr stacks for the post-prefill,
+ * retirement, anchor and replay stores and for cursor points at or after
+ * the terminal (interval points would write a state that is superseded
+ * minutes later). Unlike the reference, a skeleton records its kind, so a
+ * replay skeleton on an arr stack is written and obeys the replay gate on
+ * disk as in memory. Grid-truncated stores write none.
+ *
  * Locking: the cache's mutex (apc__lock) guards records, anchors, counters
  * and the pool. Snapshots of states and of exact anchors are copied outside
  * it; a record or anchor being read is pinned. */
@@ -37,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "apc/apc_disk.h"
 #include "apc/apc_internal.h"
 #include "core/log.h"
 
@@ -372,7 +386,7 @@ static void rec_insert(apc_ckpt *k, ck_rec *R) {
 /* Stores a record of tokens[0, p) from seq's blocks and, on arr stacks,
  * the live state (at p) or a snapshot buffer. Returns whether it landed. */
 static bool ck_store(apc_ckpt *k, apc_ckpt_kind kind, const int32_t *tokens, int64_t p, uint64_t salt,
-                     const kv_seq *seq, const model_state *live, const void *snap, bool grid_truncate) {
+                     const kv_seq *seq, const model_state *live, const void *snap, bool grid_truncate, bool skeleton) {
     apc *c = k->c;
     size_t sb = apc__state_bytes(c);
     if (p < 2) {
@@ -388,6 +402,7 @@ static bool ck_store(apc_ckpt *k, apc_ckpt_kind kind, const int32_t *tokens, int
         int64_t b_full = p / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS;
         if (grid_truncate && !k->has_arr && b_full >= 2) {
             p = b_full;
+            skeleton = false; /* memory-only (reference §7.1) */
             apc__lock(c);
             k->grid_truncate++;
             apc__unlock(c);
@@ -418,6 +433,9 @@ static bool ck_store(apc_ckpt *k, apc_ckpt_kind kind, const int32_t *tokens, int
     r->salt = salt;
     r->kind = kind;
     r->bytes = sb;
+    /* The skeleton and its chain, while r is still private to this call. */
+    apc_disk *disk = apc__disk(c);
+    if (skeleton && disk) apc_disk_store_skeleton(disk, tokens, p, salt, (int)kind, seq, r->state);
     apc__lock(c);
     kv_pool *pool = apc__pool(c);
     for (int32_t i = 0; i < nb; i++) {
@@ -453,6 +471,30 @@ static apc_hit ck_lookup(apc_ckpt *k, const int32_t *tokens, int64_t n, uint64_t
     apc *c = k->c;
     size_t sb = apc__state_bytes(c);
     if (n < 2 || (sb && state == NULL)) return hit;
+    apc_disk *disk = apc__disk(c);
+    if (disk) {
+        /* Restart repair first when the disk has something deeper. */
+        int64_t mem = 0;
+        apc__lock(c);
+        for (ck_rec *r = k->newest; r; r = r->older) {
+            if (r->salt != salt || r->p >= n || r->p <= mem || r->tokens[r->p - 1] != tokens[r->p - 1]) continue;
+            if (r->kind == APC_CKPT_REPLAY && k->has_arr && r->p != n - 1) continue;
+            if (memcmp(r->tokens, tokens, (size_t)r->p * sizeof(int32_t)) == 0) mem = r->p;
+        }
+        apc__unlock(c);
+        int64_t p = apc_disk_restore_skeleton(c, disk, tokens, n, salt, mem, k->has_arr, seq, state);
+        if (p > 0) {
+            apc__lock(c);
+            k->hits++;
+            k->matched += (uint64_t)p;
+            apc__count_hit_locked(c, p);
+            apc__unlock(c);
+            ember_log(EMBER_LOG_DEBUG, "APC ckpt hit: prefix=%lld (disk skeleton)", (long long)p);
+            hit.n_tokens = p;
+            hit.source = APC_SOURCE_CKPT;
+            return hit;
+        }
+    }
     apc__lock(c);
     bool matched = false, gated = false;
     ck_rec *best = NULL;
@@ -823,7 +865,9 @@ void apc_req_at(apc_req *r, const kv_seq *seq, const model_state *state) {
     while (r->head < r->n_sched && r->sched[r->head].pos < p) r->head++; /* passed without a stop */
     if (r->head < r->n_sched && r->sched[r->head].pos == p) {
         apc_ckpt_point pt = r->sched[r->head++];
-        if (ck_store(r->k, pt.kind, r->prompt, p, r->salt, seq, state, NULL, false))
+        bool skel = !r->k->has_arr || pt.kind == APC_CKPT_REPLAY || pt.kind == APC_CKPT_ANCHOR ||
+                    p >= floor_to(r->N - 1, r->unit);
+        if (ck_store(r->k, pt.kind, r->prompt, p, r->salt, seq, state, NULL, false, skel))
             for (int i = 0; i < r->n_bounds; i++)
                 if (r->bounds[i] == p) r->bound_landed = true;
     }
@@ -835,7 +879,7 @@ void apc_req_prefilled(apc_req *r, const kv_seq *seq, const model_state *state) 
         ember_log(EMBER_LOG_DEBUG, "APC ckpt post-prefill store skipped: render-stable boundary landed");
         return;
     }
-    if (r->N > r->restored) ck_store(r->k, APC_CKPT_BOUNDARY, r->prompt, r->N, r->salt, seq, state, NULL, false);
+    if (r->N > r->restored) ck_store(r->k, APC_CKPT_BOUNDARY, r->prompt, r->N, r->salt, seq, state, NULL, false, true);
 }
 
 void apc_req_decode(apc_req *r, const int32_t *all, const kv_seq *seq, const model_state *state) {
@@ -901,13 +945,13 @@ void apc_req_retire(apc_req *r, const int32_t *all, int64_t n, const kv_seq *seq
     }
     /* 1. The whole sequence when the next turn replays it verbatim. */
     if (cap == n) {
-        if (ck_store(k, APC_CKPT_RETIRE, all, n, r->salt, seq, state, NULL, true)) return;
+        if (ck_store(k, APC_CKPT_RETIRE, all, n, r->salt, seq, state, NULL, true, true)) return;
     }
     /* 2. The newest decode snapshot at or below the cap. */
     for (int i = r->n_snaps - 1; i >= 0; i--) {
         int64_t p = r->snaps[i].p;
         if (p < 2 || p > cap) continue;
-        if (ck_store(k, APC_CKPT_RETIRE, all, p, r->salt, seq, NULL, r->snaps[i].state, false)) {
+        if (ck_store(k, APC_CKPT_RETIRE, all, p, r->salt, seq, NULL, r->snaps[i].state, false, true)) {
             ember_log(EMBER_LOG_DEBUG, "APC retirement: decode ckpt stored at %lld", (long long)p);
             return;
         }
@@ -920,7 +964,7 @@ void apc_req_retire(apc_req *r, const int32_t *all, int64_t n, const kv_seq *seq
         apc__unlock(r->c);
         if (suppress) return;
         /* 3. The full sequence under its verbatim key. */
-        if (ck_store(k, APC_CKPT_RETIRE, all, n, r->salt, seq, state, NULL, true)) {
+        if (ck_store(k, APC_CKPT_RETIRE, all, n, r->salt, seq, state, NULL, true, true)) {
             apc__lock(r->c);
             k->fallback_full++;
             apc__unlock(r->c);

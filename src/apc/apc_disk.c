@@ -7,7 +7,8 @@
  *    directory remove from it.
  *  - blocks: block key -> (file, index in file), or PENDING while a queued
  *    write will provide it (so two stores of one chain write it once).
- *    exact: exact key -> file, or PENDING.
+ *    exact: exact or skeleton key -> file, or PENDING (the two key kinds
+ *    are tagged differently, so they share one map).
  *  - the queue: jobs with their bytes already laid out (shards: header,
  *    keys, tokens and a private copy of the rows; snapshots: header and
  *    tokens, the rows being the pinned entry's). A store reserves room
@@ -16,7 +17,12 @@
  * directory fsync), then commit it to the index and evict down to the low
  * watermark. Readers look a key up under the lock, then open and verify the
  * file without it; a file evicted meanwhile is either still readable
- * through the open descriptor or gone (a plain miss). */
+ * through the open descriptor or gone (a plain miss).
+ *
+ * Checkpoint skeletons (reference §10.4) are exact-format files without
+ * K/V: tokens, kind and state. Their K/V are ckpt-salted block shards
+ * written by the same store, so a skeleton restore is a skeleton read plus
+ * a chain load (apc_disk_ckpt.c drives it; apc_disk_find_skeleton here). */
 #include "apc/apc_disk.h"
 
 #include <dirent.h>
@@ -144,6 +150,9 @@ typedef struct job {
     size_t head_bytes;
     const float *payload;
     size_t payload_bytes;
+    const void *state;   /* after the payload (exact: the entry's; skeleton: own_state) */
+    size_t state_bytes;
+    void *own_state;
     float *own;          /* shard rows */
     apc_exact_entry *entry;
     apc_disk_release_fn release;
@@ -169,7 +178,7 @@ struct apc_disk {
     file_rec *files;
     int32_t n_files, cap_files;
     keymap blocks, exact;
-    uint64_t bytes, live_files, blocks_indexed, exact_indexed;
+    uint64_t bytes, live_files, blocks_indexed, exact_indexed, skels_indexed;
 
     job *head, *tail;
     int q_jobs;
@@ -182,7 +191,7 @@ struct apc_disk {
     uint64_t backoff_until;
     bool backoff_warned, error_warned;
 
-    uint64_t hits, writes, evictions, write_drops, write_errors, corrupt;
+    uint64_t hits, writes, evictions, write_drops, write_errors, corrupt, skel_writes;
 };
 
 static uint64_t now_ns(void) {
@@ -197,10 +206,14 @@ static uint64_t mono_ms(void) {
     return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
 }
 
+static char kind_char(uint32_t kind) {
+    return kind == APC_DISK_KIND_SHARD ? 'b' : kind == APC_DISK_KIND_SKEL ? 'k' : 'x';
+}
+
 static void file_path(const apc_disk *d, uint32_t kind, const apc_key *name, char *out, size_t cap) {
     char hex[33];
     apc_disk_key_hex(name, hex);
-    snprintf(out, cap, "%s/%c-%s.apc", d->dir, kind == APC_DISK_KIND_SHARD ? 'b' : 'x', hex);
+    snprintf(out, cap, "%s/%c-%s.apc", d->dir, kind_char(kind), hex);
 }
 
 static int mkdir_p(const char *path) {
@@ -267,7 +280,10 @@ static int32_t add_file(apc_disk *d, const apc_disk_header *h, uint64_t bytes, u
         }
     } else {
         int64_t v = km_get(&d->exact, &r->name);
-        if ((v == ABSENT || v == PENDING) && km_put(&d->exact, &r->name, id) == 0) d->exact_indexed++;
+        if ((v == ABSENT || v == PENDING) && km_put(&d->exact, &r->name, id) == 0) {
+            d->exact_indexed++;
+            if (r->kind == APC_DISK_KIND_SKEL) d->skels_indexed++;
+        }
     }
     return id;
 }
@@ -292,6 +308,7 @@ static void drop_file(apc_disk *d, int32_t id, bool unlink_it) {
     } else if (km_get(&d->exact, &r->name) == id) {
         km_del(&d->exact, &r->name);
         d->exact_indexed--;
+        if (r->kind == APC_DISK_KIND_SKEL) d->skels_indexed--;
     }
     d->bytes -= r->bytes;
     d->live_files--;
@@ -371,6 +388,8 @@ void apc_disk_namespace(const apc_disk_config *cfg, const apc_layout *lay, apc_h
         FEED_U64(lay->k_width[l]);
         FEED_U64(lay->v_width[l]);
     }
+    FEED_U64(lay->state_bytes); /* the layer mix: recurrent state and the stack */
+    FEED_U64(lay->stack_sig);
 #undef FEED_U64
     XXH128_hash_t h = XXH3_128bits_digest(st);
     XXH3_freeState(st);
@@ -431,17 +450,18 @@ static void scan(apc_disk *d) {
         apc_disk_header_free(&h);
     }
     closedir(dir);
-    uint64_t shards = 0, exact = 0;
+    uint64_t shards = 0, exact = 0, skels = 0;
     for (int32_t i = 0; i < d->n_files; i++)
         if (d->files[i].live) {
             if (d->files[i].kind == APC_DISK_KIND_SHARD) shards++;
+            else if (d->files[i].kind == APC_DISK_KIND_SKEL) skels++;
             else exact++;
         }
     ember_log(EMBER_LOG_INFO,
-              "APC disk tier at %s: found %llu shards (%llu blocks), %llu exact, %.1f MiB; removed %d temp, %d "
-              "unknown, %d bad",
+              "APC disk tier at %s: found %llu shards (%llu blocks), %llu exact, %llu skeletons, %.1f MiB; removed %d "
+              "temp, %d unknown, %d bad",
               d->dir, (unsigned long long)shards, (unsigned long long)d->blocks_indexed, (unsigned long long)exact,
-              (double)d->bytes / (1024.0 * 1024.0), n_temp, n_unknown, n_bad);
+              (unsigned long long)skels, (double)d->bytes / (1024.0 * 1024.0), n_temp, n_unknown, n_bad);
 }
 
 /* ---- Writers ---- */
@@ -487,12 +507,14 @@ static int write_job(apc_disk *d, job *j, uint64_t seq) {
     XXH3_64bits_reset(st);
     XXH3_64bits_update(st, j->head, j->head_bytes);
     XXH3_64bits_update(st, j->payload, j->payload_bytes);
+    if (j->state_bytes) XXH3_64bits_update(st, j->state, j->state_bytes);
     uint64_t sum = XXH3_64bits_digest(st);
     XXH3_freeState(st);
     uint8_t trailer[8];
     for (int i = 0; i < 8; i++) trailer[i] = (uint8_t)(sum >> (8 * i));
     int rc = write_all(fd, j->head, j->head_bytes);
     if (rc == 0) rc = write_all(fd, j->payload, j->payload_bytes);
+    if (rc == 0 && j->state_bytes) rc = write_all(fd, j->state, j->state_bytes);
     if (rc == 0) rc = write_all(fd, trailer, 8);
     if (rc == 0) rc = fsync(fd);
     int saved = errno;
@@ -532,6 +554,7 @@ static void job_free(job *j) {
     apc_disk_header_free(&j->hdr);
     free(j->head);
     free(j->own);
+    free(j->own_state);
     free(j);
 }
 
@@ -567,7 +590,7 @@ static void *writer_main(void *arg) {
                 if (d->files[i].live && d->files[i].kind == j->hdr.kind && apc_key_eq(&d->files[i].name, &j->hdr.content))
                     drop_file(d, i, false);
             unmark(d, j);
-            add_file(d, &j->hdr, j->head_bytes + j->payload_bytes + 8, now_ns());
+            add_file(d, &j->hdr, j->head_bytes + j->payload_bytes + j->state_bytes + 8, now_ns());
             d->writes += j->hdr.kind == APC_DISK_KIND_SHARD ? j->hdr.n_blocks : 1;
             evict(d);
         } else {
@@ -729,6 +752,8 @@ void apc_disk_get_stats(apc_disk *d, apc_disk_stats *s) {
     s->files = d->live_files;
     s->blocks_indexed = d->blocks_indexed;
     s->exact_indexed = d->exact_indexed;
+    s->skeletons_indexed = d->skels_indexed;
+    s->skeleton_writes = d->skel_writes;
     s->write_drops = d->write_drops;
     s->write_errors = d->write_errors;
     s->corrupt = d->corrupt;
@@ -738,7 +763,7 @@ void apc_disk_get_stats(apc_disk *d, apc_disk_stats *s) {
 
 void apc_disk_reset_counters(apc_disk *d) {
     pthread_mutex_lock(&d->lock);
-    d->hits = d->writes = d->evictions = d->write_drops = d->write_errors = d->corrupt = 0;
+    d->hits = d->writes = d->evictions = d->write_drops = d->write_errors = d->corrupt = d->skel_writes = 0;
     pthread_mutex_unlock(&d->lock);
 }
 
@@ -829,7 +854,7 @@ static void corrupt_file(apc_disk *d, uint32_t kind, const apc_key *name, const 
     char hex[33];
     apc_disk_key_hex(name, hex);
     ember_log(EMBER_LOG_WARN, "APC disk: %c-%s.apc is corrupt (%s); deleted, counted as a miss",
-              kind == APC_DISK_KIND_SHARD ? 'b' : 'x', hex, why);
+              kind_char(kind), hex, why);
 }
 
 static void vanished(apc_disk *d, uint32_t kind, const apc_key *name) {
@@ -1047,6 +1072,9 @@ int apc_disk_store_exact(apc_disk *d, apc_exact_entry *e, apc_disk_release_fn re
     apc_key key = apc_disk_exact_key(e->salt, e->tokens, e->n);
     size_t payload = (size_t)e->n * d->lay->row_floats * sizeof(float);
     size_t head_bytes = APC_DISK_HEADER_BYTES + 4 * (size_t)e->n;
+    size_t sb = d->lay->state_bytes;
+    if ((sb && (e->state == NULL || e->state_bytes != sb)) || (!sb && e->state)) return -1;
+    payload += sb; /* for the queue's reservation */
     pthread_mutex_lock(&d->lock);
     int64_t v = km_get(&d->exact, &key);
     if (v != ABSENT) {
@@ -1078,13 +1106,16 @@ int apc_disk_store_exact(apc_disk *d, apc_exact_entry *e, apc_disk_release_fn re
     j->hdr.content = key;
     j->hdr.n_tokens = (uint64_t)e->n;
     j->hdr.created_ns = now_ns();
+    j->hdr.state_bytes = sb;
     apc_disk_write_header(j->head, d->ns, &j->hdr, d->lay);
     uint8_t *tp = j->head + APC_DISK_HEADER_BYTES;
     for (int64_t r = 0; r < e->n; r++)
         for (int b = 0; b < 4; b++) tp[4 * r + b] = (uint8_t)((uint32_t)e->tokens[r] >> (8 * b));
     j->head_bytes = head_bytes;
     j->payload = e->data;
-    j->payload_bytes = payload;
+    j->payload_bytes = payload - sb;
+    j->state = e->state;
+    j->state_bytes = sb;
     j->entry = e;
     j->release = release;
     j->owner = owner;
@@ -1098,11 +1129,13 @@ typedef struct exact_dst {
     const apc_layout *lay;
     float *data;
     int64_t n;
+    void *state;
 } exact_dst;
 
 static float *exact_dst_fn(void *user, int layer, int kv, uint32_t piece) {
     exact_dst *x = user;
     (void)piece;
+    if (layer < 0) return x->state;
     size_t off = 0;
     for (int l = 0; l < layer; l++) off += (size_t)(x->lay->k_width[l] + x->lay->v_width[l]) * (size_t)x->n;
     if (kv == 1) off += (size_t)x->lay->k_width[layer] * (size_t)x->n;
@@ -1128,7 +1161,7 @@ apc_exact_entry *apc_disk_load_exact(apc_disk *d, const int32_t *tokens, int64_t
         const file_rec *r = &d->files[i];
         if (!r->live || r->kind != APC_DISK_KIND_EXACT || r->salt != salt) continue;
         if ((int64_t)r->n_tokens <= min_len || (int64_t)r->n_tokens > max_len) continue;
-        if (apc_snapshot_bytes(d->lay, (int64_t)r->n_tokens) > max_bytes) continue;
+        if (apc_snapshot_bytes(d->lay, (int64_t)r->n_tokens) + d->lay->state_bytes > max_bytes) continue;
         c[nc].name = r->name;
         c[nc].n = (int64_t)r->n_tokens;
         nc++;
@@ -1162,14 +1195,20 @@ apc_exact_entry *apc_disk_load_exact(apc_disk *d, const int32_t *tokens, int64_t
         if (rc == 0) {
             e = apc_exact_entry_new(d->lay, tokens, c[k].n, salt);
             tok = malloc((size_t)c[k].n * sizeof(int32_t));
-            if (e == NULL || tok == NULL) {
+            size_t sb = d->lay->state_bytes;
+            if (e && sb) {
+                e->state = malloc(sb);
+                e->state_bytes = sb;
+                e->bytes += sb;
+            }
+            if (e == NULL || tok == NULL || (sb && e->state == NULL)) {
                 apc_exact_entry_free(e);
                 free(tok);
                 apc_disk_header_free(&h);
                 close_read(&of, false);
                 break; /* out of memory: not the file's fault */
             }
-            exact_dst x = {d->lay, e->data, c[k].n};
+            exact_dst x = {d->lay, e->data, c[k].n, e->state};
             rc = apc_disk_read_body(&of.src, &d->ex, &h, tok, exact_dst_fn, &x, &err);
             apc_disk_header_free(&h);
         }
@@ -1195,4 +1234,168 @@ apc_exact_entry *apc_disk_load_exact(apc_disk *d, const int32_t *tokens, int64_t
     }
     free(c);
     return got;
+}
+
+/* ---- Checkpoint skeletons ---- */
+
+bool apc_disk_store_skeleton(apc_disk *d, const int32_t *tokens, int64_t p, uint64_t salt, int ckpt_kind,
+                             const kv_seq *seq, const void *state) {
+    size_t sb = d->lay->state_bytes;
+    if (p < 2 || p > seq->n_tokens || ckpt_kind < 0 || ckpt_kind > 3 || (sb && state == NULL)) return false;
+    /* The chain [0, p) under the ckpt salt, then the skeleton. */
+    const uint64_t csalt = salt ^ APC_DISK_CKPT_SALT;
+    int64_t nf = p / KV_BLOCK_TOKENS;
+    int tail = (int)(p % KV_BLOCK_TOKENS);
+    int64_t total = nf + (tail ? 1 : 0);
+    apc_key *keys = malloc((size_t)total * sizeof *keys);
+    if (keys == NULL) {
+        pthread_mutex_lock(&d->lock);
+        d->write_drops++;
+        pthread_mutex_unlock(&d->lock);
+        return false;
+    }
+    static const apc_key zero;
+    apc_chain_keys(d->ex.hash, tokens, nf, csalt, keys);
+    if (tail) keys[nf] = apc_partial_key(d->ex.hash, nf > 0 ? &keys[nf - 1] : &zero, csalt, tokens + nf * KV_BLOCK_TOKENS, tail);
+    if (d->lay->row_floats > 0) apc_disk_store_chain(d, keys, nf, tail, tokens, csalt, seq);
+    apc_key key = apc_disk_skel_key(salt, tokens, p);
+    size_t head_bytes = APC_DISK_HEADER_BYTES + 4 * (size_t)p;
+    pthread_mutex_lock(&d->lock);
+    /* A skeleton whose chain did not make it (a dropped write) is useless. */
+    bool chain_ok = true;
+    for (int64_t i = 0; i < total && chain_ok && d->lay->row_floats > 0; i++)
+        chain_ok = km_get(&d->blocks, &keys[i]) != ABSENT;
+    free(keys);
+    int64_t v = km_get(&d->exact, &key);
+    if (!chain_ok || v != ABSENT) {
+        if (v >= 0) touch(d, (int32_t)v, now_ns());
+        pthread_mutex_unlock(&d->lock);
+        return false;
+    }
+    if (!reserve(d, head_bytes + sb)) {
+        d->write_drops++;
+        pthread_mutex_unlock(&d->lock);
+        return false;
+    }
+    km_put(&d->exact, &key, PENDING);
+    pthread_mutex_unlock(&d->lock);
+    job *j = calloc(1, sizeof *j);
+    if (j) {
+        j->head = malloc(head_bytes);
+        if (sb) j->own_state = malloc(sb);
+    }
+    if (j == NULL || j->head == NULL || (sb && j->own_state == NULL)) {
+        pthread_mutex_lock(&d->lock);
+        if (km_get(&d->exact, &key) == PENDING) km_del(&d->exact, &key);
+        unreserve(d, head_bytes + sb);
+        d->write_drops++;
+        pthread_mutex_unlock(&d->lock);
+        job_free(j);
+        return false;
+    }
+    if (sb) memcpy(j->own_state, state, sb);
+    j->reserved = head_bytes + sb;
+    j->hdr.kind = APC_DISK_KIND_SKEL;
+    j->hdr.salt = salt;
+    j->hdr.content = key;
+    j->hdr.first_block = (uint32_t)ckpt_kind;
+    j->hdr.n_tokens = (uint64_t)p;
+    j->hdr.created_ns = now_ns();
+    j->hdr.state_bytes = sb;
+    apc_disk_write_header(j->head, d->ns, &j->hdr, d->lay);
+    uint8_t *tp = j->head + APC_DISK_HEADER_BYTES;
+    for (int64_t r = 0; r < p; r++)
+        for (int b = 0; b < 4; b++) tp[4 * r + b] = (uint8_t)((uint32_t)tokens[r] >> (8 * b));
+    j->head_bytes = head_bytes;
+    j->state = j->own_state;
+    j->state_bytes = sb;
+    pthread_mutex_lock(&d->lock);
+    d->skel_writes++;
+    push(d, j);
+    pthread_mutex_unlock(&d->lock);
+    return true;
+}
+
+typedef struct skel_dst {
+    void *state;
+} skel_dst;
+
+static float *skel_dst_fn(void *user, int layer, int kv, uint32_t piece) {
+    (void)kv;
+    (void)piece;
+    return layer < 0 ? ((skel_dst *)user)->state : NULL;
+}
+
+int64_t apc_disk_find_skeleton(apc_disk *d, const int32_t *tokens, int64_t max_p, int64_t min_p, int64_t replay_at,
+                               uint64_t salt, void *state_out, apc_key *name_out) {
+    pthread_mutex_lock(&d->lock);
+    cand *c = malloc((size_t)(d->n_files ? d->n_files : 1) * sizeof *c);
+    int nc = 0;
+    for (int32_t i = 0; c && i < d->n_files; i++) {
+        const file_rec *r = &d->files[i];
+        if (!r->live || r->kind != APC_DISK_KIND_SKEL || r->salt != salt) continue;
+        int64_t p = (int64_t)r->n_tokens;
+        if (p <= min_p || p > max_p) continue;
+        if (r->first_block == 2 /* APC_CKPT_REPLAY */ && replay_at >= 0 && p != replay_at) continue;
+        c[nc].name = r->name;
+        c[nc].n = p;
+        nc++;
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (c == NULL) return 0;
+    qsort(c, (size_t)nc, sizeof *c, cand_cmp);
+    int64_t got = 0;
+    char path[4096];
+    int32_t *tok = NULL;
+    for (int k = 0; k < nc && got == 0; k++) {
+        apc_key want = apc_disk_skel_key(salt, tokens, c[k].n);
+        if (!apc_key_eq(&want, &c[k].name)) continue;
+        file_path(d, APC_DISK_KIND_SKEL, &c[k].name, path, sizeof path);
+        open_file of;
+        if (open_for_read(d, path, &of) < 0) {
+            if (errno == ENOENT) vanished(d, APC_DISK_KIND_SKEL, &c[k].name);
+            continue;
+        }
+        apc_disk_header h;
+        ember_error err;
+        int rc = apc_disk_read_header(&of.src, &d->ex, &h, &err);
+        if (rc == 0 && (h.kind != APC_DISK_KIND_SKEL || (int64_t)h.n_tokens != c[k].n || h.salt != salt ||
+                        !apc_key_eq(&h.content, &c[k].name))) {
+            rc = -1;
+            snprintf(err.msg, sizeof err.msg, "header does not match its name");
+        }
+        if (rc == 0) {
+            free(tok);
+            tok = malloc((size_t)c[k].n * sizeof(int32_t));
+            if (tok == NULL) {
+                close_read(&of, false);
+                break; /* out of memory: not the file's fault */
+            }
+            skel_dst sd = {state_out};
+            rc = apc_disk_read_body(&of.src, &d->ex, &h, tok, skel_dst_fn, &sd, &err);
+        }
+        close_read(&of, rc == 0);
+        if (rc < 0) {
+            corrupt_file(d, APC_DISK_KIND_SKEL, &c[k].name, err.msg);
+            continue;
+        }
+        if (memcmp(tok, tokens, (size_t)c[k].n * sizeof(int32_t)) != 0) continue;
+        got = c[k].n;
+        *name_out = c[k].name;
+    }
+    free(tok);
+    free(c);
+    return got;
+}
+
+void apc_disk_skeleton_used(apc_disk *d, const apc_key *name) {
+    pthread_mutex_lock(&d->lock);
+    d->hits++;
+    int64_t v = km_get(&d->exact, name);
+    if (v >= 0) touch(d, (int32_t)v, now_ns());
+    pthread_mutex_unlock(&d->lock);
+}
+
+void apc_disk_skeleton_bad(apc_disk *d, const apc_key *name, const char *why) {
+    corrupt_file(d, APC_DISK_KIND_SKEL, name, why);
 }

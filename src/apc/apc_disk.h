@@ -11,39 +11,68 @@
  *    a renamed model file keeps its namespace (no path enters it).
  *  - Names. b-<32 hex>.apc: a block shard, named by the key of its last
  *    block. x-<32 hex>.apc: an exact snapshot, named by its exact key
- *    XXH3-128("x", salt, token ids). Anything else in the namespace
- *    directory (temp files .tmp-*, foreign names) is deleted at start-up.
- *  - File format, version 1, every integer little-endian:
+ *    XXH3-128("x", salt, token ids). k-<32 hex>.apc: a checkpoint skeleton,
+ *    named XXH3-128("k", salt, token ids). Anything else in the namespace
+ *    directory (temp files .tmp-*, foreign names, files of format version 1)
+ *    is deleted at start-up.
+ *  - What each file restores:
+ *      shard     K/V rows of up to 256 consecutive blocks of one chain (the
+ *                block tier's chains under the request salt; checkpoint
+ *                chains under salt ^ APC_DISK_CKPT_SALT, so the two never
+ *                satisfy each other's lookups);
+ *      exact     the K/V rows [0, n) of every layer plus, on recurrent
+ *                stacks, the model_state snapshot at n: the whole state;
+ *      skeleton  a checkpoint record at p = n (reference §10.4): its token
+ *                ids, its kind (boundary, anchor, replay, retire) and, on
+ *                stacks with arr/list layers, the model_state snapshot at
+ *                p. The K/V of its kv and rot layers are not inline: they
+ *                are the ckpt-salted chain [0, p) in shards (whole blocks,
+ *                plus a partial tail block of p % 16 rows under its
+ *                partial key), written with the skeleton and shared by
+ *                every skeleton of one conversation (dedup by name).
+ *  - File format, version 2, every integer little-endian:
  *
  *      off  size  field
  *        0     8  magic "EMBRAPC1"
- *        8     4  version (1)
- *       12     4  kind: 1 block shard, 2 exact snapshot
+ *        8     4  version (2)
+ *       12     4  kind: 1 block shard, 2 exact snapshot, 3 ckpt skeleton
  *       16    16  namespace (must equal the directory's)
- *       32     8  salt
+ *       32     8  salt (the request's; a ckpt shard: salt ^ CKPT_SALT)
  *       40    16  content key (= the file name)
  *       56    16  shard: key of the block before the first one (zero for a
- *                 chain start); exact: zero
- *       72     4  shard: chain index of the first block; exact: 0
- *       76     4  shard: number of blocks nb (1..APC_DISK_MAX_BLOCKS); exact: 0
+ *                 chain start); else zero
+ *       72     4  shard: chain index of the first block; skeleton: the
+ *                 checkpoint kind (apc_ckpt_kind, 0..3); exact: 0
+ *       76     4  shard: number of blocks nb (1..APC_DISK_MAX_BLOCKS); else 0
  *       80     4  shard: rows of the last block (1..16; < 16 is a partial
- *                 tail block under its partial key); exact: 0
+ *                 tail block under its partial key); else 0
  *       84     4  n_layer
  *       88     8  n_tokens (shard: 16 * (nb - 1) + last rows)
  *       96     8  row_floats: sum over layers of K width + V width
  *      104     8  created, ns since the epoch (informational)
- *      112     8  header checksum: XXH3-64 of bytes [0, 112) and the key table
- *      120 16*nb  shard: the key of every block (the last = content key)
+ *      112     8  state bytes: exact and skeleton: the namespace's
+ *                 model_state_bytes (0 on stacks without recurrent
+ *                 layers); shard: 0
+ *      120     8  header checksum: XXH3-64 of bytes [0, 120) and the key table
+ *      128 16*nb  shard: the key of every block (the last = content key)
  *        .  4*n   token ids, int32
- *        .        payload, layer by layer: K rows [0, n) (k_width floats
- *                 each) then V rows [0, n), f32
+ *        .        K/V payload (shard, exact; none in a skeleton), layer by
+ *                 layer: K rows [0, n) (k_width floats each) then V rows
+ *                 [0, n), f32
+ *        .     s  the model_state snapshot (state bytes; model.h format)
  *        .     8  checksum: XXH3-64 of every byte before it
  *
  *    Start-up reads the fixed header and the key table only (the header
  *    checksum and the file size must agree); a read verifies everything:
  *    the whole-file checksum, the key chain recomputed from (parent, salt,
- *    tokens) with the cache's hash kind (the exact key for a snapshot), and
- *    the tokens against the request's.
+ *    tokens) with the cache's hash kind (the exact or skeleton key for
+ *    those), and the tokens against the request's. A state that does not
+ *    restore (model_state_restore refuses it, or its position is not n) is
+ *    treated like a checksum failure. A file that fails is counted
+ *    (disk_corrupt), deleted, and the lookup is a miss.
+ *  - Namespace isolation covers the layer mix: the namespace hash includes
+ *    the cache stack (every layer's kind, window, keep) and the state size,
+ *    so a model with another stack never opens these files.
  *  - Writes are asynchronous: a store copies the rows out (shards) or pins
  *    the snapshot (exact) and enqueues a job for `workers` threads; a bounded
  *    queue (jobs and bytes) makes a store wait a few ms at most, after which
@@ -69,10 +98,14 @@
 #include "apc/apc_internal.h"
 #include "apc/apc_key.h"
 
-#define APC_DISK_VERSION 1u
+#define APC_DISK_VERSION 2u
 #define APC_DISK_KIND_SHARD 1u
 #define APC_DISK_KIND_EXACT 2u
-#define APC_DISK_HEADER_BYTES 120u
+#define APC_DISK_KIND_SKEL 3u
+#define APC_DISK_HEADER_BYTES 128u
+#define APC_DISK_HEADER_SUM_AT 120u  /* the header checksum covers [0, 120) */
+/* Checkpoint chains are written under salt ^ this (a fixed 56-bit constant). */
+#define APC_DISK_CKPT_SALT UINT64_C(0x00c4e3b5a1f20d17)
 #define APC_DISK_SEGMENT_BLOCKS 32   /* blocks per shard written (on a grid of chain positions) */
 #define APC_DISK_MAX_BLOCKS 256      /* most blocks a shard may hold (reader limit) */
 
@@ -89,18 +122,23 @@ typedef struct apc_disk_header {
     uint64_t salt;
     apc_key content;
     apc_key parent;
-    uint32_t first_block, n_blocks, last_rows;
+    uint32_t first_block, n_blocks, last_rows; /* skeleton: first_block is the ckpt kind */
     uint64_t n_tokens;
     uint64_t created_ns;
+    uint64_t state_bytes;   /* exact, skeleton: the state snapshot's bytes */
     uint64_t file_bytes;    /* the size the header implies */
     apc_key *keys;          /* (n_blocks) malloc'd; NULL for exact */
 } apc_disk_header;
 
-/* Bytes of a file with these dimensions; 0 on overflow. */
-uint64_t apc_disk_file_bytes(const apc_layout *lay, uint32_t n_blocks, uint64_t n_tokens);
+/* Bytes of a file of this kind and these dimensions (the state size is
+ * lay->state_bytes for exact files and skeletons); 0 on overflow. */
+uint64_t apc_disk_file_bytes(const apc_layout *lay, uint32_t kind, uint32_t n_blocks, uint64_t n_tokens);
 /* The exact key of a snapshot of tokens[0, n) under salt. */
 apc_key apc_disk_exact_key(uint64_t salt, const int32_t *tokens, int64_t n);
-/* "b-<hex>.apc" / "x-<hex>.apc" -> kind and key; false for any other name. */
+/* The name key of a checkpoint skeleton of tokens[0, n) under salt. */
+apc_key apc_disk_skel_key(uint64_t salt, const int32_t *tokens, int64_t n);
+/* "b-<hex>.apc" / "x-<hex>.apc" / "k-<hex>.apc" -> kind and key; false for
+ * any other name. */
 bool apc_disk_parse_name(const char *name, uint32_t *kind, apc_key *key);
 void apc_disk_key_hex(const apc_key *k, char out[33]);
 
@@ -126,7 +164,8 @@ typedef struct apc_disk_src {
 } apc_disk_src;
 
 /* Where the rows of piece j (16-row block j of a shard; all n rows of an
- * exact file as piece 0) of layer l, K (kv 0) or V (kv 1) go; NULL skips. */
+ * exact file as piece 0) of layer l, K (kv 0) or V (kv 1) go; NULL skips.
+ * Layer -1 asks where the state snapshot goes (state bytes). */
 typedef float *(*apc_disk_dst_fn)(void *user, int layer, int kv, uint32_t piece);
 
 int apc_disk_src_init(apc_disk_src *s, int fd, const void *map, uint64_t size);
@@ -135,19 +174,24 @@ void apc_disk_src_free(apc_disk_src *s);
  * the real size. */
 int apc_disk_read_header(apc_disk_src *s, const apc_disk_expect *ex, apc_disk_header *h, ember_error *err);
 /* The rest: tokens into tokens_out (n_tokens, may be NULL: checked and
- * dropped), the key chain or exact key recomputed from them, the payload
- * through dst, and the trailing checksum. */
+ * dropped), the key chain or exact/skeleton key recomputed from them, the
+ * payload and the state through dst, and the trailing checksum. */
 int apc_disk_read_body(apc_disk_src *s, const apc_disk_expect *ex, const apc_disk_header *h, int32_t *tokens_out,
                        apc_disk_dst_fn dst, void *user, ember_error *err);
 /* Serializes the fixed header and key table (APC_DISK_HEADER_BYTES + 16*nb)
- * into out, the header checksum included. */
+ * into out, the header checksum included (h->state_bytes is written as
+ * given). */
 void apc_disk_write_header(uint8_t *out, const uint8_t ns[16], const apc_disk_header *h, const apc_layout *lay);
 
 /* ---- The tier ---- */
 typedef struct apc_disk apc_disk;
 
 typedef struct apc_disk_stats {
+    /* exact_indexed counts exact snapshots and skeletons (both are
+     * "exact-format" files, reference §10.1); skeletons_indexed the latter;
+     * skeleton_writes: skeletons queued (ckpt_skeleton_writes). */
     uint64_t hits, writes, bytes, max_bytes, evictions, files, blocks_indexed, exact_indexed;
+    uint64_t skeletons_indexed, skeleton_writes;
     uint64_t write_drops, write_errors, corrupt;
     char ns_hex[33];
 } apc_disk_stats;
@@ -156,7 +200,10 @@ typedef struct apc_disk_stats {
 void apc_disk_namespace(const apc_disk_config *cfg, const apc_layout *lay, apc_hash_kind hash, uint8_t ns[16]);
 
 /* Creates <path>/<ns>/, scans it (start-up repair, one log line) and starts
- * the writers. NULL with err on failure (the caller runs without a disk). */
+ * the writers. NULL with err on failure (the caller runs without a disk).
+ * lay (kept by reference) must carry its final state_bytes and stack_sig:
+ * on recurrent stacks the cache opens the disk once the state model is
+ * known (apc_set_state_model). */
 apc_disk *apc_disk_open(const apc_disk_config *cfg, const apc_layout *lay, apc_hash_kind hash, kv_pool *pool,
                         ember_error *err);
 /* Waits for every queued write to land, stops the writers, frees. */
@@ -198,13 +245,45 @@ void apc_disk_store_chain(apc_disk *d, const apc_key *keys, int64_t n_full, int 
 bool apc_disk_has_exact(apc_disk *d, const apc_key *exact_key);
 /* Called by a writer once it no longer reads a queued snapshot. */
 typedef void (*apc_disk_release_fn)(void *owner, apc_exact_entry *e);
-/* Queues a pinned snapshot; 0 if queued (release runs later, on a writer
- * thread, with no disk lock held), -1 if not (the caller unpins). */
+/* Queues a pinned snapshot (its state too: e->state_bytes must equal the
+ * layout's state_bytes, else nothing is written); 0 if queued (release
+ * runs later, on a writer thread, with no disk lock held), -1 if not (the
+ * caller unpins). */
 int apc_disk_store_exact(apc_disk *d, apc_exact_entry *e, apc_disk_release_fn release, void *owner);
 /* Loads the longest snapshot on disk that is a prefix of tokens with
- * min_len < n <= max_len under salt and at most max_bytes big; NULL if none
- * (a corrupt file is counted and deleted). The entry is not listed. */
+ * min_len < n <= max_len under salt and at most max_bytes big (state
+ * included); NULL if none (a corrupt file is counted and deleted). The
+ * entry is not listed; on recurrent stacks it carries its state. */
 apc_exact_entry *apc_disk_load_exact(apc_disk *d, const int32_t *tokens, int64_t max_len, int64_t min_len,
                                      uint64_t salt, size_t max_bytes);
+
+/* ---- Checkpoint skeletons (apc_disk_ckpt.c; reference §10.4-§10.5) ----
+ * Queues the skeleton of a record of tokens[0, p) of kind ckpt_kind under
+ * salt, and the ckpt-salted chain [0, p) of seq's blocks that the disk
+ * does not hold yet (rows copied now; seq must hold [0, p)). state: the
+ * record's snapshot (lay->state_bytes bytes; NULL when 0), copied now.
+ * Returns whether the skeleton was queued (an existing one is only
+ * touched). */
+bool apc_disk_store_skeleton(apc_disk *d, const int32_t *tokens, int64_t p, uint64_t salt, int ckpt_kind,
+                             const kv_seq *seq, const void *state);
+/* Restart repair: the longest skeleton on disk for tokens[0, n) under salt
+ * with min_p < p <= n - 1 (a replay skeleton only at p == n - 1 when
+ * replay_gate), restored into the empty seq (fresh pool blocks filled from
+ * the ckpt-salted shards) and state (may be NULL when state_bytes is 0).
+ * Returns p, or 0 (seq and state untouched: empty / reset). Runs without
+ * the cache's lock (takes it to allocate and adopt blocks); a corrupt
+ * skeleton or shard is counted, deleted, and the next candidate tried. */
+/* The parts apc_disk_restore_skeleton is built from: the longest verified
+ * skeleton with min_p < p <= max_p that is a prefix of tokens (a replay
+ * skeleton only at p == replay_at when replay_at >= 0), its state read into
+ * state_out (state_bytes; may be NULL when 0) and its name into name_out;
+ * 0 if none. Then: _used counts the hit and marks the file used; _bad
+ * counts a skeleton whose state did not restore and deletes it. */
+int64_t apc_disk_find_skeleton(apc_disk *d, const int32_t *tokens, int64_t max_p, int64_t min_p, int64_t replay_at,
+                               uint64_t salt, void *state_out, apc_key *name_out);
+void apc_disk_skeleton_used(apc_disk *d, const apc_key *name);
+void apc_disk_skeleton_bad(apc_disk *d, const apc_key *name, const char *why);
+int64_t apc_disk_restore_skeleton(apc *c, apc_disk *d, const int32_t *tokens, int64_t n, uint64_t salt, int64_t min_p,
+                                  bool replay_gate, kv_seq *seq, struct model_state *state);
 
 #endif

@@ -38,17 +38,18 @@ static uint64_t get_u64(const uint8_t *p) {
     return v;
 }
 
-uint64_t apc_disk_file_bytes(const apc_layout *lay, uint32_t n_blocks, uint64_t n_tokens) {
+uint64_t apc_disk_file_bytes(const apc_layout *lay, uint32_t kind, uint32_t n_blocks, uint64_t n_tokens) {
     const uint64_t lim = UINT64_C(1) << 62;
     if (n_tokens > (UINT64_C(1) << 40) || lay->row_floats > (UINT64_C(1) << 30)) return 0;
-    uint64_t payload = n_tokens * (uint64_t)lay->row_floats;
-    if (payload > lim / 4) return 0;
-    return APC_DISK_HEADER_BYTES + 16 * (uint64_t)n_blocks + 4 * n_tokens + 4 * payload + 8;
+    uint64_t payload = kind == APC_DISK_KIND_SKEL ? 0 : n_tokens * (uint64_t)lay->row_floats;
+    uint64_t state = kind == APC_DISK_KIND_SHARD ? 0 : (uint64_t)lay->state_bytes;
+    if (payload > lim / 4 || state > (UINT64_C(1) << 40)) return 0;
+    return APC_DISK_HEADER_BYTES + 16 * (uint64_t)n_blocks + 4 * n_tokens + 4 * payload + state + 8;
 }
 
-apc_key apc_disk_exact_key(uint64_t salt, const int32_t *tokens, int64_t n) {
+static apc_key tagged_key(char tag, uint64_t salt, const int32_t *tokens, int64_t n) {
     XXH3_state_t *st = XXH3_createState();
-    uint8_t head[9] = {'x'};
+    uint8_t head[9] = {(uint8_t)tag};
     put_u64(head + 1, salt);
     apc_key k;
     memset(&k, 0, sizeof k);
@@ -67,6 +68,9 @@ apc_key apc_disk_exact_key(uint64_t salt, const int32_t *tokens, int64_t n) {
     put_u64(k.b + 8, h.high64);
     return k;
 }
+
+apc_key apc_disk_exact_key(uint64_t salt, const int32_t *tokens, int64_t n) { return tagged_key('x', salt, tokens, n); }
+apc_key apc_disk_skel_key(uint64_t salt, const int32_t *tokens, int64_t n) { return tagged_key('k', salt, tokens, n); }
 
 void apc_disk_key_hex(const apc_key *k, char out[33]) {
     static const char hex[] = "0123456789abcdef";
@@ -87,6 +91,7 @@ bool apc_disk_parse_name(const char *name, uint32_t *kind, apc_key *key) {
     if (strlen(name) != 2 + 32 + 4 || name[1] != '-' || strcmp(name + 34, ".apc") != 0) return false;
     if (name[0] == 'b') *kind = APC_DISK_KIND_SHARD;
     else if (name[0] == 'x') *kind = APC_DISK_KIND_EXACT;
+    else if (name[0] == 'k') *kind = APC_DISK_KIND_SKEL;
     else return false;
     for (int i = 0; i < 16; i++) {
         int hi = hexval(name[2 + 2 * i]), lo = hexval(name[3 + 2 * i]);
@@ -112,17 +117,18 @@ void apc_disk_write_header(uint8_t *out, const uint8_t ns[16], const apc_disk_he
     put_u64(out + 88, h->n_tokens);
     put_u64(out + 96, (uint64_t)lay->row_floats);
     put_u64(out + 104, h->created_ns);
+    put_u64(out + 112, h->state_bytes);
     for (uint32_t i = 0; i < h->n_blocks; i++) memcpy(out + APC_DISK_HEADER_BYTES + 16 * (size_t)i, h->keys[i].b, 16);
     XXH3_state_t *st = XXH3_createState();
     uint64_t sum = 0;
     if (st) {
         XXH3_64bits_reset(st);
-        XXH3_64bits_update(st, out, 112);
+        XXH3_64bits_update(st, out, APC_DISK_HEADER_SUM_AT);
         XXH3_64bits_update(st, out + APC_DISK_HEADER_BYTES, 16 * (size_t)h->n_blocks);
         sum = XXH3_64bits_digest(st);
         XXH3_freeState(st);
     }
-    put_u64(out + 112, sum);
+    put_u64(out + APC_DISK_HEADER_SUM_AT, sum);
 }
 
 /* ---- Source ---- */
@@ -197,7 +203,8 @@ int apc_disk_read_header(apc_disk_src *s, const apc_disk_expect *ex, apc_disk_he
     if (memcmp(b, MAGIC, 8) != 0) return ember_fail(err, "bad magic");
     if (get_u32(b + 8) != APC_DISK_VERSION) return ember_fail(err, "version %u, expected %u", get_u32(b + 8), APC_DISK_VERSION);
     h->kind = get_u32(b + 12);
-    if (h->kind != APC_DISK_KIND_SHARD && h->kind != APC_DISK_KIND_EXACT) return ember_fail(err, "unknown kind %u", h->kind);
+    if (h->kind != APC_DISK_KIND_SHARD && h->kind != APC_DISK_KIND_EXACT && h->kind != APC_DISK_KIND_SKEL)
+        return ember_fail(err, "unknown kind %u", h->kind);
     if (memcmp(b + 16, ex->ns, 16) != 0) return ember_fail(err, "another namespace");
     h->salt = get_u64(b + 32);
     memcpy(h->content.b, b + 40, 16);
@@ -209,11 +216,16 @@ int apc_disk_read_header(apc_disk_src *s, const apc_disk_expect *ex, apc_disk_he
     h->n_tokens = get_u64(b + 88);
     uint64_t row_floats = get_u64(b + 96);
     h->created_ns = get_u64(b + 104);
-    uint64_t want_sum = get_u64(b + 112);
+    h->state_bytes = get_u64(b + 112);
+    uint64_t want_sum = get_u64(b + APC_DISK_HEADER_SUM_AT);
     if (n_layer != (uint32_t)ex->layout->n_layer || row_floats != (uint64_t)ex->layout->row_floats)
         return ember_fail(err, "layout %u layers / %llu floats per row, expected %d / %zu", n_layer,
                           (unsigned long long)row_floats, ex->layout->n_layer, ex->layout->row_floats);
     static const uint8_t zero[16];
+    uint64_t want_state = h->kind == APC_DISK_KIND_SHARD ? 0 : (uint64_t)ex->layout->state_bytes;
+    if (h->state_bytes != want_state)
+        return ember_fail(err, "state of %llu bytes, expected %llu", (unsigned long long)h->state_bytes,
+                          (unsigned long long)want_state);
     if (h->kind == APC_DISK_KIND_SHARD) {
         if (h->n_blocks < 1 || h->n_blocks > APC_DISK_MAX_BLOCKS) return ember_fail(err, "%u blocks", h->n_blocks);
         if (h->last_rows < 1 || h->last_rows > KV_BLOCK_TOKENS) return ember_fail(err, "last block of %u rows", h->last_rows);
@@ -223,11 +235,13 @@ int apc_disk_read_header(apc_disk_src *s, const apc_disk_expect *ex, apc_disk_he
         if ((h->first_block == 0) != (memcmp(h->parent.b, zero, 16) == 0))
             return ember_fail(err, "parent key does not fit first block %u", h->first_block);
     } else {
-        if (h->n_blocks != 0 || h->last_rows != 0 || h->first_block != 0 || memcmp(h->parent.b, zero, 16) != 0)
+        uint32_t max_first = h->kind == APC_DISK_KIND_SKEL ? 3 : 0; /* skeleton: the ckpt kind */
+        if (h->n_blocks != 0 || h->last_rows != 0 || h->first_block > max_first || memcmp(h->parent.b, zero, 16) != 0)
             return ember_fail(err, "exact file with block fields");
-        if (h->n_tokens < 1 || h->n_tokens > (UINT64_C(1) << 31)) return ember_fail(err, "%llu tokens", (unsigned long long)h->n_tokens);
+        uint64_t least = h->kind == APC_DISK_KIND_SKEL ? 2 : 1;
+        if (h->n_tokens < least || h->n_tokens > (UINT64_C(1) << 31)) return ember_fail(err, "%llu tokens", (unsigned long long)h->n_tokens);
     }
-    h->file_bytes = apc_disk_file_bytes(ex->layout, h->n_blocks, h->n_tokens);
+    h->file_bytes = apc_disk_file_bytes(ex->layout, h->kind, h->n_blocks, h->n_tokens);
     if (h->file_bytes == 0 || h->file_bytes != s->size)
         return ember_fail(err, "file is %llu bytes, its header says %llu", (unsigned long long)s->size,
                           (unsigned long long)h->file_bytes);
@@ -246,7 +260,7 @@ int apc_disk_read_header(apc_disk_src *s, const apc_disk_expect *ex, apc_disk_he
         goto bad;
     }
     XXH3_64bits_reset(st);
-    XXH3_64bits_update(st, b, 112);
+    XXH3_64bits_update(st, b, APC_DISK_HEADER_SUM_AT);
     if (h->n_blocks) XXH3_64bits_update(st, h->keys, 16 * (size_t)h->n_blocks);
     uint64_t sum = XXH3_64bits_digest(st);
     XXH3_freeState(st);
@@ -295,14 +309,15 @@ int apc_disk_read_body(apc_disk_src *s, const apc_disk_expect *ex, const apc_dis
             parent = k;
         }
     } else {
-        apc_key k = apc_disk_exact_key(h->salt, tok, (int64_t)n);
+        apc_key k = h->kind == APC_DISK_KIND_SKEL ? apc_disk_skel_key(h->salt, tok, (int64_t)n)
+                                                  : apc_disk_exact_key(h->salt, tok, (int64_t)n);
         if (!apc_key_eq(&k, &h->content)) {
-            ember_fail(err, "exact key does not match the tokens");
+            ember_fail(err, "%s key does not match the tokens", h->kind == APC_DISK_KIND_SKEL ? "skeleton" : "exact");
             goto done;
         }
     }
     uint32_t pieces = h->kind == APC_DISK_KIND_SHARD ? h->n_blocks : 1;
-    for (int l = 0; l < lay->n_layer; l++) {
+    for (int l = 0; l < lay->n_layer && h->kind != APC_DISK_KIND_SKEL; l++) {
         for (int kv = 0; kv < 2; kv++) {
             uint64_t w = (uint64_t)(kv == 0 ? lay->k_width[l] : lay->v_width[l]);
             if (w == 0) continue;
@@ -314,6 +329,10 @@ int apc_disk_read_body(apc_disk_src *s, const apc_disk_expect *ex, const apc_dis
                 if (src_read(s, d, rows * w * 4, err) < 0) goto done;
             }
         }
+    }
+    if (h->state_bytes > 0) {
+        void *d = dst ? dst(user, -1, 0, 0) : NULL;
+        if (src_read(s, d, h->state_bytes, err) < 0) goto done;
     }
     uint64_t sum = XXH3_64bits_digest(s->hash);
     uint8_t trailer[8];

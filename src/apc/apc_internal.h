@@ -45,6 +45,9 @@ typedef struct apc_layout {
     int *k_width;   /* (n_layer) floats per K row */
     int *v_width;   /* (n_layer) */
     size_t row_floats; /* sum over layers of k_width + v_width */
+    /* For the SSD tier's namespace and file sizes (0 when unknown/none): */
+    size_t state_bytes;  /* model_state_bytes of recurrent stacks, else 0 */
+    uint64_t stack_sig;  /* XXH3-64 of every layer's (kind, window, keep) */
 } apc_layout;
 
 typedef struct apc_exact_entry {
@@ -113,6 +116,9 @@ const apc_layout *apc__layout(apc *c);
 apc_ckpt *apc__ckpt(apc *c);
 const struct model *apc__state_model(apc *c); /* NULL: no recurrent layers */
 size_t apc__state_bytes(apc *c);
+/* The SSD tier (NULL: none); apc_disk.h. */
+struct apc_disk *apc__disk(apc *c);
+apc_hash_kind apc__hash(apc *c);
 /* Under the lock: a lookup adopted n tokens (lookups_hit, matched_tokens). */
 void apc__count_hit_locked(apc *c, int64_t n);
 /* Under the lock: the longest restorable exact entry, 0 if none. */

@@ -2,14 +2,15 @@
  *
  * Feeds arbitrary bytes to apc_disk_parse_image, the same header, key-chain,
  * token and checksum path that start-up and every disk lookup run, under a
- * fixed namespace and a small layout (3 layers, one of width 0). The first
+ * fixed namespace and a small layout (3 layers, one of width 0, a 24-byte
+ * recurrent state in exact files and skeletons). The first
  * input byte picks the block-key hash kind. Built outside CI by `make fuzz`
  * (clang, -fsanitize=fuzzer,address,undefined):
  *
  *   make fuzz && ./fuzz_apc_disk -seeds corpus/     # write valid seed files
  *   ./fuzz_apc_disk -max_total_time=600 corpus/     # ten minutes
  *
- * Seeds are valid shards and snapshots, so mutations start past the
+ * Seeds are valid shards, snapshots and skeletons, so mutations start past the
  * checksums and reach the deep checks. */
 #include <stdint.h>
 #include <stdio.h>
@@ -20,7 +21,7 @@
 #include "apc/apc_disk.h"
 
 static int kw[3] = {8, 0, 4}, vw[3] = {8, 0, 12};
-static const apc_layout LAY = {3, kw, vw, 32};
+static const apc_layout LAY = {3, kw, vw, 32, 24, 0};
 
 static void expect_for(uint8_t sel, apc_disk_expect *ex) {
     for (int i = 0; i < 16; i++) ex->ns[i] = (uint8_t)(0xa5 ^ (i * 29));
@@ -71,17 +72,21 @@ static void write_seed(const char *dir, int idx, uint8_t sel, uint32_t kind, uin
         h.last_rows = last;
         h.keys = keys;
         h.content = keys[nb - 1];
+    } else if (kind == APC_DISK_KIND_SKEL) {
+        h.content = apc_disk_skel_key(h.salt, tok, (int64_t)nt);
+        h.first_block = rnd() % 4;
     } else {
         h.content = apc_disk_exact_key(h.salt, tok, (int64_t)nt);
     }
     h.n_tokens = nt;
-    uint64_t bytes = apc_disk_file_bytes(&LAY, h.n_blocks, nt);
+    h.state_bytes = kind == APC_DISK_KIND_SHARD ? 0 : LAY.state_bytes;
+    uint64_t bytes = apc_disk_file_bytes(&LAY, kind, h.n_blocks, nt);
     uint8_t *img = malloc(bytes + 1);
     img[0] = sel;
     apc_disk_write_header(img + 1, ex.ns, &h, &LAY);
     uint8_t *p = img + 1 + APC_DISK_HEADER_BYTES + 16 * (size_t)h.n_blocks;
     for (uint64_t i = 0; i < nt; i++) memcpy(p + 4 * i, &tok[i], 4);
-    for (uint64_t i = 0; i < nt * LAY.row_floats * 4; i++) p[4 * nt + i] = (uint8_t)rnd();
+    for (uint8_t *q = p + 4 * nt; q < img + 1 + bytes - 8; q++) *q = (uint8_t)rnd(); /* K/V and state */
     uint64_t sum = XXH3_64bits(img + 1, bytes - 8);
     memcpy(img + 1 + bytes - 8, &sum, 8);
     char path[4096];
@@ -106,6 +111,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
                 write_seed(dir, k++, sel, APC_DISK_KIND_SHARD, 3, 5, 0);
                 write_seed(dir, k++, sel, APC_DISK_KIND_SHARD, 2, 16, 0);
                 write_seed(dir, k++, sel, APC_DISK_KIND_EXACT, 0, 0, 7);
+                write_seed(dir, k++, sel, APC_DISK_KIND_SKEL, 0, 0, 9);
             }
             printf("wrote %d seeds to %s\n", k, dir);
             exit(0);

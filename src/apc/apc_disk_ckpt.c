@@ -1,0 +1,114 @@
+/* apc_disk_ckpt.c - restart repair: a checkpoint restored from its skeleton
+ * and its ckpt-salted block shards (reference §10.5, design.md §2).
+ *
+ * A skeleton (apc_disk.h) holds a record's token ids, kind and recurrent
+ * state; the K/V of its kv and rot layers are the chain [0, p) in block
+ * shards under salt ^ APC_DISK_CKPT_SALT. Restoring one:
+ *   1. the longest skeleton deeper than what memory offers, read and fully
+ *      verified (checksum, key, tokens) with its state;
+ *   2. the state restored into the request's model_state and checked to
+ *      stand at p; a state that does not restore marks the skeleton bad
+ *      (counted, deleted);
+ *   3. fresh pool blocks for [0, p) allocated under the cache's lock, filled
+ *      from the shards without it (they are private), then adopted into the
+ *      request's sequence; a short chain (evicted, corrupt) is a miss and the
+ *      next shorter skeleton is tried.
+ * The restored blocks are not re-indexed and no record is re-created: the
+ * request's own checkpoint stores recreate records in memory (reference
+ * §10.5 leaves every later lookup on the disk path; ours is served by those
+ * records once the request has run).
+ *
+ * Locking: the disk's functions take the disk lock themselves; this file
+ * takes the cache's lock only around pool operations and never holds it
+ * while reading files. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "apc/apc_ckpt.h"
+#include "apc/apc_disk.h"
+#include "apc/apc_internal.h"
+#include "core/log.h"
+
+/* Fills seq with the ckpt chain [0, p) from disk; false: seq stays empty. */
+static bool load_chain(apc *c, apc_disk *d, const int32_t *tokens, int64_t p, uint64_t salt, kv_seq *seq,
+                       apc_hash_kind hash) {
+    const uint64_t csalt = salt ^ APC_DISK_CKPT_SALT;
+    int64_t nf = p / KV_BLOCK_TOKENS;
+    int tail = (int)(p % KV_BLOCK_TOKENS);
+    int64_t total = nf + (tail ? 1 : 0);
+    apc_key *keys = malloc((size_t)total * sizeof *keys);
+    apc_disk_want *want = malloc((size_t)total * sizeof *want);
+    if (keys == NULL || want == NULL) {
+        free(keys);
+        free(want);
+        return false;
+    }
+    static const apc_key zero;
+    apc_chain_keys(hash, tokens, nf, csalt, keys);
+    if (tail) keys[nf] = apc_partial_key(hash, nf > 0 ? &keys[nf - 1] : &zero, csalt, tokens + nf * KV_BLOCK_TOKENS, tail);
+    kv_pool *pool = apc__pool(c);
+    int64_t got = 0;
+    apc__lock(c);
+    for (; got < total; got++) {
+        int32_t b = kv_block_alloc(pool);
+        if (b < 0) break;
+        want[got].key = keys[got];
+        want[got].tokens = tokens + got * KV_BLOCK_TOKENS;
+        want[got].rows = got < nf ? KV_BLOCK_TOKENS : tail;
+        want[got].dst = b;
+    }
+    apc__unlock(c);
+    int64_t loaded = got == total ? apc_disk_load_blocks(d, &zero, csalt, want, total) : 0;
+    bool ok = loaded == total;
+    apc__lock(c);
+    for (int64_t i = 0; i < got; i++) {
+        if (ok && kv_seq_adopt_block(pool, seq, want[i].dst, NULL) < 0) ok = false;
+        kv_block_unref(pool, want[i].dst);
+    }
+    if (ok) {
+        if (seq->n_tokens > p) kv_seq_truncate(pool, seq, p);
+        ok = seq->n_tokens == p;
+    }
+    if (!ok && seq->n_blocks > 0) kv_seq_release(pool, seq);
+    apc__unlock(c);
+    if (got < total)
+        ember_log(EMBER_LOG_DEBUG, "APC ckpt disk miss: no free pool blocks for a %lld-token chain", (long long)p);
+    else if (loaded < total)
+        ember_log(EMBER_LOG_DEBUG, "APC ckpt disk miss: main chain %lld/%lld", (long long)loaded, (long long)total);
+    free(keys);
+    free(want);
+    return ok;
+}
+
+int64_t apc_disk_restore_skeleton(apc *c, apc_disk *d, const int32_t *tokens, int64_t n, uint64_t salt, int64_t min_p,
+                                  bool replay_gate, kv_seq *seq, model_state *state) {
+    const apc_layout *lay = apc__layout(c);
+    size_t sb = lay->state_bytes;
+    if (n < 3 || min_p >= n - 1 || seq->n_tokens != 0 || seq->n_blocks != 0 || (sb && state == NULL)) return 0;
+    void *buf = NULL;
+    if (sb && (buf = malloc(sb)) == NULL) return 0;
+    apc_hash_kind hash = apc__hash(c);
+    int64_t max_p = n - 1, got = 0;
+    while (max_p > min_p && got == 0) {
+        apc_key name;
+        int64_t p = apc_disk_find_skeleton(d, tokens, max_p, min_p, replay_gate ? n - 1 : -1, salt, buf, &name);
+        if (p <= 0) break;
+        max_p = p - 1;
+        if (sb) {
+            ember_error err;
+            if (model_state_restore(state, buf, sb, &err) < 0 || model_state_pos(state) != p) {
+                model_state_reset(state);
+                apc_disk_skeleton_bad(d, &name, "its state does not restore at its length");
+                continue;
+            }
+        }
+        if (!load_chain(c, d, tokens, p, salt, seq, hash)) {
+            if (sb) model_state_reset(state);
+            continue;
+        }
+        apc_disk_skeleton_used(d, &name);
+        got = p;
+    }
+    free(buf);
+    return got;
+}
