@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 PROMPT ?= Once upon a time
 PORT ?= 8080
 
-.PHONY: all build build-asan run generate test test-release test-asan bench clean
+.PHONY: all build build-asan run generate test test-release test-asan bench bench-serve bench-multiturn clean
 
 all: build
 
@@ -41,6 +41,27 @@ bench: build
 	for t in q8_0 q4_k; do \
 	  [ -f $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf ] || ./build/ember mkmodel --arch qwen3 --preset qwen3-0.6b --type $$t --seed 1 --out $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf || exit 1; \
 	  ./build/bench_engine $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf --threads 2 --reps 3 || exit 1; \
+	done
+
+# Serving benchmark: ember serve on the built-in default model (qwen3 small,
+# context 4096): aggregate decode tokens/s with 1, 4 and 16 streams, TTFT
+# p50/p99 of a short request arriving while a 3584-token prompt prefills.
+bench-serve: build
+	./build/bench_serve --ember build/ember --model build/models/default.gguf --threads 2
+
+# Multi-turn prompt-cache benchmark (issue 5): per turn of a chat, tokens
+# re-prefilled and TTFT with the cache on vs off, on the `small` model of each
+# family (generated here if missing). TURNS/TURN_TOKENS size the chat;
+# MT_ARGS adds options (e.g. --reply 64), MT_FAMILIES picks the families.
+TURNS ?= 10
+TURN_TOKENS ?= 1024
+MT_FAMILIES ?= qwen3 gemma3 qwen35 mamba2 falcon-h1
+bench-multiturn: build
+	mkdir -p $(BENCH_MODELS)
+	for a in $(MT_FAMILIES); do \
+	  f=$(BENCH_MODELS)/$$a-small-q8_0.gguf; \
+	  [ -f $$f ] || ./build/ember mkmodel --arch $$a --preset small --type q8_0 --seed 1 --out $$f || exit 1; \
+	  ./build/bench_multiturn --model $$f --turns $(TURNS) --turn-tokens $(TURN_TOKENS) --threads 2 $(MT_ARGS) || exit 1; \
 	done
 
 clean:

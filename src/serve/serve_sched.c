@@ -410,20 +410,60 @@ static void fail_batch(sched *s, sreq **reqs, int n, const char *msg) {
         if (reqs[i]->state != ST_DONE) complete(s, reqs[i], SREQ_FAILED, msg);
 }
 
+/* The length of r's next chunk when it may take `allow` tokens (0: none).
+ * A chunk never crosses a grid point (a multiple of step) and ends at the
+ * pause point N-1, at the grid point, or on a KV block boundary. Rows are
+ * batch-invariant, so how a prompt is cut never changes its results. */
+static int64_t chunk_len(const sreq *r, int step, int64_t allow) {
+    int64_t p = r->seq.n_tokens, end = (p / step + 1) * step;
+    if (end > r->p.n_prompt - 1) end = r->p.n_prompt - 1;
+    if (end - p > allow) end = (p + allow) / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS;
+    return end > p ? end - p : 0;
+}
+
+/* One prefill batch of at most `step` tokens. The oldest prefilling request
+ * is guaranteed a quarter of it (so it always progresses); the others, the
+ * shortest first, take what they need of the rest; the oldest then takes
+ * what is left. A short request that arrives while a long prompt prefills
+ * thus waits about one batch, not the whole prompt. */
 static void prefill_step(sched *s) {
     const int step = s->cfg.prefill_step;
     int n = 0, nreq = 0;
     ember_error err;
     sreq *members[64];
-    int64_t lens[64];
+    int64_t lens[64], full[64];
     for (int i = 0; i < s->n_running && nreq < 64; i++) {
         sreq *r = s->running[i];
         if (r->state != ST_PREFILL) continue;
-        int64_t p = r->seq.n_tokens, end = (p / step + 1) * step;
-        if (end > r->p.n_prompt - 1) end = r->p.n_prompt - 1;
-        int64_t len = end - p;
+        int64_t l = chunk_len(r, step, INT64_MAX);
+        if (l <= 0) continue;
+        members[nreq] = r;
+        full[nreq] = l;
+        lens[nreq++] = 0;
+    }
+    if (nreq == 0) return;
+    int64_t budget = step, guarantee = step / 4 > KV_BLOCK_TOKENS ? step / 4 : KV_BLOCK_TOKENS;
+    lens[0] = chunk_len(members[0], step, guarantee < budget ? guarantee : budget);
+    budget -= lens[0];
+    for (int done = 1; done < nreq && budget > 0; done++) {
+        int best = -1; /* the shortest not yet served (ties: the older) */
+        for (int i = 1; i < nreq; i++)
+            if (lens[i] == 0 && full[i] > 0 && (best < 0 || full[i] < full[best])) best = i;
+        if (best < 0) break;
+        lens[best] = chunk_len(members[best], step, budget);
+        full[best] = 0; /* served */
+        budget -= lens[best];
+    }
+    if (budget > 0) {
+        int64_t l = chunk_len(members[0], step, lens[0] + budget);
+        budget -= l - lens[0];
+        lens[0] = l;
+    }
+    int k = 0;
+    for (int i = 0; i < nreq; i++) {
+        sreq *r = members[i];
+        int64_t len = lens[i], p = r->seq.n_tokens;
         if (len <= 0) continue;
-        if (n > 0 && n + len > step) break; /* FCFS: no skipping ahead */
         if (apc_seq_prepare_append(s->cache, &r->seq, len, &err) < 0) {
             complete(s, r, SREQ_FAILED, err.msg);
             continue;
@@ -436,9 +476,10 @@ static void prefill_step(sched *s) {
             if (s->b_state) s->b_state[n] = r->mstate;
             n++;
         }
-        members[nreq] = r;
-        lens[nreq++] = len;
+        members[k] = r;
+        lens[k++] = len;
     }
+    nreq = k;
     if (n == 0) return;
     model_batch b = {n, s->b_tok, s->b_pos, s->b_seq, s->b_want, s->b_state};
     if (model_forward(s->ctx, &b, s->logits, &err) < 0) {

@@ -13,9 +13,12 @@
  *    blocks return to the pool, nothing is stored); admit queued requests
  *    FCFS while the running set has room and the pool can hold their worst
  *    case (prompt + max_tokens + 1 block), running the prompt-cache lookup
- *    at admission; forward one grid-aligned prefill chunk (chunk k covers
- *    [k*step, (k+1)*step)) of as many prefilling requests as fit in `step`
- *    tokens; then one batched decode step over every decoding sequence in a
+ *    at admission; forward one prefill batch of at most `step` tokens
+ *    (chunks never cross a grid point k*step and end on a block boundary
+ *    or at N-1; the oldest prefilling request is guaranteed a quarter of
+ *    the batch, the others take the rest shortest first, so a short
+ *    request arriving during a long prefill waits about one batch, not the
+ *    whole prompt); then one batched decode step over every decoding sequence in a
  *    single model_forward. The cache protocol is engine.c's: PAUSE store at
  *    N-1, the last prompt token forwarded alone (as the request's first
  *    decode row), PREFILL store, decode, RETIRE store of prompt + reply
