@@ -66,10 +66,12 @@
  *    checksum and the file size must agree); a read verifies everything:
  *    the whole-file checksum, the key chain recomputed from (parent, salt,
  *    tokens) with the cache's hash kind (the exact or skeleton key for
- *    those), and the tokens against the request's. A state that does not
- *    restore (model_state_restore refuses it, or its position is not n) is
- *    treated like a checksum failure. A file that fails is counted
- *    (disk_corrupt), deleted, and the lookup is a miss.
+ *    those), and the tokens against the request's. A skeleton whose state
+ *    does not restore (model_state_restore refuses it, or its position is
+ *    not p) is treated like a checksum failure. A file that fails is
+ *    counted (disk_corrupt), deleted, and the lookup is a miss (a skeleton
+ *    restore then tries the next shorter skeleton). A skeleton whose chain
+ *    is short on disk (a shard evicted or corrupt) is a plain miss.
  *  - Namespace isolation covers the layer mix: the namespace hash includes
  *    the cache stack (every layer's kind, window, keep) and the state size,
  *    so a model with another stack never opens these files.

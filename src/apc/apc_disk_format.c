@@ -7,7 +7,10 @@
  * state, so the trailing checksum covers every byte before it whatever the
  * read mode. Beyond the checksum, content is checked against what it claims
  * to be: a shard's key chain is recomputed from its parent, salt and tokens
- * with the cache's hash kind, an exact file's key from its salt and tokens.
+ * with the cache's hash kind, an exact file's or a checkpoint skeleton's
+ * key (tagged "x" / "k") from its salt and tokens. The state size of exact
+ * files and skeletons must be the namespace's (a file of a model with
+ * another layer mix can only be a forgery: its namespace differs).
  * A file that passes is exactly what a store of those tokens wrote (or a
  * deliberate forgery of both checksum and keys, which the request's own
  * token comparison still bounds to the right tokens). */
