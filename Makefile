@@ -64,5 +64,11 @@ bench-multiturn: build
 	  ./build/bench_multiturn --model $$f --turns $(TURNS) --turn-tokens $(TURN_TOKENS) --threads 2 $(MT_ARGS) || exit 1; \
 	done
 
+# Load test (not CI): 32 concurrent streaming clients for 60 s against ember
+# serve on loopback; fails on any failed or malformed response, or when the
+# server's RSS after the run is not within 10% of before.
+load-test: build
+	./build/bench_load --ember build/ember --model build/models/default.gguf --clients 32 --seconds 60
+
 clean:
 	rm -rf build build-asan
