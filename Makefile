@@ -70,26 +70,5 @@ bench-multiturn: build
 load-test: build
 	./build/bench_load --ember build/ember --model build/models/default.gguf --clients 32 --seconds 60
 
-# Multi-turn prompt-cache benchmark (issue 5): per turn of a chat, tokens
-# re-prefilled and TTFT with the cache on vs off, on the `small` model of each
-# family (generated here if missing). TURNS/TURN_TOKENS size the chat;
-# MT_ARGS adds options (e.g. --reply 64), MT_FAMILIES picks the families.
-TURNS ?= 10
-TURN_TOKENS ?= 1024
-MT_FAMILIES ?= qwen3 gemma3 qwen35 mamba2 falcon-h1
-bench-multiturn: build
-	mkdir -p $(BENCH_MODELS)
-	for a in $(MT_FAMILIES); do \
-	  f=$(BENCH_MODELS)/$$a-small-q8_0.gguf; \
-	  [ -f $$f ] || ./build/ember mkmodel --arch $$a --preset small --type q8_0 --seed 1 --out $$f || exit 1; \
-	  ./build/bench_multiturn --model $$f --turns $(TURNS) --turn-tokens $(TURN_TOKENS) --threads 2 $(MT_ARGS) || exit 1; \
-	done
-
-# Load test (not CI): 32 concurrent streaming clients for 60 s against ember
-# serve on loopback; fails on any failed or malformed response, or when the
-# server's RSS after the run is not within 10% of before.
-load-test: build
-	./build/bench_load --ember build/ember --model build/models/default.gguf --clients 32 --seconds 60
-
 clean:
 	rm -rf build build-asan
