@@ -227,6 +227,83 @@ static double chi_square(const int *counts, const double *probs, int n, int draw
     return chi;
 }
 
+/* OpenAI presence/frequency penalties: generated tokens only, exact
+ * arithmetic (powers of two), greedy affected, negative values, reset,
+ * many distinct tokens (the count table grows). */
+static void test_presence_frequency_penalties(void **state) {
+    (void)state;
+    sampler_params p = plain(0.0f, 1);
+    p.frequency_penalty = 0.125f;
+    sampler *s = sampler_create(&p);
+    for (int i = 0; i < 10; i++) sampler_accept(s, 0); /* prompt tokens: not counted */
+    float row[4] = {1.0f, 0.75f, 0.5f, -1.0f};
+    float l[4];
+    memcpy(l, row, sizeof l);
+    assert_int_equal(sampler_sample(s, l, 4), 0);
+    assert_true(l[0] == 1.0f);
+    sampler_accept_generated(s, 0);
+    memcpy(l, row, sizeof l);
+    assert_int_equal(sampler_sample(s, l, 4), 0);
+    assert_true(l[0] == 0.875f && l[1] == 0.75f);
+    sampler_accept_generated(s, 0);
+    sampler_accept_generated(s, 0);
+    memcpy(l, row, sizeof l);
+    assert_int_equal(sampler_sample(s, l, 4), 1); /* 1 - 3/8 = 0.625 < 0.75 */
+    assert_true(l[0] == 0.625f);
+    sampler_reset(s);
+    memcpy(l, row, sizeof l);
+    assert_int_equal(sampler_sample(s, l, 4), 0);
+    assert_true(l[0] == 1.0f);
+    sampler_free(s);
+
+    /* presence: once, however often the token came */
+    p = plain(0.0f, 1);
+    p.presence_penalty = 0.5f;
+    s = sampler_create(&p);
+    for (int i = 0; i < 5; i++) sampler_accept_generated(s, 0);
+    sampler_accept_generated(s, 2);
+    memcpy(l, row, sizeof l);
+    assert_int_equal(sampler_sample(s, l, 4), 1);
+    assert_true(l[0] == 0.5f && l[1] == 0.75f && l[2] == 0.0f && l[3] == -1.0f);
+    sampler_free(s);
+
+    /* both, and negative values pull a token up */
+    p = plain(0.0f, 1);
+    p.presence_penalty = -1.0f;
+    p.frequency_penalty = -0.25f;
+    s = sampler_create(&p);
+    sampler_accept_generated(s, 3);
+    sampler_accept_generated(s, 3);
+    memcpy(l, row, sizeof l);
+    assert_int_equal(sampler_sample(s, l, 4), 0);
+    assert_true(l[3] == 0.5f); /* -1 + 2 * 0.25 + 1 */
+    sampler_accept_generated(s, 3);
+    sampler_accept_generated(s, 3);
+    memcpy(l, row, sizeof l);
+    assert_int_equal(sampler_sample(s, l, 4), 0); /* -1 + 4 * 0.25 + 1 = 1.0 ties token 0: the lower id wins */
+    assert_true(l[3] == 1.0f);
+    sampler_accept_generated(s, 3);
+    memcpy(l, row, sizeof l);
+    assert_int_equal(sampler_sample(s, l, 4), 3);
+    sampler_free(s);
+
+    /* defaults are off; many distinct tokens, each counted */
+    assert_true(sampler_default_params().presence_penalty == 0.0f);
+    assert_true(sampler_default_params().frequency_penalty == 0.0f);
+    enum { V = 5000 };
+    p = plain(0.0f, 1);
+    p.frequency_penalty = 1.0f;
+    s = sampler_create(&p);
+    for (int t = 0; t < V; t += 2) sampler_accept_generated(s, t);
+    for (int t = 0; t < V; t += 4) sampler_accept_generated(s, t);
+    float *big = malloc(V * sizeof *big);
+    for (int t = 0; t < V; t++) big[t] = 0.0f;
+    sampler_sample(s, big, V);
+    for (int t = 0; t < V; t++) assert_true(big[t] == (t % 4 == 0 ? -2.0f : t % 2 == 0 ? -1.0f : 0.0f));
+    free(big);
+    sampler_free(s);
+}
+
 static void test_distribution(void **state) {
     (void)state;
     /* 3 degrees of freedom: P(chi2 > 16.27) = 0.001. */
@@ -284,6 +361,7 @@ int main(void) {
         cmocka_unit_test(test_min_p_filters),
         cmocka_unit_test(test_top_k_and_top_p_limit_support),
         cmocka_unit_test(test_repetition_penalty),
+        cmocka_unit_test(test_presence_frequency_penalties),
         cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_large_vocab_defaults),
     };

@@ -887,6 +887,53 @@ static void test_tools_api(void **state) {
     cJSON_Delete(a);
 }
 
+/* presence_penalty / frequency_penalty reach the sampler: over 24 greedy
+ * tokens a strong frequency penalty breaks the tiny model's repetition,
+ * while the first token (nothing generated yet) and the raw logprobs of
+ * it are unchanged. */
+static int distinct_tokens(const cJSON *j, char **first, double *lp0) {
+    const cJSON *toks = jget(j, "choices.0.logprobs.tokens");
+    int n = cJSON_GetArraySize(toks), d = 0;
+    for (int i = 0; i < n; i++) {
+        bool seen = false;
+        for (int k = 0; k < i; k++)
+            if (strcmp(cJSON_GetArrayItem(toks, i)->valuestring, cJSON_GetArrayItem(toks, k)->valuestring) == 0)
+                seen = true;
+        d += !seen;
+    }
+    *first = strdup(cJSON_GetArrayItem(toks, 0)->valuestring);
+    *lp0 = jnum(j, "choices.0.logprobs.token_logprobs.0");
+    return d;
+}
+
+static void test_penalties(void **state) {
+    (void)state;
+    const char *fmt = "{\"prompt\":\"Penalties change what greedy picks\",\"max_tokens\":24,\"temperature\":0,"
+                      "\"ignore_eos\":true,\"logprobs\":0%s}";
+    char body[512];
+    snprintf(body, sizeof body, fmt, "");
+    cJSON *a = post_ok(g_open.port, "/v1/completions", NULL, body);
+    snprintf(body, sizeof body, fmt, ",\"frequency_penalty\":2,\"presence_penalty\":0.5");
+    cJSON *b = post_ok(g_open.port, "/v1/completions", NULL, body);
+    char *fa, *fb;
+    double la, lb;
+    int da = distinct_tokens(a, &fa, &la), db = distinct_tokens(b, &fb, &lb);
+    print_message("penalties: %d distinct tokens of 24 without, %d with\n", da, db);
+    assert_true(db > da);
+    assert_string_equal(fa, fb);
+    assert_true(la == lb);
+    assert_string_not_equal(jstr(a, "choices.0.text"), jstr(b, "choices.0.text"));
+    free(fa);
+    free(fb);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    expect_error(g_open.port, "POST", "/v1/completions", NULL, "{\"prompt\":\"x\",\"presence_penalty\":2.5}", 400,
+                 "presence_penalty", "decimal_above_max_value");
+    expect_error(g_open.port, "POST", "/v1/chat/completions", NULL,
+                 "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"frequency_penalty\":\"high\"}", 400,
+                 "frequency_penalty", "invalid_type");
+}
+
 static void test_disconnect_cancels(void **state) {
     (void)state;
     const char *body = "{\"prompt\":\"cancel me\",\"max_tokens\":2000,\"ignore_eos\":true,\"stream\":true}";
@@ -1125,6 +1172,7 @@ int main(void) {
         cmocka_unit_test(test_recurrent_qwen35),
         cmocka_unit_test(test_recurrent_mamba2),
         cmocka_unit_test(test_tools_api),
+        cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_cache_stats_reset_metrics),

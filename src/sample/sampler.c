@@ -13,6 +13,11 @@
  * rather than a full sort; a full sort happens only when top_p needs the
  * whole vocabulary in order.
  *
+ * Presence/frequency penalties need a count per generated token id: an
+ * open-addressing hash table (linear probing, power-of-two capacity kept at
+ * most half full) from id to count, so memory follows the number of
+ * distinct generated tokens, not the vocabulary. Applying walks its slots.
+ *
  * Randomness: xoshiro256** (public-domain algorithm by Blackman and Vigna),
  * state seeded by four outputs of splitmix64 so any 64-bit seed, including
  * 0, gives a well-mixed state. Uniform doubles take the top 53 bits. */
@@ -38,6 +43,9 @@ struct sampler {
     int32_t *history_scratch;
     candidate *cands;
     int cands_cap;
+    /* Generated-token counts (presence/frequency penalties): slots with id -1 are empty. */
+    int32_t *gen_id, *gen_count;
+    int32_t gen_cap, gen_used;
 };
 
 /* ---- random numbers ---- */
@@ -72,7 +80,9 @@ sampler_params sampler_default_params(void) {
                             .min_p = 0.05f,
                             .repeat_penalty = 1.0f,
                             .penalty_last_n = 64,
-                            .seed = 0};
+                            .seed = 0,
+                            .presence_penalty = 0.0f,
+                            .frequency_penalty = 0.0f};
 }
 
 sampler *sampler_create(const sampler_params *params) {
@@ -97,12 +107,16 @@ void sampler_free(sampler *s) {
     free(s->history);
     free(s->history_scratch);
     free(s->cands);
+    free(s->gen_id);
+    free(s->gen_count);
     free(s);
 }
 
 void sampler_reset(sampler *s) {
     s->history_len = 0;
     s->history_next = 0;
+    for (int32_t i = 0; i < s->gen_cap; i++) s->gen_id[i] = -1;
+    s->gen_used = 0;
     seed_rng(s);
 }
 
@@ -113,7 +127,58 @@ void sampler_accept(sampler *s, int32_t id) {
     if (s->history_len < s->history_cap) s->history_len++;
 }
 
+static uint32_t slot_of(int32_t id, int32_t cap) {
+    return ((uint32_t)id * 2654435761u) & (uint32_t)(cap - 1);
+}
+
+static void gen_insert(int32_t *ids, int32_t *counts, int32_t cap, int32_t id, int32_t add) {
+    uint32_t i = slot_of(id, cap);
+    while (ids[i] != -1 && ids[i] != id) i = (i + 1) & (uint32_t)(cap - 1);
+    if (ids[i] == -1) {
+        ids[i] = id;
+        counts[i] = 0;
+    }
+    counts[i] += add;
+}
+
+void sampler_accept_generated(sampler *s, int32_t id) {
+    sampler_accept(s, id);
+    if (id < 0 || (s->params.presence_penalty == 0.0f && s->params.frequency_penalty == 0.0f)) return;
+    if (2 * (s->gen_used + 1) > s->gen_cap) {
+        int32_t cap = s->gen_cap ? 2 * s->gen_cap : 64;
+        int32_t *ids = malloc((size_t)cap * sizeof *ids), *counts = malloc((size_t)cap * sizeof *counts);
+        if (ids == NULL || counts == NULL) { /* degrade: the token goes uncounted */
+            free(ids);
+            free(counts);
+            return;
+        }
+        for (int32_t i = 0; i < cap; i++) ids[i] = -1;
+        for (int32_t i = 0; i < s->gen_cap; i++)
+            if (s->gen_id[i] != -1) gen_insert(ids, counts, cap, s->gen_id[i], s->gen_count[i]);
+        free(s->gen_id);
+        free(s->gen_count);
+        s->gen_id = ids;
+        s->gen_count = counts;
+        s->gen_cap = cap;
+    }
+    uint32_t i = slot_of(id, s->gen_cap);
+    while (s->gen_id[i] != -1 && s->gen_id[i] != id) i = (i + 1) & (uint32_t)(s->gen_cap - 1);
+    if (s->gen_id[i] == -1) s->gen_used++;
+    gen_insert(s->gen_id, s->gen_count, s->gen_cap, id, 1);
+}
+
 /* ---- penalties ---- */
+
+/* OpenAI: logit[t] -= c(t) * frequency_penalty + (c(t) > 0) * presence_penalty. */
+static void apply_openai_penalties(sampler *s, float *logits, int n_vocab) {
+    const float pp = s->params.presence_penalty, fp = s->params.frequency_penalty;
+    if ((pp == 0.0f && fp == 0.0f) || s->gen_used == 0) return;
+    for (int32_t i = 0; i < s->gen_cap; i++) {
+        int32_t id = s->gen_id[i];
+        if (id < 0 || id >= n_vocab) continue;
+        logits[id] -= (float)s->gen_count[i] * fp + pp;
+    }
+}
 
 static int cmp_int32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -219,6 +284,7 @@ static int keep_min_p(candidate *cands, int n, float min_p) {
 int32_t sampler_sample(sampler *s, float *logits, int n_vocab) {
     if (n_vocab < 1) return -1;
     apply_repeat_penalty(s, logits, n_vocab);
+    apply_openai_penalties(s, logits, n_vocab);
     const sampler_params *p = &s->params;
     if (!(p->temperature > 0.0f)) return argmax(logits, n_vocab);
 

@@ -291,8 +291,10 @@ int api_parse(const api_ctx *ctx, bool chat, const char *body_text, size_t len, 
     if (got) sp.min_p = (float)d;
     if ((got = get_num(body, "repetition_penalty", 0.01, 100, &d, e)) < 0) goto done;
     if (got) sp.repeat_penalty = (float)d;
-    if (get_num(body, "presence_penalty", -2, 2, &d, e) < 0) goto done;
-    if (get_num(body, "frequency_penalty", -2, 2, &d, e) < 0) goto done;
+    if ((got = get_num(body, "presence_penalty", -2, 2, &d, e)) < 0) goto done;
+    if (got) sp.presence_penalty = (float)d;
+    if ((got = get_num(body, "frequency_penalty", -2, 2, &d, e)) < 0) goto done;
+    if (got) sp.frequency_penalty = (float)d;
     if ((got = get_int(body, "seed", -9223372036854775807LL, 9223372036854775807LL, &ll, e)) < 0) goto done;
     sp.seed = got ? (uint64_t)ll : random_seed();
     out->p.sampling = sp;

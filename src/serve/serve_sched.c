@@ -553,7 +553,7 @@ static void decode_step(sched *s) {
         } else {
             next = sampler_sample(r->smp, row, s->n_vocab);
         }
-        sampler_accept(r->smp, next);
+        sampler_accept_generated(r->smp, next);
         r->all[N + r->n_gen] = next;
         r->n_gen++;
         if (!r->p.ignore_eos && tokenizer_is_eog(s->tok, next)) {
