@@ -192,6 +192,7 @@ typedef struct srv {
 static char *g_dir;
 static char g_model[512];
 static srv g_open, g_locked;
+static srv g_extra; /* a per-test server, stopped by teardown if a test failed with it running */
 
 static int start_server_on(srv *s, const char *name, const char *model_path, char *const extra[]) {
     snprintf(s->log, sizeof s->log, "%s/%s.log", g_dir, name);
@@ -281,6 +282,7 @@ static int teardown(void **state) {
     (void)state;
     stop_server(&g_open);
     stop_server(&g_locked);
+    stop_server(&g_extra);
     remove_tree(g_dir);
     free(g_dir);
     return 0;
@@ -739,19 +741,19 @@ static void check_recurrent_arch(const char *arch) {
     snprintf(cmd, sizeof cmd, "%s mkmodel --arch %s --preset tiny --seed 5 --out %s >/dev/null 2>&1", ember_binary(),
              arch, path);
     assert_int_equal(system(cmd), 0);
-    srv s;
+    srv *sp = &g_extra;
     char *extra[] = {(char *)"--prefill-step", (char *)"16", NULL};
     snprintf(name, sizeof name, "recurrent-%s", arch);
-    assert_int_equal(start_server_on(&s, name, path, extra), 0);
+    assert_int_equal(start_server_on(sp, name, path, extra), 0);
     /* chat, whole and streamed, agree */
     const char *plain = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello, recurrent friend.\"}],"
                         "\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true}";
-    cJSON *a = post_ok(s.port, "/v1/chat/completions", NULL, plain);
+    cJSON *a = post_ok(sp->port, "/v1/chat/completions", NULL, plain);
     assert_int_equal((int)jnum(a, "usage.completion_tokens"), 8);
     assert_string_equal(jstr(a, "choices.0.finish_reason"), "length");
     const char *sbody = "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello, recurrent friend.\"}],"
                         "\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}";
-    resp r = http(s.port, "POST", "/v1/chat/completions", NULL, sbody);
+    resp r = http(sp->port, "POST", "/v1/chat/completions", NULL, sbody);
     assert_int_equal(r.status, 200);
     bool done;
     cJSON *ev = sse_events(r.body, &done);
@@ -769,7 +771,7 @@ static void check_recurrent_arch(const char *arch) {
     const char *probe_body = "{\"messages\":[{\"role\":\"user\",\"content\":\"The recurrent probe, alone or "
                              "in a crowd of others.\"}],\"max_tokens\":16,\"temperature\":0,\"logprobs\":true,"
                              "\"top_logprobs\":2,\"ignore_eos\":true}";
-    job probe = {.port = s.port};
+    job probe = {.port = sp->port};
     snprintf(probe.body, sizeof probe.body, "%s", probe_body);
     run_job(&probe);
     assert_int_equal(probe.status, 200);
@@ -777,7 +779,7 @@ static void check_recurrent_arch(const char *arch) {
     pthread_t th[9];
     for (int i = 0; i < 9; i++) {
         memset(&jobs[i], 0, sizeof jobs[i]);
-        jobs[i].port = s.port;
+        jobs[i].port = sp->port;
         if (i == 4)
             snprintf(jobs[i].body, sizeof jobs[i].body, "%s", probe_body);
         else
@@ -798,10 +800,10 @@ static void check_recurrent_arch(const char *arch) {
     }
     free(probe.text);
     free(probe.logprobs);
-    int rc = stop_server(&s);
-    char *log = read_whole_file(s.log, NULL);
+    int rc = stop_server(sp);
+    char *log = read_whole_file(sp->log, NULL);
     bool clean = log && !strstr(log, "Sanitizer") && !strstr(log, "runtime error") && !strstr(log, "forward failed");
-    if (rc != 0 || !clean) print_message("server log %s (exit %d):\n%s\n", s.log, rc, log ? log : "");
+    if (rc != 0 || !clean) print_message("server log %s (exit %d):\n%s\n", sp->log, rc, log ? log : "");
     assert_int_equal(rc, 0);
     assert_true(clean);
     free(log);

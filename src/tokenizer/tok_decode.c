@@ -87,7 +87,7 @@ int tokenizer_token_to_piece(const tokenizer *t, int32_t id, bool render_special
     char *tmp = room <= sizeof small ? small : malloc(room);
     if (tmp == NULL) return -(int)room;
     size_t n = render_piece(t, id, render_special, tmp);
-    if (n <= cap) memcpy(buf, tmp, n);
+    if (n > 0 && n <= cap) memcpy(buf, tmp, n); /* buf may be NULL with cap 0 (a size query) */
     if (tmp != small) free(tmp);
     return n <= cap ? (int)n : -(int)n;
 }
