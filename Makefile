@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 PROMPT ?= Once upon a time
 PORT ?= 8080
 
-.PHONY: all build build-asan run generate test test-release test-asan bench bench-serve bench-multiturn clean
+.PHONY: all build build-asan run generate test test-release test-asan bench bench-serve bench-multiturn load-test clean
 
 all: build
 
