@@ -15,9 +15,10 @@
  * the block tier: when it completes a block) the engine spends it, so that the
  * next turn of the conversation warm-starts past the whole reply.
  *
- * Ckpt- and exact-tier caches get a per-request apc_req (apc_ckpt.h): the
- * prefill loop also stops where it schedules a checkpoint, decode reports
- * each step, retirement goes through it. Models with recurrent layers carry
+ * The calls to the cache go through engine_cache.h (the same protocol the
+ * server's scheduler drives): ckpt- and exact-tier caches get a per-request
+ * apc_req (apc_ckpt.h), so the prefill loop also stops where it schedules a
+ * checkpoint, decode reports each step, retirement goes through it. Models with recurrent layers carry
  * a model_state per request in every batch row (model_batch.states); it is
  * restored by the lookup together with the K/V and read by the stores.
  *
@@ -27,7 +28,7 @@
 
 #include <pthread.h>
 
-#include "apc/apc_ckpt.h"
+#include "engine/engine_cache.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -216,7 +217,8 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
                           (long long)need, (long long)N, max_tokens, kv_pool_n_blocks(e->pool));
 
     double t0 = ember_now();
-    apc_req *ar = NULL;
+    ecache ec;
+    memset(&ec, 0, sizeof ec);
     bool prefill_locked = false;
     run_state rs;
     memset(&rs, 0, sizeof rs);
@@ -246,65 +248,54 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
     for (int64_t i = 0; i < N; i++) sampler_accept(smp, req->prompt[i]);
     const bool lookup = req->cache == ENGINE_CACHE_ON || req->cache == ENGINE_CACHE_LOOKUP;
     const bool store = req->cache == ENGINE_CACHE_ON || req->cache == ENGINE_CACHE_STORE;
-    apc *cache = e->cache;
-    if (lookup || store) {
-        apc_req_params ap;
-        memset(&ap, 0, sizeof ap);
-        ap.prompt = req->prompt;
-        ap.n_prompt = N;
-        ap.salt = req->salt;
-        ap.prefill_step = step;
-        ap.lookup = lookup;
-        ap.store = store;
-        ap.turn_pos = req->ckpt_turn_pos;
-        ap.anchor_pos = req->sys_prefix_pos;
-        ap.predict = req->next_turn_predict;
-        ap.predict_user = req->next_turn_user;
-        ar = apc_req_begin(cache, &ap);
+    {
+        ecache_params ep;
+        memset(&ep, 0, sizeof ep);
+        ep.prompt = req->prompt;
+        ep.n_prompt = N;
+        ep.salt = req->salt;
+        ep.prefill_step = step;
+        ep.lookup = lookup;
+        ep.store = store;
+        ep.turn_pos = req->ckpt_turn_pos;
+        ep.anchor_pos = req->sys_prefix_pos;
+        ep.predict = req->next_turn_predict;
+        ep.predict_user = req->next_turn_user;
+        ecache_begin(&ec, e->cache, &ep);
     }
-    if (ar && apc_prefill_serial(cache)) {
+    if (ecache_serial(&ec)) {
         pthread_mutex_lock(&e->prefill_lock);
         prefill_locked = true;
     }
 
     /* 1. Lookup. */
-    if (lookup) {
+    {
         double tc = ember_now();
-        apc_hit hit = ar ? apc_req_lookup(ar, &rs.seq, rs.state)
-                         : apc_lookup_state(cache, req->prompt, N, req->salt, &rs.seq, rs.state);
-        out->cache_s += ember_now() - tc;
+        apc_hit hit = ecache_lookup(&ec, &rs.seq, rs.state);
+        if (lookup) out->cache_s += ember_now() - tc;
         out->cached_tokens = hit.n_tokens;
         out->cache_source = hit.source;
     }
-    if (ar) apc_req_arm(ar, out->cached_tokens);
     /* 2. Prefill [cached, N-1) on the grid (stopping at scheduled
-     * checkpoints), then pause at N-1. */
+     * checkpoints; the PAUSE store at N-1). */
     while (rs.seq.n_tokens < N - 1) {
         int64_t p = rs.seq.n_tokens;
         int64_t end = (p / step + 1) * step;
         if (end > N - 1) end = N - 1;
-        int64_t stop = apc_req_next_stop(ar, p);
+        int64_t stop = ecache_next_stop(&ec, p);
         if (stop < end) end = stop;
         if (forward(&rs, req->prompt + p, (int)(end - p), false, err) < 0) goto done;
-        if (ar) {
-            double tc = ember_now();
-            apc_req_at(ar, &rs.seq, rs.state);
-            out->cache_s += ember_now() - tc;
-        }
-    }
-    if (!ar && store && N - 1 > out->cached_tokens) {
         double tc = ember_now();
-        apc_store_state(cache, APC_STORE_PAUSE, req->prompt, N - 1, req->salt, &rs.seq, rs.state);
+        ecache_at(&ec, &rs.seq, rs.state);
         out->cache_s += ember_now() - tc;
     }
     /* 3. The last prompt token alone; then the post-prefill store. */
     if (forward(&rs, req->prompt + N - 1, 1, true, err) < 0) goto done;
     out->ttft_s = ember_now() - t0;
     out->prompt_forwarded = rs.forwarded;
-    if (store) {
+    {
         double tc = ember_now();
-        if (ar) apc_req_prefilled(ar, &rs.seq, rs.state);
-        else apc_store_state(cache, APC_STORE_PREFILL, req->prompt, N, req->salt, &rs.seq, rs.state);
+        ecache_prefilled(&ec, &rs.seq, rs.state);
         out->cache_s += ember_now() - tc;
     }
     if (prefill_locked) {
@@ -318,7 +309,7 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
     for (int i = 0; i < max_tokens; i++) {
         if (out->logits) memcpy(out->logits + (size_t)i * V, rs.logits, (size_t)V * sizeof(float));
         int32_t next = sampler_sample(smp, rs.logits, V);
-        sampler_accept(smp, next);
+        sampler_accept_generated(smp, next);
         out->tokens[out->n_tokens++] = next;
         all[N + i] = next;
         if (req->on_token && !req->on_token(req->user, next)) {
@@ -335,28 +326,24 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
             break;
         }
         if (forward(&rs, &next, 1, true, err) < 0) goto done;
-        if (ar && store) apc_req_decode(ar, all, &rs.seq, rs.state);
+        ecache_decode(&ec, all, &rs.seq, rs.state);
     }
 
     /* 5. Retirement. */
-    if (store && apc_get_tier(cache) != APC_TIER_NONE) {
+    if (store && apc_get_tier(e->cache) != APC_TIER_NONE) {
         double tc = ember_now(); /* the extra forward is a cost of the store */
         int64_t have = rs.seq.n_tokens, total = N + out->n_tokens;
-        bool wants = ar ? apc_req_retire_wants_last_token(ar, have) : apc_retire_wants_last_token(cache, have);
         bool state_ok = true;
-        if (have == total - 1 && have < e->cfg.n_ctx && wants) {
+        if (have == total - 1 && have < e->cfg.n_ctx && ecache_retire_wants_last_token(&ec, have)) {
             ember_error ignored;
             /* Best effort: without the extra token the store is one shorter
              * (a recurrent state that failed mid-pass is not stored). */
             if (forward(&rs, &all[total - 1], 1, false, &ignored) < 0) {
-                apc_seq_truncate(cache, &rs.seq, have);
+                apc_seq_truncate(e->cache, &rs.seq, have);
                 state_ok = rs.state == NULL;
             }
         }
-        if (state_ok) {
-            if (ar) apc_req_retire(ar, all, rs.seq.n_tokens, &rs.seq, rs.state);
-            else apc_store_state(cache, APC_STORE_RETIRE, all, rs.seq.n_tokens, req->salt, &rs.seq, rs.state);
-        }
+        if (state_ok) ecache_retire(&ec, all, rs.seq.n_tokens, &rs.seq, rs.state);
         out->cache_s += ember_now() - tc;
     }
     out->n_vocab = V;
@@ -366,7 +353,7 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
     rc = 0;
 done:
     if (prefill_locked) pthread_mutex_unlock(&e->prefill_lock);
-    apc_req_end(ar);
+    ecache_end(&ec);
     model_state_free(rs.state);
     free(rs.states);
     apc_seq_release(e->cache, &rs.seq);

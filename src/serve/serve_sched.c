@@ -27,8 +27,16 @@
  * admission and freed when the request completes (finish, cancel, failure);
  * every batch row carries its request's state (model_batch.states), prefill
  * chunks and decode rows alike, and a sequence's rows are always in position
- * order. Those requests run without the prompt cache for now (no lookup, no
- * stores): a K/V-only hit would not restore the recurrent state. */
+ * order; the cache restores and snapshots the state with the K/V.
+ *
+ * The cache is driven through engine_cache.h, as engine_generate drives it:
+ * a request's ecache is begun at admission; the lookup runs then, except on
+ * a ckpt-tier cache, where prompts prefill one at a time: the oldest
+ * request whose prompt phase is not done (the serial head) looks up when
+ * it becomes the head (so it sees what the previous prompt stored: the
+ * system-prompt anchor of a sibling), prefills alone, and hands over after
+ * its PREFILL store; the others wait in PREFILL, their decode rows (if
+ * any) unaffected. */
 #define _GNU_SOURCE
 #include "serve/serve_sched.h"
 
@@ -42,6 +50,7 @@
 
 #include "core/clock.h"
 #include "core/log.h"
+#include "engine/engine_cache.h"
 
 typedef enum { ST_QUEUED = 0, ST_PREFILL, ST_DECODE, ST_RETIRE, ST_DONE } sreq_state;
 
@@ -58,6 +67,9 @@ struct sreq {
     sreq_state state;
     kv_seq seq;
     model_state *mstate;         /* recurrent layers; NULL for KV-only models */
+    ecache ec;                   /* the cache protocol (engine_cache.h) */
+    bool looked_up;              /* the lookup ran (serial: when the request became the head) */
+    bool prompt_done;            /* the PREFILL store ran (or the request stores nothing more) */
     sampler *smp;
     tok_stream *ts;
     int32_t *all;                /* prompt + reply */
@@ -88,7 +100,7 @@ struct sched {
     sched_config cfg;
     int n_ctx, n_vocab, max_batch;
     int32_t pool_blocks;
-    bool stateful;               /* model_has_state: per-request model_state, no cache */
+    bool stateful;               /* model_has_state: per-request model_state */
     /* queue, under lock */
     pthread_mutex_t lock;
     pthread_cond_t wake;
@@ -114,7 +126,9 @@ struct sched {
 /* ---- requests ---- */
 
 static void sreq_free(sreq *r) {
+    ecache_end(&r->ec);
     model_state_free(r->mstate);
+    if (r->p.predict_free) r->p.predict_free(r->p.predict_user);
     free(r->p.prompt);
     for (int i = 0; i < r->p.n_stop; i++) free(r->p.stop[i]);
     sampler_free(r->smp);
@@ -330,6 +344,8 @@ static const char *finish_name(sreq_finish f) {
  * by the caller for a request that never ran), so the request stays valid
  * for the rest of the iteration. */
 static void complete(sched *s, sreq *r, sreq_finish f, const char *error) {
+    ecache_end(&r->ec);
+    r->prompt_done = true;
     apc_seq_release(s->cache, &r->seq);
     model_state_free(r->mstate);
     r->mstate = NULL;
@@ -364,43 +380,69 @@ static void finish_generation(sched *s, sreq *r, sreq_finish f, bool stop_matche
         else release(r, r->hold_len);
     }
     r->fin = f;
-    if (!s->stateful && apc_get_tier(s->cache) != APC_TIER_NONE) {
-        int64_t have = r->seq.n_tokens, total = r->p.n_prompt + r->n_gen;
-        if (have == total - 1 && have < s->n_ctx && apc_retire_wants_last_token(s->cache, have)) {
-            r->pending = r->all[total - 1];
-            r->state = ST_RETIRE;
-            return;
-        }
-        apc_store(s->cache, APC_STORE_RETIRE, r->all, r->seq.n_tokens, r->p.salt, &r->seq);
+    int64_t have = r->seq.n_tokens, total = r->p.n_prompt + r->n_gen;
+    if (have == total - 1 && have < s->n_ctx && ecache_retire_wants_last_token(&r->ec, have)) {
+        r->pending = r->all[total - 1];
+        r->state = ST_RETIRE;
+        return;
     }
+    ecache_retire(&r->ec, r->all, r->seq.n_tokens, &r->seq, r->mstate);
     complete(s, r, f, NULL);
 }
 
 /* ---- the engine thread ---- */
+
+static void lookup_now(sreq *r) {
+    apc_hit hit = ecache_lookup(&r->ec, &r->seq, r->mstate);
+    r->cached = hit.n_tokens;
+    r->looked_up = true;
+}
 
 static void admit(sched *s, sreq *r) {
     r->t_first = 0;
     serve_metrics_observe(s->metrics, HIST_QUEUE_SECONDS, ember_now() - r->t_arrive);
     kv_seq_init(&r->seq);
     r->state = ST_PREFILL;
+    r->cached = 0;
     s->running[s->n_running++] = r;
     if (s->stateful) {
         ember_error err;
         r->mstate = model_state_create(s->m, &err);
-        if (r->mstate == NULL) complete(s, r, SREQ_FAILED, err.msg);
-        r->cached = 0;
-        return;
+        if (r->mstate == NULL) {
+            complete(s, r, SREQ_FAILED, err.msg);
+            return;
+        }
     }
-    apc_hit hit = apc_lookup(s->cache, r->p.prompt, r->p.n_prompt, r->p.salt, &r->seq);
-    r->cached = hit.n_tokens;
+    ecache_params ep;
+    memset(&ep, 0, sizeof ep);
+    ep.prompt = r->p.prompt;
+    ep.n_prompt = r->p.n_prompt;
+    ep.salt = r->p.salt;
+    ep.prefill_step = s->cfg.prefill_step;
+    ep.lookup = ep.store = true;
+    ep.turn_pos = r->p.turn_pos;
+    ep.anchor_pos = r->p.anchor_pos;
+    ep.predict = r->p.predict;
+    ep.predict_user = r->p.predict_user;
+    ecache_begin(&r->ec, s->cache, &ep);
+    if (!ecache_serial(&r->ec)) lookup_now(r);
 }
 
-/* Moves requests that reached N-1 to DECODE (with the PAUSE store). */
+/* The oldest request in its prompt phase on a serial (ckpt-tier) cache. */
+static sreq *serial_head(sched *s) {
+    for (int i = 0; i < s->n_running; i++) {
+        sreq *r = s->running[i];
+        if (r->state != ST_DONE && !r->prompt_done && ecache_serial(&r->ec)) return r;
+    }
+    return NULL;
+}
+
+/* Moves a looked-up request that reached N-1 to DECODE (the PAUSE store
+ * ran in ecache_at after its last chunk). */
 static void maybe_pause(sched *s, sreq *r) {
+    (void)s;
     const int64_t N = r->p.n_prompt;
-    if (r->state != ST_PREFILL || r->seq.n_tokens < N - 1) return;
-    if (!s->stateful && N - 1 > r->cached)
-        apc_store(s->cache, APC_STORE_PAUSE, r->p.prompt, N - 1, r->p.salt, &r->seq);
+    if (r->state != ST_PREFILL || !r->looked_up || r->seq.n_tokens < N - 1) return;
     r->pending = r->p.prompt[N - 1];
     r->state = ST_DECODE;
 }
@@ -412,11 +454,14 @@ static void fail_batch(sched *s, sreq **reqs, int n, const char *msg) {
 
 /* The length of r's next chunk when it may take `allow` tokens (0: none).
  * A chunk never crosses a grid point (a multiple of step) and ends at the
- * pause point N-1, at the grid point, or on a KV block boundary. Rows are
+ * pause point N-1, at the grid point, at the cache's next scheduled stop,
+ * or on a KV block boundary. Rows are
  * batch-invariant, so how a prompt is cut never changes its results. */
 static int64_t chunk_len(const sreq *r, int step, int64_t allow) {
     int64_t p = r->seq.n_tokens, end = (p / step + 1) * step;
     if (end > r->p.n_prompt - 1) end = r->p.n_prompt - 1;
+    int64_t stop = ecache_next_stop(&r->ec, p); /* a scheduled checkpoint */
+    if (stop < end) end = stop;
     if (end - p > allow) end = (p + allow) / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS;
     return end > p ? end - p : 0;
 }
@@ -432,9 +477,15 @@ static void prefill_step(sched *s) {
     ember_error err;
     sreq *members[64];
     int64_t lens[64], full[64];
+    sreq *head = serial_head(s);
+    if (head && head->state == ST_PREFILL && !head->looked_up) {
+        lookup_now(head);
+        maybe_pause(s, head);
+    }
     for (int i = 0; i < s->n_running && nreq < 64; i++) {
         sreq *r = s->running[i];
-        if (r->state != ST_PREFILL) continue;
+        if (r->state != ST_PREFILL || !r->looked_up) continue;
+        if (ecache_serial(&r->ec) && r != head) continue;
         int64_t l = chunk_len(r, step, INT64_MAX);
         if (l <= 0) continue;
         members[nreq] = r;
@@ -489,6 +540,7 @@ static void prefill_step(sched *s) {
     }
     for (int i = 0; i < nreq; i++) {
         members[i]->seq.n_tokens += lens[i];
+        ecache_at(&members[i]->ec, &members[i]->seq, members[i]->mstate);
         maybe_pause(s, members[i]);
     }
 }
@@ -500,8 +552,8 @@ static void decode_step(sched *s) {
         sreq *r = s->running[i];
         if (r->state != ST_DECODE && r->state != ST_RETIRE) continue;
         if (apc_seq_prepare_append(s->cache, &r->seq, 1, &err) < 0) {
-            if (r->state == ST_RETIRE) { /* best effort: store one shorter (never stateful) */
-                apc_store(s->cache, APC_STORE_RETIRE, r->all, r->seq.n_tokens, r->p.salt, &r->seq);
+            if (r->state == ST_RETIRE) { /* best effort: store one shorter (the state was not advanced) */
+                ecache_retire(&r->ec, r->all, r->seq.n_tokens, &r->seq, r->mstate);
                 complete(s, r, r->fin, NULL);
             } else {
                 complete(s, r, SREQ_FAILED, err.msg);
@@ -530,17 +582,19 @@ static void decode_step(sched *s) {
         sreq *r = s->b_req[i];
         r->seq.n_tokens++;
         if (r->state == ST_RETIRE) {
-            apc_store(s->cache, APC_STORE_RETIRE, r->all, r->seq.n_tokens, r->p.salt, &r->seq);
+            ecache_retire(&r->ec, r->all, r->seq.n_tokens, &r->seq, r->mstate);
             complete(s, r, r->fin, NULL);
             continue;
         }
         float *row = s->logits + (size_t)(k++) * s->n_vocab;
         const int64_t N = r->p.n_prompt;
         if (r->n_gen == 0) {
-            if (!s->stateful) apc_store(s->cache, APC_STORE_PREFILL, r->p.prompt, N, r->p.salt, &r->seq);
+            ecache_prefilled(&r->ec, &r->seq, r->mstate);
+            r->prompt_done = true; /* the serial head moves on */
             r->t_first = now;
             serve_metrics_observe(s->metrics, HIST_TTFT_SECONDS, now - r->t_arrive);
         } else {
+            ecache_decode(&r->ec, r->all, &r->seq, r->mstate); /* the row was generated token n_gen-1 */
             serve_metrics_observe(s->metrics, HIST_TPOT_SECONDS, now - r->t_last);
         }
         r->t_last = now;
@@ -736,6 +790,9 @@ void sched_counts(sched *s, int *running, int *waiting) {
 static void params_free(sreq_params *p) {
     free(p->prompt);
     p->prompt = NULL;
+    if (p->predict_free) p->predict_free(p->predict_user);
+    p->predict_free = NULL;
+    p->predict_user = NULL;
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
     p->n_stop = 0;
 }

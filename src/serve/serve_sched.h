@@ -19,12 +19,18 @@
  *    the batch, the others take the rest shortest first, so a short
  *    request arriving during a long prefill waits about one batch, not the
  *    whole prompt); then one batched decode step over every decoding sequence in a
- *    single model_forward. The cache protocol is engine.c's: PAUSE store at
- *    N-1, the last prompt token forwarded alone (as the request's first
- *    decode row), PREFILL store, decode, RETIRE store of prompt + reply
- *    (with the extra forward of the last token when the cache wants it),
- *    all before the request is reported finished, so that a client that
- *    sends its next turn after the reply sees the stored prefix.
+ *    single model_forward. The cache protocol is engine.c's, through the
+ *    same calls (engine_cache.h) on every tier: lookup, prefill chunks that
+ *    also stop at the cache's scheduled checkpoints (turn boundary,
+ *    system-prompt anchor, interval points, N-1), PAUSE store at N-1, the
+ *    last prompt token forwarded alone (as the request's first decode row),
+ *    PREFILL store, decode-time snapshots, RETIRE store of prompt + reply
+ *    keyed on the predicted next-turn render (with the extra forward of the
+ *    last token when the cache wants it), all before the request is
+ *    reported finished, so that a client that sends its next turn after the
+ *    reply sees the stored prefix. On a ckpt-tier cache the prompt phase
+ *    (lookup through the PREFILL store) runs one request at a time, in
+ *    admission order, while decode rows of the others still batch.
  *  - Rows are batch-invariant (model.h), so a request's greedy output does
  *    not depend on its neighbours.
  *  - Output: text is detokenized as UTF-8 (incomplete characters held back)
@@ -68,6 +74,14 @@ typedef struct sreq_params {
     int n_stop;
     int top_logprobs;         /* -1: no logprobs; 0..20: logprobs with that many alternatives */
     bool ignore_eos;
+    /* Render-derived cache positions, as engine_request's (chat requests;
+     * 0 / NULL: none). predict runs on the engine thread; predict_user is
+     * taken over and released with predict_free. */
+    int64_t turn_pos;         /* chat_render_stable boundary, in tokens */
+    int64_t anchor_pos;       /* chat_system_prefix_anchor, in tokens */
+    apc_predict_fn predict;   /* chat_predict_next_turn as a common prefix with the live tokens */
+    void *predict_user;
+    void (*predict_free)(void *user);
 } sreq_params;
 
 typedef enum sched_status {
