@@ -4,10 +4,12 @@
  *
  * Usage: bench_multiturn [--model PATH]... [--turns N] [--turn-tokens T]
  *                        [--reply R] [--sys-tokens S] [--threads N] [--step S]
+ *                        [--blocks B]
  *   With no --model, every family's `small` model in build/bench-models
  *   (qwen3 gemma3 qwen35 mamba2 falcon-h1, see `make bench-multiturn`).
  *   Defaults: 10 turns of ~1024 user tokens, replies of at most 32 tokens,
- *   a ~300-token system prompt, prefill step 512, 2 threads.
+ *   a ~300-token system prompt, prefill step 512, 2 threads, a KV pool of
+ *   two contexts plus 64 blocks (--blocks overrides).
  *
  * Design. The benchmark plays the client and the server's chat layer the
  * way `ember serve` would, so that the cache sees what it sees in service:
@@ -40,9 +42,10 @@
  * on; re-prefilled with the cache off (always N); TTFT off / on and their
  * ratio; N / re-prefilled, the TTFT ratio a prefill whose cost is linear in
  * tokens would reach (attention-bound models, like the small presets at
- * these lengths, reach about half of it: cold work grows as N^2/2). Targets (issue 5): from turn 2 on, re-prefilled <= new + one grid
- * unit (lcm(step, 16)) on stacks with arr/list layers, <= new + 16 on the
- * others; TTFT on at least 5x lower than off by turn 5. */
+ * these lengths, reach about half of it: cold work grows as N^2/2).
+ * Targets (issue 5): from turn 2 on, re-prefilled <= new + one grid unit
+ * (lcm(step, 16)) on stacks with arr/list layers, <= new + 16 on the others;
+ * TTFT on at least 5x lower than off by turn 5. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +60,7 @@
 
 typedef struct opts {
     int turns, turn_tokens, reply, sys_tokens, threads, step;
+    int32_t blocks;
 } opts;
 
 /* ---- synthetic text ---- */
@@ -253,6 +257,11 @@ static int bench_model(const char *path, const opts *o) {
     cfg.n_threads = o->threads;
     cfg.prefill_step = o->step;
     cfg.n_ctx = (int)((int64_t)o->turns * (o->turn_tokens + o->reply + 64) + o->sys_tokens + 256);
+    /* Room for the whole conversation in the cache beside one live request,
+     * so that the cache-off run of a turn cannot evict what the cache-on run
+     * of the next turn needs (the default pool, capped at 2 GiB, may not). */
+    cfg.num_blocks =
+        o->blocks > 0 ? o->blocks : (int32_t)(2 * ((cfg.n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS) + 64);
     engine *e = engine_create(m, &cfg, &err);
     if (e == NULL) {
         fprintf(stderr, "bench_multiturn: %s\n", err.msg);
@@ -278,11 +287,12 @@ static int bench_model(const char *path, const opts *o) {
 
     printf("\n### %s (%s, %d layers, n_embd %d, vocab %d)\n\n", path, hp->arch_name, hp->n_layer, hp->n_embd,
            hp->n_vocab);
-    printf("stack kv %d / rot %d / arr %d / list %d / other %d, tier %s, template %s, step %d, threads %d; "
+    printf("stack kv %d / rot %d / arr %d / list %d / other %d, tier %s, template %s, step %d, threads %d, "
+           "pool %d blocks; "
            "%d turns of ~%d user tokens, replies <= %d tokens, system prompt ~%d tokens; target slack +%lld\n\n",
            kinds[0], kinds[1], kinds[2], kinds[3], kinds[4], apc_tier_name(apc_get_tier(engine_cache(e))),
-           fell_back ? "ChatML (fallback)" : "the model's own", o->step, o->threads, o->turns, o->turn_tokens,
-           o->reply, o->sys_tokens, (long long)slack);
+           fell_back ? "ChatML (fallback)" : "the model's own", o->step, o->threads, cfg.num_blocks, o->turns,
+           o->turn_tokens, o->reply, o->sys_tokens, (long long)slack);
     printf("| turn | prompt | new | cached (on) | re-prefilled on | re-prefilled off | target | TTFT off | TTFT on "
            "| off/on | N/re-prefilled | reply | turn pos | sys pos | warm == cold |\n");
     printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|\n");
@@ -375,11 +385,12 @@ static int bench_model(const char *path, const opts *o) {
         row->reply = on_r.n_tokens;
         row->same = same_result(&off_r, &on_r);
         row->bound = row->fresh + slack;
-        printf("| %d | %lld | %lld | %lld | %lld | %lld | %s | %.3f s | %.3f s | %.1fx | %.1fx | %d | %lld | %lld | %s |\n",
+        printf("| %d | %lld | %lld | %lld | %lld | %lld | %s | %.3f s | %.3f s | %.1fx | %.1fx | %d | %lld | %lld "
+               "| %s |\n",
                t + 1, (long long)row->n, (long long)row->fresh, (long long)row->cached_on, (long long)row->fwd_on,
                (long long)row->fwd_off, t == 0 ? "-" : (row->fwd_on <= row->bound ? "ok" : "MISS"), row->ttft_off,
-               row->ttft_on, row->ttft_off / row->ttft_on, (double)row->n / (double)row->fwd_on, row->reply, (long long)row->turn_pos,
-               (long long)row->sys_pos, row->same ? "yes" : "NO");
+               row->ttft_on, row->ttft_off / row->ttft_on, (double)row->n / (double)row->fwd_on, row->reply,
+               (long long)row->turn_pos, (long long)row->sys_pos, row->same ? "yes" : "NO");
         fflush(stdout);
 
         /* The client appends the reply as text. */
@@ -415,15 +426,17 @@ static int bench_model(const char *path, const opts *o) {
         printf("TTFT target (>= 5x lower than cold by turn 5): %s (turn 5: %.1fx)\n",
                rows[4].ttft_off / rows[4].ttft_on >= 5.0 ? "met" : "MISSED", rows[4].ttft_off / rows[4].ttft_on);
     printf("warm results bit-identical to cold: %s\n", diff ? "NO" : "yes");
-    printf("cache: lookups hit %llu miss %llu, exact hits %llu stores %llu, ckpt stores %llu hits %llu "
+    printf("cache: lookups hit %llu miss %llu, block evictions %llu, exact hits %llu stores %llu, "
+           "ckpt stores %llu hits %llu "
            "(matched %llu), records %d, anchors stored %llu hit %llu, missed adoptions %llu, pool evictions %llu, "
            "retire fallback full %llu suppressed %llu, grid truncates %llu, declines:",
-           (unsigned long long)s.lookups_hit, (unsigned long long)s.lookups_miss, (unsigned long long)s.exact_hits,
-           (unsigned long long)s.exact_stores, (unsigned long long)s.ckpt_stores, (unsigned long long)s.ckpt_hits,
-           (unsigned long long)s.ckpt_matched_tokens, s.ckpt_records, (unsigned long long)s.anchor_stores,
-           (unsigned long long)s.anchor_hits, (unsigned long long)s.ckpt_missed_adoptions,
-           (unsigned long long)s.ckpt_pool_evictions, (unsigned long long)s.retire_fallback_full,
-           (unsigned long long)s.retire_fallback_suppressed, (unsigned long long)s.ckpt_grid_truncate);
+           (unsigned long long)s.lookups_hit, (unsigned long long)s.lookups_miss, (unsigned long long)s.evictions,
+           (unsigned long long)s.exact_hits, (unsigned long long)s.exact_stores, (unsigned long long)s.ckpt_stores,
+           (unsigned long long)s.ckpt_hits, (unsigned long long)s.ckpt_matched_tokens, s.ckpt_records,
+           (unsigned long long)s.anchor_stores, (unsigned long long)s.anchor_hits,
+           (unsigned long long)s.ckpt_missed_adoptions, (unsigned long long)s.ckpt_pool_evictions,
+           (unsigned long long)s.retire_fallback_full, (unsigned long long)s.retire_fallback_suppressed,
+           (unsigned long long)s.ckpt_grid_truncate);
     int any = 0;
     for (int d = 0; d < APC_CKPT_DECLINE_COUNT_ && d < 16; d++)
         if (s.ckpt_declines[d]) {
@@ -445,14 +458,14 @@ static int bench_model(const char *path, const opts *o) {
 }
 
 int main(int argc, char **argv) {
-    opts o = {10, 1024, 32, 300, 2, 512};
+    opts o = {10, 1024, 32, 300, 2, 512, 0};
     const char *models[16];
     int n_models = 0;
     for (int i = 1; i < argc; i++) {
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             printf("usage: bench_multiturn [--model PATH]... [--turns N] [--turn-tokens T] [--reply R] "
-                   "[--sys-tokens S] [--threads N] [--step S]\n");
+                   "[--sys-tokens S] [--threads N] [--step S] [--blocks B]\n");
             return 0;
         }
         if (val == NULL) {
@@ -467,6 +480,7 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--sys-tokens") == 0) o.sys_tokens = atoi(val);
         else if (strcmp(argv[i], "--threads") == 0) o.threads = atoi(val);
         else if (strcmp(argv[i], "--step") == 0) o.step = atoi(val);
+        else if (strcmp(argv[i], "--blocks") == 0) o.blocks = (int32_t)atoi(val);
         else {
             fprintf(stderr, "bench_multiturn: unknown option %s\n", argv[i]);
             return 2;
@@ -477,9 +491,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_multiturn: --turns, --turn-tokens, --reply and --step must be positive\n");
         return 2;
     }
-    static const char *defaults[] = {"build/bench-models/qwen3-small-q8_0.gguf", "build/bench-models/gemma3-small-q8_0.gguf",
-                                     "build/bench-models/qwen35-small-q8_0.gguf", "build/bench-models/mamba2-small-q8_0.gguf",
-                                     "build/bench-models/falcon-h1-small-q8_0.gguf"};
+    static const char *defaults[] = {
+        "build/bench-models/qwen3-small-q8_0.gguf", "build/bench-models/gemma3-small-q8_0.gguf",
+        "build/bench-models/qwen35-small-q8_0.gguf", "build/bench-models/mamba2-small-q8_0.gguf",
+        "build/bench-models/falcon-h1-small-q8_0.gguf"};
     if (n_models == 0)
         for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++) models[n_models++] = defaults[i];
     if (getenv("EMBER_LOG") == NULL) ember_log_set_level(EMBER_LOG_WARN);
