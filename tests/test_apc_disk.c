@@ -83,22 +83,12 @@ static void run(engine *e, const int32_t *prompt, int64_t n, int max_tokens, eng
     if (engine_generate(e, &q, r, &err) < 0) fail_msg("engine_generate (n=%lld): %s", (long long)n, err.msg);
 }
 
-static void assert_same(const engine_result *cold, const engine_result *warm, const char *what) {
-    if (cold->n_tokens != warm->n_tokens) fail_msg("%s: %d tokens cold, %d warm", what, cold->n_tokens, warm->n_tokens);
-    if (memcmp(cold->tokens, warm->tokens, (size_t)cold->n_tokens * sizeof(int32_t)) != 0)
-        fail_msg("%s: generated tokens differ", what);
-    for (int i = 0; i < cold->n_tokens; i++)
-        if (memcmp(cold->logits + (size_t)i * cold->n_vocab, warm->logits + (size_t)i * warm->n_vocab,
-                   (size_t)cold->n_vocab * sizeof(float)) != 0)
-            fail_msg("%s: logits of step %d are not bit-identical (cached %lld)", what, i, (long long)warm->cached_tokens);
-}
-
 /* Runs warm (cache on), then cold; compares; returns the adopted count. */
 static int64_t check(engine *e, const int32_t *prompt, int64_t n, int max_tokens, const char *what, apc_source *src) {
     engine_result warm, cold;
     run(e, prompt, n, max_tokens, ENGINE_CACHE_ON, &warm);
     run(e, prompt, n, max_tokens, ENGINE_CACHE_BYPASS, &cold);
-    assert_same(&cold, &warm, what);
+    assert_warm_equals_cold(&cold, &warm, what);
     assert_int_equal(warm.cached_tokens + warm.prompt_forwarded, n);
     int64_t cached = warm.cached_tokens;
     if (src) *src = warm.cache_source;
@@ -114,16 +104,8 @@ static apc_stats stats_of(engine *e) {
 }
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
-static uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-
-static void random_tokens(int32_t *t, int64_t n, int vocab) {
-    for (int64_t i = 0; i < n; i++) t[i] = (int32_t)(rnd() % (uint32_t)vocab);
-}
+static uint32_t rnd(void) { return test_rand(&rng_state); }
+static void random_tokens(int32_t *t, int64_t n, int vocab) { test_random_tokens(&rng_state, t, n, vocab); }
 
 /* The namespace directory of an engine. */
 static void ns_dir(engine *e, const char *root, char *out, size_t cap) {
@@ -398,7 +380,7 @@ static void corrupt_one(const model *m, damage how, apc_force force, const char 
     engine_result warm, cold;
     run(e, a, 40, 3, ENGINE_CACHE_ON, &warm);
     run(e, a, 40, 3, ENGINE_CACHE_BYPASS, &cold);
-    assert_same(&cold, &warm, what);
+    assert_warm_equals_cold(&cold, &warm, what);
     assert_int_equal(warm.cached_tokens, 0);
     engine_result_free(&warm);
     engine_result_free(&cold);

@@ -40,15 +40,7 @@
 #define FALCONH1 "reference/falcon-h1-f32.gguf"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-static void random_tokens(int32_t *t, int64_t n, int vocab) {
-    for (int64_t i = 0; i < n; i++) t[i] = (int32_t)(rnd() % (uint32_t)vocab);
-}
+static void random_tokens(int32_t *t, int64_t n, int vocab) { test_random_tokens(&rng_state, t, n, vocab); }
 
 static model *load_model(const char *path) {
     ember_error err;
@@ -87,23 +79,12 @@ static void run(engine *e, const int32_t *prompt, int64_t n, int max_tokens, eng
     if (engine_generate(e, &q, r, &err) < 0) fail_msg("engine_generate (n=%lld): %s", (long long)n, err.msg);
 }
 
-static void assert_same(const engine_result *cold, const engine_result *warm, const char *what) {
-    if (cold->n_tokens != warm->n_tokens) fail_msg("%s: %d tokens cold, %d warm", what, cold->n_tokens, warm->n_tokens);
-    if (memcmp(cold->tokens, warm->tokens, (size_t)cold->n_tokens * sizeof(int32_t)) != 0)
-        fail_msg("%s: generated tokens differ (cached %lld)", what, (long long)warm->cached_tokens);
-    for (int i = 0; i < cold->n_tokens; i++)
-        if (memcmp(cold->logits + (size_t)i * cold->n_vocab, warm->logits + (size_t)i * warm->n_vocab,
-                   (size_t)cold->n_vocab * sizeof(float)) != 0)
-            fail_msg("%s: logits of step %d are not bit-identical (cached %lld)", what, i,
-                     (long long)warm->cached_tokens);
-}
-
 /* A lookup-only warm run compared with cold; returns the adopted prefix. */
 static int64_t probe(engine *e, const int32_t *prompt, int64_t n, const char *what, apc_source *src) {
     engine_result warm, cold;
     run(e, prompt, n, 3, ENGINE_CACHE_LOOKUP, &warm);
     run(e, prompt, n, 3, ENGINE_CACHE_BYPASS, &cold);
-    assert_same(&cold, &warm, what);
+    assert_warm_equals_cold(&cold, &warm, what);
     assert_int_equal(warm.cached_tokens + warm.prompt_forwarded, n);
     int64_t got = warm.cached_tokens;
     if (src) *src = warm.cache_source;

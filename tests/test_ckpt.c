@@ -49,15 +49,7 @@ static const family families[] = {
 #define N_FAMILIES (int)(sizeof families / sizeof families[0])
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-static void random_tokens(int32_t *t, int64_t n, int vocab) {
-    for (int64_t i = 0; i < n; i++) t[i] = (int32_t)(rnd() % (uint32_t)vocab);
-}
+static void random_tokens(int32_t *t, int64_t n, int vocab) { test_random_tokens(&rng_state, t, n, vocab); }
 
 static model *load_model(const char *path) {
     ember_error err;
@@ -122,17 +114,6 @@ static void run(engine *e, const int32_t *prompt, int64_t n, const req_opts *o, 
     if (engine_generate(e, &q, r, &err) < 0) fail_msg("engine_generate (n=%lld): %s", (long long)n, err.msg);
 }
 
-static void assert_same(const engine_result *cold, const engine_result *warm, const char *what) {
-    if (cold->n_tokens != warm->n_tokens) fail_msg("%s: %d tokens cold, %d warm", what, cold->n_tokens, warm->n_tokens);
-    if (memcmp(cold->tokens, warm->tokens, (size_t)cold->n_tokens * sizeof(int32_t)) != 0)
-        fail_msg("%s: generated tokens differ (cached %lld)", what, (long long)warm->cached_tokens);
-    for (int i = 0; i < cold->n_tokens; i++)
-        if (memcmp(cold->logits + (size_t)i * cold->n_vocab, warm->logits + (size_t)i * warm->n_vocab,
-                   (size_t)cold->n_vocab * sizeof(float)) != 0)
-            fail_msg("%s: logits of step %d are not bit-identical (cached %lld)", what, i,
-                     (long long)warm->cached_tokens);
-}
-
 /* Cold (bypass) then warm; compares; returns the adopted prefix. When out
  * is given, the warm result is handed back (caller frees). */
 static int64_t check(engine *e, const int32_t *prompt, int64_t n, const req_opts *o, const char *what,
@@ -140,7 +121,7 @@ static int64_t check(engine *e, const int32_t *prompt, int64_t n, const req_opts
     engine_result cold, warm;
     run(e, prompt, n, o, ENGINE_CACHE_BYPASS, &cold);
     run(e, prompt, n, o, ENGINE_CACHE_ON, &warm);
-    assert_same(&cold, &warm, what);
+    assert_warm_equals_cold(&cold, &warm, what);
     assert_int_equal(warm.cached_tokens + warm.prompt_forwarded, n);
     int64_t cached = warm.cached_tokens;
     engine_result_free(&cold);

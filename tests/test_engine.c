@@ -78,25 +78,13 @@ static void run(engine *e, const int32_t *prompt, int64_t n, const req_opts *o, 
     if (engine_generate(e, &q, r, &err) < 0) fail_msg("engine_generate (n=%lld): %s", (long long)n, err.msg);
 }
 
-static void assert_same_result(const engine_result *cold, const engine_result *warm, const char *what) {
-    if (cold->n_tokens != warm->n_tokens)
-        fail_msg("%s: %d tokens cold, %d warm", what, cold->n_tokens, warm->n_tokens);
-    if (memcmp(cold->tokens, warm->tokens, (size_t)cold->n_tokens * sizeof(int32_t)) != 0)
-        fail_msg("%s: generated tokens differ", what);
-    for (int i = 0; i < cold->n_tokens; i++)
-        if (memcmp(cold->logits + (size_t)i * cold->n_vocab, warm->logits + (size_t)i * warm->n_vocab,
-                   (size_t)cold->n_vocab * sizeof(float)) != 0)
-            fail_msg("%s: logits of step %d are not bit-identical (cached %lld)", what, i,
-                     (long long)warm->cached_tokens);
-}
-
 /* Runs the request cold, then through the cache; compares; returns the
  * number of prompt tokens the cached run adopted. */
 static int64_t check(engine *e, const int32_t *prompt, int64_t n, const req_opts *o, const char *what) {
     engine_result cold, warm;
     run(e, prompt, n, o, ENGINE_CACHE_BYPASS, &cold);
     run(e, prompt, n, o, ENGINE_CACHE_ON, &warm);
-    assert_same_result(&cold, &warm, what);
+    assert_warm_equals_cold(&cold, &warm, what);
     assert_int_equal(warm.cached_tokens + warm.prompt_forwarded, n);
     assert_int_equal(cold.cached_tokens, 0);
     int64_t cached = warm.cached_tokens;
@@ -106,16 +94,8 @@ static int64_t check(engine *e, const int32_t *prompt, int64_t n, const req_opts
 }
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-
-static void random_tokens(int32_t *t, int64_t n, int vocab) {
-    for (int64_t i = 0; i < n; i++) t[i] = (int32_t)(rnd() % (uint32_t)vocab);
-}
+static uint32_t rnd(void) { return test_rand(&rng_state); }
+static void random_tokens(int32_t *t, int64_t n, int vocab) { test_random_tokens(&rng_state, t, n, vocab); }
 
 static const apc_force tiers[2] = {APC_FORCE_BLOCK, APC_FORCE_EXACT};
 static const char *tier_names[2] = {"block", "exact"};
@@ -165,8 +145,8 @@ static void resend_one(engine *e, const int32_t *prompt, int64_t n, const char *
     run(e, prompt, n, &o, ENGINE_CACHE_BYPASS, &cold);
     run(e, prompt, n, &o, ENGINE_CACHE_ON, &first);
     run(e, prompt, n, &o, ENGINE_CACHE_ON, &warm);
-    assert_same_result(&cold, &first, what);
-    assert_same_result(&cold, &warm, what);
+    assert_warm_equals_cold(&cold, &first, what);
+    assert_warm_equals_cold(&cold, &warm, what);
     assert_int_equal(first.cached_tokens, 0);
     if (warm.prompt_forwarded != 1)
         fail_msg("%s: forwarded %lld prompt tokens (cached %lld)", what, (long long)warm.prompt_forwarded,
@@ -518,7 +498,7 @@ static void test_random_traces(void **state) {
                 engine_result cold, warm;
                 run(e, p, n, &o, ENGINE_CACHE_BYPASS, &cold);
                 run(e, p, n, &o, ENGINE_CACHE_ON, &warm);
-                assert_same_result(&cold, &warm, "random trace");
+                assert_warm_equals_cold(&cold, &warm, "random trace");
                 /* Remember prompt + reply for later steps. */
                 int slot = n_hist < 8 ? n_hist++ : (int)(rnd() % 8);
                 memcpy(hist[slot], p, (size_t)n * sizeof(int32_t));

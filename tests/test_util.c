@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "test_util.h"
 
+#include "engine/engine.h"
+
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,3 +61,28 @@ void remove_tree(const char *path) {
 
 const char *ember_binary(void) { return getenv("EMBER_BIN"); }
 const char *build_dir(void) { return getenv("EMBER_BUILD_DIR"); }
+
+uint32_t test_rand(uint64_t *state) {
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    return (uint32_t)(x >> 16);
+}
+
+void test_random_tokens(uint64_t *state, int32_t *t, int64_t n, int vocab) {
+    for (int64_t i = 0; i < n; i++) t[i] = (int32_t)(test_rand(state) % (uint32_t)vocab);
+}
+
+void assert_warm_equals_cold(const engine_result *cold, const engine_result *warm, const char *what) {
+    if (cold->n_tokens != warm->n_tokens)
+        fail_msg("%s: %d tokens cold, %d warm", what, cold->n_tokens, warm->n_tokens);
+    if (memcmp(cold->tokens, warm->tokens, (size_t)cold->n_tokens * sizeof(int32_t)) != 0)
+        fail_msg("%s: generated tokens differ (cached %lld)", what, (long long)warm->cached_tokens);
+    for (int i = 0; i < cold->n_tokens; i++)
+        if (memcmp(cold->logits + (size_t)i * cold->n_vocab, warm->logits + (size_t)i * warm->n_vocab,
+                   (size_t)cold->n_vocab * sizeof(float)) != 0)
+            fail_msg("%s: logits of step %d are not bit-identical (cached %lld)", what, i,
+                     (long long)warm->cached_tokens);
+}

@@ -37,4 +37,15 @@ void remove_tree(const char *path);
 const char *ember_binary(void);
 const char *build_dir(void);
 
+/* A deterministic stream for tests (xorshift64 over *state; never 0). */
+uint32_t test_rand(uint64_t *state);
+/* n token ids in [0, vocab) drawn from *state. */
+void test_random_tokens(uint64_t *state, int32_t *t, int64_t n, int vocab);
+
+/* Fails the current test unless `warm` generated the same tokens as `cold`
+ * with bit-identical logits at every step (design.md invariant 1). Both
+ * results must have been produced with want_logits. */
+struct engine_result;
+void assert_warm_equals_cold(const struct engine_result *cold, const struct engine_result *warm, const char *what);
+
 #endif
