@@ -11,6 +11,9 @@
  * boundaries, the prompt cache through the API (resend: cached = N-1 and
  * identical logprobs; second chat turn: cached covers the first turn), batch
  * invariance with 16 concurrent neighbours, cancellation on disconnect,
+ * the cache on every tier (ckpt: gemma3, qwen35; exact: mamba2: resend N-1
+ * with identical logprobs, 3-turn chats, system-prompt siblings) and warm
+ * restarts from cache.disk.path (block and exact tiers),
  * queue overflow (503 + Retry-After), config errors, Prometheus output
  * (checked by promtool when installed) and the graceful SIGTERM drain. */
 #define _GNU_SOURCE
@@ -819,6 +822,238 @@ static void test_recurrent_mamba2(void **state) {
     check_recurrent_arch("mamba2");
 }
 
+/* ---- the prompt cache on every tier, through the API ---- */
+
+static double find_num(const cJSON *o, const char *key) {
+    if (o == NULL) return -1;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsNumber(v)) return v->valuedouble;
+    for (const cJSON *c = o->child; c; c = c->next)
+        if (cJSON_IsObject(c)) {
+            double d = find_num(c, key);
+            if (d >= 0) return d;
+        }
+    return -1;
+}
+
+static double cache_stat(int port, const char *key) {
+    resp r = http(port, "GET", "/v1/cache/stats", NULL, NULL);
+    cJSON *j = cJSON_Parse(r.body);
+    double d = find_num(j, key);
+    cJSON_Delete(j);
+    resp_free(&r);
+    return d;
+}
+
+static void make_model(const char *arch, char *path, size_t cap) {
+    char cmd[1400];
+    snprintf(path, cap, "%s/%s-cache.gguf", g_dir, arch);
+    snprintf(cmd, sizeof cmd, "%s mkmodel --arch %s --preset tiny --seed 7 --out %s >/dev/null 2>&1",
+             ember_binary(), arch, path);
+    assert_int_equal(system(cmd), 0);
+}
+
+static const char *SYS_PROMPT = "You are a careful assistant for a shipping company. Answer in short sentences, "
+                                "name the port, the vessel and the day, and never invent a tracking number.";
+
+/* Adds {role, content} to a messages array. */
+static void add_msg(cJSON *msgs, const char *role, const char *content) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", role);
+    cJSON_AddStringToObject(m, "content", content);
+    cJSON_AddItemToArray(msgs, m);
+}
+
+static char *chat_body(const cJSON *msgs, const char *salt, int max_tokens) {
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddItemToObject(b, "messages", cJSON_Duplicate(msgs, 1));
+    cJSON_AddNumberToObject(b, "max_tokens", max_tokens);
+    cJSON_AddNumberToObject(b, "temperature", 0);
+    cJSON_AddBoolToObject(b, "logprobs", 1);
+    cJSON_AddNumberToObject(b, "top_logprobs", 2);
+    cJSON_AddStringToObject(b, "cache_salt", salt);
+    char *s = cJSON_PrintUnformatted(b);
+    cJSON_Delete(b);
+    return s;
+}
+
+/* One family: identical resend (N-1, same logprobs), a 3-turn chat whose
+ * turns 2 and 3 adopt the previous turn, parallel siblings of one system
+ * prompt, and the neighbours' greedy outputs unchanged. */
+static void check_cache_arch(const char *arch, const char *tier, int64_t slack) {
+    char path[600], name[64];
+    make_model(arch, path, sizeof path);
+    srv *sp = &g_extra;
+    char *extra[] = {(char *)"--prefill-step", (char *)"16", NULL};
+    snprintf(name, sizeof name, "cache-%s", arch);
+    setenv("EMBER_APC_CKPT_REPLAY_MIN", "0", 1);
+    setenv("EMBER_APC_CKPT_SYS_MIN", "8", 1);
+    setenv("EMBER_APC_DECODE_CKPT", "8", 1);
+    int st = start_server_on(sp, name, path, extra);
+    unsetenv("EMBER_APC_CKPT_REPLAY_MIN");
+    unsetenv("EMBER_APC_CKPT_SYS_MIN");
+    unsetenv("EMBER_APC_DECODE_CKPT");
+    assert_int_equal(st, 0);
+    char *log = read_whole_file(sp->log, NULL);
+    char want[64];
+    snprintf(want, sizeof want, "APC tier: %s", tier);
+    if (log == NULL || !strstr(log, want)) print_message("expected '%s' in the log:\n%s\n", want, log ? log : "");
+    assert_true(log && strstr(log, want));
+    free(log);
+
+    /* 1. identical resend */
+    cJSON *msgs = cJSON_CreateArray();
+    add_msg(msgs, "system", SYS_PROMPT);
+    add_msg(msgs, "user", "Where is the vessel Aurora today?");
+    char *body = chat_body(msgs, arch, 12);
+    cJSON *a = post_ok(sp->port, "/v1/chat/completions", NULL, body);
+    cJSON *b = post_ok(sp->port, "/v1/chat/completions", NULL, body);
+    int n = (int)jnum(a, "usage.prompt_tokens");
+    assert_int_equal((int)jnum(a, "usage.prompt_tokens_details.cached_tokens"), 0);
+    assert_int_equal((int)jnum(b, "usage.prompt_tokens_details.cached_tokens"), n - 1);
+    char *la = cJSON_PrintUnformatted(jget(a, "choices.0.logprobs"));
+    char *lb = cJSON_PrintUnformatted(jget(b, "choices.0.logprobs"));
+    assert_string_equal(la, lb);
+    free(la);
+    free(lb);
+    free(body);
+    cJSON_Delete(b);
+
+    /* 2. turns 2 and 3 adopt the previous turn (up to the render divergence) */
+    const char *users[] = {"And tomorrow, which port?", "Thanks. Which day does it leave?"};
+    cJSON *prev = a;
+    for (int t = 0; t < 2; t++) {
+        int n_prev = (int)jnum(prev, "usage.prompt_tokens");
+        add_msg(msgs, "assistant", jstr(prev, "choices.0.message.content"));
+        add_msg(msgs, "user", users[t]);
+        body = chat_body(msgs, arch, 12);
+        cJSON *c = post_ok(sp->port, "/v1/chat/completions", NULL, body);
+        int cached = (int)jnum(c, "usage.prompt_tokens_details.cached_tokens");
+        print_message("%s turn %d: previous prompt %d (+%d generated), prompt %d, cached %d\n", arch, t + 2, n_prev,
+                      (int)jnum(prev, "usage.completion_tokens"), (int)jnum(c, "usage.prompt_tokens"), cached);
+        assert_true(cached >= n_prev - slack);
+        free(body);
+        cJSON_Delete(prev);
+        prev = c;
+    }
+    cJSON_Delete(prev);
+    cJSON_Delete(msgs);
+
+    /* 3. parallel siblings of one system prompt restore from the anchor */
+    double hits0 = cache_stat(sp->port, "anchor_hits") + cache_stat(sp->port, "ckpt_hits") +
+                   cache_stat(sp->port, "exact_hits");
+    job jobs[3];
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) {
+        memset(&jobs[i], 0, sizeof jobs[i]);
+        jobs[i].port = sp->port;
+        cJSON *m = cJSON_CreateArray();
+        add_msg(m, "system", SYS_PROMPT);
+        char u[96];
+        snprintf(u, sizeof u, "Sibling agent %d asks about vessel number %d.", i, 17 * i + 3);
+        add_msg(m, "user", u);
+        char *bb = chat_body(m, "siblings", 6);
+        snprintf(jobs[i].body, sizeof jobs[i].body, "%s", bb);
+        free(bb);
+        cJSON_Delete(m);
+        /* the first alone (it stores the anchor), then two side by side */
+        if (i == 0) run_job(&jobs[0]);
+        else pthread_create(&th[i], NULL, run_job, &jobs[i]);
+    }
+    for (int i = 1; i < 3; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++) assert_int_equal(jobs[i].status, 200);
+    double anchors = cache_stat(sp->port, "anchor_hits");
+    double hits1 = anchors + cache_stat(sp->port, "ckpt_hits") + cache_stat(sp->port, "exact_hits");
+    print_message("%s siblings: anchor_hits %.0f, hits %.0f -> %.0f\n", arch, anchors, hits0, hits1);
+    assert_true(hits1 >= hits0 + 2);
+    /* the siblings' greedy outputs are the ones they get alone */
+    for (int i = 0; i < 3; i++) {
+        job alone = {.port = sp->port};
+        snprintf(alone.body, sizeof alone.body, "%s", jobs[i].body);
+        char *salted = strstr(alone.body, "\"siblings\"");
+        assert_non_null(salted);
+        memcpy(salted, "\"aloneXYZ\"", 10); /* same length, another tenant: a cold run */
+        run_job(&alone);
+        assert_int_equal(alone.status, 200);
+        assert_string_equal(alone.text, jobs[i].text);
+        assert_string_equal(alone.logprobs, jobs[i].logprobs);
+        free(alone.text);
+        free(alone.logprobs);
+        free(jobs[i].text);
+        free(jobs[i].logprobs);
+    }
+    int rc = stop_server(sp);
+    log = read_whole_file(sp->log, NULL);
+    bool clean = log && !strstr(log, "Sanitizer") && !strstr(log, "runtime error") && !strstr(log, "forward failed");
+    if (rc != 0 || !clean) print_message("server log %s (exit %d):\n%s\n", sp->log, rc, log ? log : "");
+    assert_int_equal(rc, 0);
+    assert_true(clean);
+    free(log);
+}
+
+static void test_cache_ckpt_gemma3(void **state) {
+    (void)state;
+    check_cache_arch("gemma3", "ckpt", 16);
+}
+
+static void test_cache_ckpt_qwen35(void **state) {
+    (void)state;
+    check_cache_arch("qwen35", "ckpt", 16);
+}
+
+static void test_cache_exact_mamba2(void **state) {
+    (void)state;
+    check_cache_arch("mamba2", "exact", 16);
+}
+
+/* A warm restart through the server: cache.disk.path in ember.yaml, a
+ * graceful stop, a fresh start, the resend adopts N-1. */
+static void check_warm_restart(const char *arch, const char *model_path) {
+    char cfg[700], disk[700], name[64];
+    snprintf(disk, sizeof disk, "%s/disk-%s", g_dir, arch);
+    snprintf(cfg, sizeof cfg, "%s/disk-%s.yaml", g_dir, arch);
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    fprintf(f, "cache:\n  enabled: true\n  disk:\n    path: %s\n", disk);
+    fclose(f);
+    char *extra[] = {(char *)"--config", cfg, (char *)"--prefill-step", (char *)"16", NULL};
+    const char *body = "{\"messages\":[{\"role\":\"system\",\"content\":\"You keep the ship's log.\"},"
+                       "{\"role\":\"user\",\"content\":\"Write the entry for the morning watch, please.\"}],"
+                       "\"max_tokens\":6,\"temperature\":0,\"logprobs\":true}";
+    srv *sp = &g_extra;
+    snprintf(name, sizeof name, "restart-%s-1", arch);
+    assert_int_equal(start_server_on(sp, name, model_path, extra), 0);
+    cJSON *a = post_ok(sp->port, "/v1/chat/completions", NULL, body);
+    int n = (int)jnum(a, "usage.prompt_tokens");
+    assert_int_equal(stop_server(sp), 0);
+    snprintf(name, sizeof name, "restart-%s-2", arch);
+    assert_int_equal(start_server_on(sp, name, model_path, extra), 0);
+    cJSON *b = post_ok(sp->port, "/v1/chat/completions", NULL, body);
+    int cached = (int)jnum(b, "usage.prompt_tokens_details.cached_tokens");
+    print_message("%s warm restart: prompt %d, cached %d after the restart\n", arch, n, cached);
+    assert_int_equal(cached, n - 1);
+    char *la = cJSON_PrintUnformatted(jget(a, "choices.0.logprobs"));
+    char *lb = cJSON_PrintUnformatted(jget(b, "choices.0.logprobs"));
+    assert_string_equal(la, lb);
+    free(la);
+    free(lb);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    assert_int_equal(stop_server(sp), 0);
+}
+
+static void test_warm_restart_block(void **state) {
+    (void)state;
+    check_warm_restart("qwen3", g_model);
+}
+
+static void test_warm_restart_exact(void **state) {
+    (void)state;
+    char path[600];
+    make_model("mamba2", path, sizeof path);
+    check_warm_restart("mamba2", path);
+}
+
 /* Requests that offer tools: validation, and a reply (the tiny model writes
  * no tool call) that comes back the same whole and streamed through the
  * tool filter. The parser itself is tested on fixed strings in
@@ -1174,6 +1409,11 @@ int main(void) {
         cmocka_unit_test(test_recurrent_qwen35),
         cmocka_unit_test(test_recurrent_mamba2),
         cmocka_unit_test(test_tools_api),
+        cmocka_unit_test(test_cache_ckpt_gemma3),
+        cmocka_unit_test(test_cache_ckpt_qwen35),
+        cmocka_unit_test(test_cache_exact_mamba2),
+        cmocka_unit_test(test_warm_restart_block),
+        cmocka_unit_test(test_warm_restart_exact),
         cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_queue_full),
@@ -1182,5 +1422,7 @@ int main(void) {
         cmocka_unit_test(test_graceful_drain),
         cmocka_unit_test(test_servers_exit_cleanly),
     };
+    /* TEST_SERVE_FILTER=pattern (cmocka's * and ?) runs a subset. */
+    if (getenv("TEST_SERVE_FILTER")) cmocka_set_test_filter(getenv("TEST_SERVE_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }
