@@ -70,24 +70,11 @@ static engine *open_engine(const model *m, const disk_opts *o) {
     return e;
 }
 
-static void run(engine *e, const int32_t *prompt, int64_t n, int max_tokens, engine_cache_mode mode,
-                engine_result *r) {
-    engine_request q = engine_default_request();
-    q.prompt = prompt;
-    q.n_prompt = n;
-    q.max_tokens = max_tokens;
-    q.cache = mode;
-    q.stop_at_eog = false;
-    q.want_logits = true;
-    ember_error err;
-    if (engine_generate(e, &q, r, &err) < 0) fail_msg("engine_generate (n=%lld): %s", (long long)n, err.msg);
-}
-
 /* Runs warm (cache on), then cold; compares; returns the adopted count. */
 static int64_t check(engine *e, const int32_t *prompt, int64_t n, int max_tokens, const char *what, apc_source *src) {
     engine_result warm, cold;
-    run(e, prompt, n, max_tokens, ENGINE_CACHE_ON, &warm);
-    run(e, prompt, n, max_tokens, ENGINE_CACHE_BYPASS, &cold);
+    test_generate(e, prompt, n, max_tokens, ENGINE_CACHE_ON, &warm);
+    test_generate(e, prompt, n, max_tokens, ENGINE_CACHE_BYPASS, &cold);
     assert_warm_equals_cold(&cold, &warm, what);
     assert_int_equal(warm.cached_tokens + warm.prompt_forwarded, n);
     int64_t cached = warm.cached_tokens;
@@ -205,7 +192,7 @@ static void warm_restart(const char *path, apc_force force, apc_disk_read mode, 
     assert_int_equal(check(e, p1, 70, 4, what, NULL), 0);
     assert_int_equal(check(e, p1, 70, 4, what, NULL), 69);
     engine_result t1;
-    run(e, p2, 45, 6, ENGINE_CACHE_ON, &t1); /* turn 1 of a conversation */
+    test_generate(e, p2, 45, 6, ENGINE_CACHE_ON, &t1); /* turn 1 of a conversation */
     int64_t n2 = 45;
     for (int i = 0; i < t1.n_tokens; i++) p2[n2++] = t1.tokens[i];
     engine_result_free(&t1);
@@ -282,14 +269,14 @@ static void test_crash_leftovers(void **state) {
     engine *e = open_engine(m, &o);
     ns_dir(e, root, dir, sizeof dir);
     engine_result r;
-    run(e, a, 40, 3, ENGINE_CACHE_ON, &r);
+    test_generate(e, a, 40, 3, ENGINE_CACHE_ON, &r);
     engine_result_free(&r);
     apc_flush(engine_cache(e));
     int na = list_dir(dir, names, 32, NULL);
     assert_true(na >= 1);
     char a_first[64];
     strcpy(a_first, names[0]);
-    run(e, b, 40, 3, ENGINE_CACHE_ON, &r);
+    test_generate(e, b, 40, 3, ENGINE_CACHE_ON, &r);
     engine_result_free(&r);
     engine_free(e);
 
@@ -339,7 +326,7 @@ static void corrupt_one(const model *m, damage how, apc_force force, const char 
     engine *e = open_engine(m, &o);
     ns_dir(e, root, dir, sizeof dir);
     engine_result r;
-    run(e, a, 40, 3, ENGINE_CACHE_ON, &r);
+    test_generate(e, a, 40, 3, ENGINE_CACHE_ON, &r);
     engine_result_free(&r);
     engine_free(e);
 
@@ -378,8 +365,8 @@ static void corrupt_one(const model *m, damage how, apc_force force, const char 
     }
     assert_int_equal(damaged, 1);
     engine_result warm, cold;
-    run(e, a, 40, 3, ENGINE_CACHE_ON, &warm);
-    run(e, a, 40, 3, ENGINE_CACHE_BYPASS, &cold);
+    test_generate(e, a, 40, 3, ENGINE_CACHE_ON, &warm);
+    test_generate(e, a, 40, 3, ENGINE_CACHE_BYPASS, &cold);
     assert_warm_equals_cold(&cold, &warm, what);
     assert_int_equal(warm.cached_tokens, 0);
     engine_result_free(&warm);
@@ -435,7 +422,7 @@ static void test_isolation(void **state) {
     disk_opts o = {APC_FORCE_BLOCK, root, 0, APC_DISK_READ_DIRECT, NULL, APC_HASH_SHA256};
     engine *e = open_engine(m, &o);
     engine_result r;
-    run(e, a, 50, 3, ENGINE_CACHE_ON, &r);
+    test_generate(e, a, 50, 3, ENGINE_CACHE_ON, &r);
     engine_result_free(&r);
     apc_stats s0 = stats_of(e);
     engine_free(e);
@@ -532,7 +519,7 @@ static void test_cap(void **state) {
     char dir[512], names[128][64];
     ns_dir(e, root, dir, sizeof dir);
     engine_result r;
-    run(e, p[0], LEN, 8, ENGINE_CACHE_ON, &r);
+    test_generate(e, p[0], LEN, 8, ENGINE_CACHE_ON, &r);
     engine_result_free(&r);
     apc_flush(engine_cache(e));
     uint64_t one = stats_of(e).disk_bytes;
@@ -544,7 +531,7 @@ static void test_cap(void **state) {
     o.max_bytes = one * 4;
     e = open_engine(m, &o);
     for (int i = 0; i < N_PROMPTS; i++) {
-        run(e, p[i], LEN, 8, ENGINE_CACHE_ON, &r);
+        test_generate(e, p[i], LEN, 8, ENGINE_CACHE_ON, &r);
         engine_result_free(&r);
         apc_flush(engine_cache(e));
         uint64_t bytes;
@@ -613,13 +600,13 @@ static void test_missing_dir(void **state) {
     char dir[512], names[16][64];
     ns_dir(e, root, dir, sizeof dir);
     engine_result r;
-    run(e, a, 40, 3, ENGINE_CACHE_ON, &r);
+    test_generate(e, a, 40, 3, ENGINE_CACHE_ON, &r);
     engine_result_free(&r);
     apc_flush(engine_cache(e));
     remove_tree(dir);
     ember_log_level lvl = ember_log_get_level();
     ember_log_set_level(EMBER_LOG_ERROR);
-    run(e, b, 40, 3, ENGINE_CACHE_ON, &r);
+    test_generate(e, b, 40, 3, ENGINE_CACHE_ON, &r);
     engine_result_free(&r);
     apc_flush(engine_cache(e));
     ember_log_set_level(lvl);

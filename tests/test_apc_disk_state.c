@@ -66,24 +66,11 @@ static engine *open_engine(const model *m, const char *root, const char *ns) {
     return e;
 }
 
-static void run(engine *e, const int32_t *prompt, int64_t n, int max_tokens, engine_cache_mode mode,
-                engine_result *r) {
-    engine_request q = engine_default_request();
-    q.prompt = prompt;
-    q.n_prompt = n;
-    q.max_tokens = max_tokens;
-    q.cache = mode;
-    q.stop_at_eog = false;
-    q.want_logits = true;
-    ember_error err;
-    if (engine_generate(e, &q, r, &err) < 0) fail_msg("engine_generate (n=%lld): %s", (long long)n, err.msg);
-}
-
 /* A lookup-only warm run compared with cold; returns the adopted prefix. */
 static int64_t probe(engine *e, const int32_t *prompt, int64_t n, const char *what, apc_source *src) {
     engine_result warm, cold;
-    run(e, prompt, n, 3, ENGINE_CACHE_LOOKUP, &warm);
-    run(e, prompt, n, 3, ENGINE_CACHE_BYPASS, &cold);
+    test_generate(e, prompt, n, 3, ENGINE_CACHE_LOOKUP, &warm);
+    test_generate(e, prompt, n, 3, ENGINE_CACHE_BYPASS, &cold);
     assert_warm_equals_cold(&cold, &warm, what);
     assert_int_equal(warm.cached_tokens + warm.prompt_forwarded, n);
     int64_t got = warm.cached_tokens;
@@ -171,7 +158,7 @@ static void exact_restart(const char *rel, const char *what) {
     engine *e = open_engine(m, root, NULL);
     assert_int_equal(apc_get_tier(engine_cache(e)), APC_TIER_EXACT);
     engine_result r;
-    run(e, p1, 70, 3, ENGINE_CACHE_ON, &r);
+    test_generate(e, p1, 70, 3, ENGINE_CACHE_ON, &r);
     assert_int_equal(r.cached_tokens, 0);
     engine_result_free(&r);
     assert_int_equal(probe(e, p1, 70, what, &src), 69);
@@ -235,11 +222,11 @@ static void ckpt_restart(const char *rel, const char *what, bool arr) {
     engine *e = open_engine(m, root, NULL);
     assert_int_equal(apc_get_tier(engine_cache(e)), APC_TIER_CKPT);
     engine_result r;
-    run(e, p1, 70, 3, ENGINE_CACHE_ON, &r);
+    test_generate(e, p1, 70, 3, ENGINE_CACHE_ON, &r);
     assert_int_equal(r.cached_tokens, 0);
     engine_result_free(&r);
     /* A conversation: turn 1, then turn 2 = turn 1 + reply + a user turn. */
-    run(e, conv, 45, 5, ENGINE_CACHE_ON, &r);
+    test_generate(e, conv, 45, 5, ENGINE_CACHE_ON, &r);
     int64_t n2 = 45;
     for (int i = 0; i < r.n_tokens; i++) conv[n2++] = r.tokens[i];
     engine_result_free(&r);
@@ -346,7 +333,7 @@ static void isolate(const char *rel_a, const char *rel_b) {
     /* One namespace string for both: only the layer mix tells them apart. */
     engine *e = open_engine(a, root, "shared");
     engine_result r;
-    run(e, p1, 70, 3, ENGINE_CACHE_ON, &r);
+    test_generate(e, p1, 70, 3, ENGINE_CACHE_ON, &r);
     engine_result_free(&r);
     apc_flush(engine_cache(e));
     apc_stats sa = stats_of(e);

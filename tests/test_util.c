@@ -75,6 +75,18 @@ void test_random_tokens(uint64_t *state, int32_t *t, int64_t n, int vocab) {
     for (int64_t i = 0; i < n; i++) t[i] = (int32_t)(test_rand(state) % (uint32_t)vocab);
 }
 
+void test_generate(engine *e, const int32_t *prompt, int64_t n, int max_tokens, int cache_mode, engine_result *r) {
+    engine_request q = engine_default_request();
+    q.prompt = prompt;
+    q.n_prompt = n;
+    q.max_tokens = max_tokens;
+    q.cache = (engine_cache_mode)cache_mode;
+    q.stop_at_eog = false;
+    q.want_logits = true;
+    ember_error err;
+    if (engine_generate(e, &q, r, &err) < 0) fail_msg("engine_generate (n=%lld): %s", (long long)n, err.msg);
+}
+
 void assert_warm_equals_cold(const engine_result *cold, const engine_result *warm, const char *what) {
     if (cold->n_tokens != warm->n_tokens)
         fail_msg("%s: %d tokens cold, %d warm", what, cold->n_tokens, warm->n_tokens);

@@ -46,6 +46,11 @@ void test_random_tokens(uint64_t *state, int32_t *t, int64_t n, int vocab);
  * with bit-identical logits at every step (design.md invariant 1). Both
  * results must have been produced with want_logits. */
 struct engine_result;
+struct engine;
+/* One greedy request of max_tokens through engine_generate with the given
+ * cache mode, keeping every step's logits; fails the test on error. */
+void test_generate(struct engine *e, const int32_t *prompt, int64_t n, int max_tokens, int cache_mode,
+                   struct engine_result *r);
 void assert_warm_equals_cold(const struct engine_result *cold, const struct engine_result *warm, const char *what);
 
 #endif
