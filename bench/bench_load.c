@@ -45,6 +45,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "bench_spawn.h"
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -380,29 +382,11 @@ static int start_server(const char *ember, const char *model, int threads, int b
     char th[16], nb[16];
     snprintf(th, sizeof th, "%d", threads);
     snprintf(nb, sizeof nb, "%d", blocks);
-    g_pid = fork();
-    if (g_pid == 0) {
-        if (freopen(g_log, "w", stderr) == NULL) _exit(127);
-        execl(ember, ember, "serve", model, "--port", "0", "--threads", th, "--num-blocks", nb, "--max-running", "32",
-              "--queue-size", "64", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 600; i++) {
-        FILE *f = fopen(g_log, "r");
-        char line[512];
-        while (f && fgets(line, sizeof line, f)) {
-            const char *p = strstr(line, "listening on http://127.0.0.1:");
-            if (p) {
-                g_port = atoi(p + strlen("listening on http://127.0.0.1:"));
-                fclose(f);
-                return 0;
-            }
-        }
-        if (f) fclose(f);
-        int st;
-        if (waitpid(g_pid, &st, WNOHANG) == g_pid) break;
-        usleep(50000);
-    }
+    char *argv[] = {(char *)ember, (char *)"serve", (char *)model, (char *)"--port", (char *)"0", (char *)"--threads",
+                    th, (char *)"--num-blocks", nb, (char *)"--max-running", (char *)"32", (char *)"--queue-size",
+                    (char *)"64", NULL};
+    g_port = bench_spawn_server(argv, g_log, &g_pid);
+    if (g_port > 0) return 0;
     fprintf(stderr, "bench_load: the server did not start (log: %s)\n", g_log);
     return -1;
 }

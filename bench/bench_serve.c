@@ -42,6 +42,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "bench_spawn.h"
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -208,29 +210,10 @@ static int start_server(const char *ember, const char *model, int threads) {
     snprintf(g_log, sizeof g_log, "/tmp/bench_serve.%d.log", (int)getpid());
     char th[16];
     snprintf(th, sizeof th, "%d", threads);
-    g_pid = fork();
-    if (g_pid == 0) {
-        if (freopen(g_log, "w", stderr) == NULL) _exit(127);
-        execl(ember, ember, "serve", model, "--port", "0", "--ctx", "4096", "--threads", th, "--max-running", "32",
-              (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 600; i++) {
-        FILE *f = fopen(g_log, "r");
-        char line[512];
-        while (f && fgets(line, sizeof line, f)) {
-            const char *p = strstr(line, "listening on http://127.0.0.1:");
-            if (p) {
-                g_port = atoi(p + strlen("listening on http://127.0.0.1:"));
-                fclose(f);
-                return 0;
-            }
-        }
-        if (f) fclose(f);
-        int st;
-        if (waitpid(g_pid, &st, WNOHANG) == g_pid) break;
-        usleep(50000);
-    }
+    char *argv[] = {(char *)ember, (char *)"serve", (char *)model, (char *)"--port", (char *)"0", (char *)"--ctx",
+                    (char *)"4096", (char *)"--threads", th, (char *)"--max-running", (char *)"32", NULL};
+    g_port = bench_spawn_server(argv, g_log, &g_pid);
+    if (g_port > 0) return 0;
     fprintf(stderr, "bench_serve: the server did not start (log: %s)\n", g_log);
     return -1;
 }
