@@ -18,12 +18,9 @@
  *    tokens), rendered with the model's own chat template (ChatML for the
  *    built-in vocabulary of the small models) and tokenized as the server
  *    does (BOS unless the render already starts with it; specials parsed).
- *  - The render-derived cache positions of engine_request are filled as
- *    src/chat defines them, all as common-prefix lengths in tokens with the
- *    prompt: ckpt_turn_pos from chat_render_stable (p_stable),
- *    sys_prefix_pos from the probe of chat_system_prefix_anchor, and
- *    next_turn_predict renders chat_predict_next_turn with the reply decoded
- *    from the live tokens (reasoning split off as the server does).
+ *  - The cache plan of engine_request (turn boundary, system-prompt anchor,
+ *    next-turn predictor) comes from chat_cache_plan_make, the function
+ *    the server uses (src/chat/chat_plan.h).
  *  - The reply (greedy, at most R tokens, stopping at end-of-generation) is
  *    decoded to text and appended as the assistant message: the client
  *    echoes text, not ids, so the next prompt may re-tokenize the reply
@@ -53,6 +50,7 @@
 #include "apc/apc.h"
 #include "apc/apc_ckpt.h"
 #include "chat/chat.h"
+#include "chat/chat_plan.h"
 #include "core/log.h"
 #include "engine/engine.h"
 #include "model/cache_stack.h"
@@ -167,46 +165,12 @@ static int64_t lcp(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
     return i;
 }
 
-/* ---- the server's render prediction ---- */
-
-typedef struct predict_ctx {
-    const chat_template *tpl;
-    const chat_messages *msgs; /* this request's messages */
-    const chat_render_opts *ropts;
-    const tokenizer *tok;
-    int64_t n_prompt;
-    bool thinking_open;
-} predict_ctx;
-
 static int split_reply(const tokenizer *tok, const int32_t *ids, int64_t n, bool thinking_open, char **reasoning,
                        char **content) {
     char *text = reply_text(tok, ids, n);
     int rc = chat_split_reasoning(text, thinking_open, reasoning, content);
     free(text);
     return rc;
-}
-
-static int64_t predict_next_turn(void *user, const int32_t *tokens, int64_t n) {
-    predict_ctx *c = user;
-    if (n < c->n_prompt) return -1;
-    char *reasoning = NULL, *content = NULL, *out = NULL;
-    if (split_reply(c->tok, tokens + c->n_prompt, n - c->n_prompt, c->thinking_open, &reasoning, &content) < 0)
-        return -1;
-    chat_reply r = {content ? content : "", reasoning, NULL};
-    ember_error err;
-    int64_t got = -1;
-    if (chat_predict_next_turn(c->tpl, c->msgs, NULL, c->ropts, &r, &out, &err) == 0) {
-        int32_t *ids;
-        size_t k;
-        if (encode(c->tok, out, true, &ids, &k) == 0) {
-            got = lcp(ids, (int64_t)k, tokens, n);
-            free(ids);
-        }
-    }
-    free(out);
-    free(reasoning);
-    free(content);
-    return got;
 }
 
 /* ---- one model ---- */
@@ -277,13 +241,11 @@ static int bench_model(const char *path, const opts *o) {
     if (bt) bos = strndup(bt, bl);
     bt = tokenizer_eos(tok) >= 0 ? tokenizer_token_text(tok, tokenizer_eos(tok), &bl) : NULL;
     if (bt) eos = strndup(bt, bl);
-    chat_render_opts gen = {0}, stable;
+    chat_render_opts gen = {0};
     gen.add_generation_prompt = true;
     gen.enable_thinking = -1;
     gen.bos_token = bos;
     gen.eos_token = eos;
-    stable = gen;
-    stable.add_generation_prompt = false;
 
     printf("\n### %s (%s, %d layers, n_embd %d, vocab %d)\n\n", path, hp->arch_name, hp->n_layer, hp->n_embd,
            hp->n_vocab);
@@ -323,27 +285,30 @@ static int bench_model(const char *path, const opts *o) {
         char *user = text_of_tokens(tok, o->turn_tokens);
         chat_messages_append(msgs, "user", user, &err);
         free(user);
-        char *prompt_text = NULL, *stable_text = NULL, *probe = NULL;
-        if (chat_render(tpl, msgs, NULL, &gen, &prompt_text, &err) < 0 ||
-            chat_render_stable(tpl, msgs, NULL, &stable, &stable_text, &err) < 0) {
+        char *prompt_text = NULL;
+        if (chat_render(tpl, msgs, NULL, &gen, &prompt_text, &err) < 0) {
             fprintf(stderr, "bench_multiturn: render: %s\n", err.msg);
             rc = 1;
             break;
         }
-        int32_t *prompt, *ids;
-        size_t n, k;
-        if (encode(tok, prompt_text, true, &prompt, &n) < 0) exit(1);
-        if (encode(tok, stable_text, true, &ids, &k) < 0) exit(1);
-        row->turn_pos = lcp(ids, (int64_t)k, prompt, (int64_t)n);
-        free(ids);
-        size_t off = 0;
-        if (chat_system_prefix_anchor(tpl, msgs, NULL, &stable, &off, &probe, &err) == 1) {
-            if (encode(tok, probe, true, &ids, &k) < 0) exit(1);
-            row->sys_pos = lcp(ids, (int64_t)k, prompt, (int64_t)n);
-            free(ids);
-        }
-        free(probe);
-        free(stable_text);
+        int32_t *prompt;
+        size_t n;
+        if (chat_encode_prompt(tok, prompt_text, &prompt, &n) < 0) exit(1);
+        /* The server's cache plan (src/chat/chat_plan.h), as serve does it. */
+        chat_plan_params pp;
+        memset(&pp, 0, sizeof pp);
+        pp.tpl = tpl;
+        pp.tok = tok;
+        pp.messages = msgs;
+        pp.bos = bos;
+        pp.eos = eos;
+        pp.prompt = prompt;
+        pp.n_prompt = (int64_t)n;
+        pp.thinking_open = chat_prompt_opens_thinking(prompt_text);
+        chat_cache_plan plan;
+        chat_cache_plan_make(&pp, &plan);
+        row->turn_pos = plan.turn_pos;
+        row->sys_pos = plan.anchor_pos;
         row->n = (int64_t)n;
         row->fresh = row->n - lcp(held, n_held, prompt, row->n);
         if ((int64_t)n + o->reply > cfg.n_ctx) {
@@ -354,16 +319,12 @@ static int bench_model(const char *path, const opts *o) {
             break;
         }
 
-        predict_ctx pc = {tpl, msgs, &stable, tok, row->n, chat_prompt_opens_thinking(prompt_text)};
         engine_request q = engine_default_request();
         q.prompt = prompt;
         q.n_prompt = row->n;
         q.max_tokens = o->reply;
         q.want_logits = true;
-        q.ckpt_turn_pos = row->turn_pos;
-        q.sys_prefix_pos = row->sys_pos;
-        q.next_turn_predict = predict_next_turn;
-        q.next_turn_user = &pc;
+        q.plan = plan;
         engine_result off_r, on_r;
         q.cache = ENGINE_CACHE_BYPASS;
         if (engine_generate(e, &q, &off_r, &err) < 0) {
@@ -395,7 +356,7 @@ static int bench_model(const char *path, const opts *o) {
 
         /* The client appends the reply as text. */
         char *reasoning = NULL, *content = NULL;
-        split_reply(tok, on_r.tokens, on_r.n_tokens, pc.thinking_open, &reasoning, &content);
+        split_reply(tok, on_r.tokens, on_r.n_tokens, pp.thinking_open, &reasoning, &content);
         chat_reply r = {content ? content : "", reasoning, NULL};
         chat_messages_append_reply(msgs, &r, &err);
         free(reasoning);
@@ -407,6 +368,7 @@ static int bench_model(const char *path, const opts *o) {
         memcpy(held + row->n, on_r.tokens, (size_t)on_r.n_tokens * sizeof *held);
         engine_result_free(&off_r);
         engine_result_free(&on_r);
+        chat_turn_predictor_free(plan.predictor);
         free(prompt);
         free(prompt_text);
     }

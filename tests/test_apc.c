@@ -19,6 +19,8 @@
 #include "apc/apc.h"
 #include "apc/apc_internal.h"
 #include "apc/apc_key.h"
+#include "apc/apc_req.h"
+#include "serve/serve_stats.h"
 #include "core/log.h"
 #include "test_util.h"
 
@@ -206,7 +208,7 @@ static void fx_open(fixture *f, int32_t n_blocks, apc_force force, int exact_ent
     ac.force_tier = force;
     ac.exact_entries = exact_entries;
     if (exact_bytes) ac.exact_max_bytes = exact_bytes;
-    f->cache = apc_create(f->pool, &f->cfg, stack, &ac, &err);
+    f->cache = apc_create(f->pool, &f->cfg, stack, NULL, &ac, &err);
     assert_non_null(f->cache);
 }
 
@@ -252,19 +254,46 @@ static void check_rows(fixture *f, const kv_seq *seq, const int32_t *tokens) {
     }
 }
 
-/* One request: lookup, forward the rest, store at the three points. */
+static apc_req *req_open(fixture *f, const int32_t *tokens, int64_t n, uint64_t salt, bool lookup, bool store) {
+    apc_req_params p;
+    memset(&p, 0, sizeof p);
+    p.prompt = tokens;
+    p.n_prompt = n;
+    p.salt = salt;
+    p.prefill_step = 512;
+    p.lookup = lookup;
+    p.store = store;
+    apc_req *r = apc_req_create(f->cache, &p);
+    assert_non_null(r);
+    return r;
+}
+
+/* A lookup only (the request stores nothing). */
+static apc_hit lookup_into(fixture *f, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq) {
+    apc_req *r = req_open(f, tokens, n, salt, true, false);
+    apc_hit hit = apc_req_lookup(r, seq, NULL);
+    apc_req_free(r);
+    return hit;
+}
+
+/* One request through the protocol: lookup, forward to N-1 (the pause
+ * store), the last token, the post-prefill store. */
 static int64_t request(fixture *f, const int32_t *tokens, int64_t n, uint64_t salt) {
     kv_seq seq;
     kv_seq_init(&seq);
-    apc_hit hit = apc_lookup(f->cache, tokens, n, salt, &seq);
+    apc_req *r = req_open(f, tokens, n, salt, true, true);
+    apc_hit hit = apc_req_lookup(r, &seq, NULL);
+    assert_int_equal(apc_req_get_state(r), APC_REQ_PREFILL);
     assert_true(hit.n_tokens <= n - 1 || n == 0);
     assert_int_equal(seq.n_tokens, hit.n_tokens);
     check_rows(f, &seq, tokens);
     fake_forward(f, &seq, tokens, n - 1);
-    apc_store(f->cache, APC_STORE_PAUSE, tokens, n - 1, salt, &seq);
+    apc_req_at(r, &seq, NULL);
     fake_forward(f, &seq, tokens, n);
-    apc_store(f->cache, APC_STORE_PREFILL, tokens, n, salt, &seq);
+    apc_req_prefilled(r, &seq, NULL);
+    assert_int_equal(apc_req_get_state(r), APC_REQ_DECODE);
     check_rows(f, &seq, tokens);
+    apc_req_free(r);
     apc_seq_release(f->cache, &seq);
     return hit.n_tokens;
 }
@@ -342,7 +371,7 @@ static void test_block_eviction(void **state) {
     assert_true(s.pool_used <= 8);
     /* The most recent prompt is still there. */
     assert_int_equal(request(&f, t[4], 64, 0), 63);
-    cJSON *j = apc_stats_json(f.cache);
+    cJSON *j = serve_cache_stats_json(f.cache);
     assert_non_null(j);
     assert_true(cJSON_GetObjectItem(j, "evictions")->valuedouble > 0);
     cJSON_Delete(j);
@@ -405,7 +434,7 @@ static void test_exact_bytes(void **state) {
     apc_get_stats(f.cache, &s);
     assert_int_equal(s.declines[APC_DECLINE_EXACT_BYTES], 1);
     assert_true(s.exact_bytes <= 5200);
-    cJSON *j = apc_stats_json(f.cache);
+    cJSON *j = serve_cache_stats_json(f.cache);
     assert_int_equal((int)cJSON_GetObjectItem(cJSON_GetObjectItem(j, "declines"), "exact_bytes")->valuedouble, 1);
     cJSON_Delete(j);
     fx_close(&f);
@@ -419,7 +448,7 @@ static void test_stats_json_fields(void **state) {
     fill_tokens(t, 40, 9);
     request(&f, t, 40, 0);
     request(&f, t, 40, 0);
-    cJSON *j = apc_stats_json(f.cache);
+    cJSON *j = serve_cache_stats_json(f.cache);
     static const char *fields[] = {
         "block_size", "num_blocks", "pool_used", "lookups_hit", "lookups_miss", "matched_tokens",
         "served_tokens", "token_hit_rate", "evictions", "stores", "disk_hits", "disk_writes", "exact_hits",
@@ -443,7 +472,7 @@ static void test_stats_json_fields(void **state) {
     fx_open(&f, 16, APC_FORCE_OFF, 4, 0);
     assert_int_equal(request(&f, t, 40, 0), 0);
     assert_int_equal(request(&f, t, 40, 0), 0);
-    j = apc_stats_json(f.cache);
+    j = serve_cache_stats_json(f.cache);
     char *text = cJSON_PrintUnformatted(j);
     assert_string_equal(text, "{\"enabled\":false}");
     free(text);
@@ -460,7 +489,7 @@ static void test_reset_keeps_live_blocks(void **state) {
     request(&f, t, 40, 0);
     kv_seq seq;
     kv_seq_init(&seq);
-    assert_int_equal(apc_lookup(f.cache, t, 40, 0, &seq).n_tokens, 39);
+    assert_int_equal(lookup_into(&f, t, 40, 0, &seq).n_tokens, 39);
     apc_reset(f.cache);
     /* The adopted blocks stay the sequence's, with their rows. */
     check_rows(&f, &seq, t);

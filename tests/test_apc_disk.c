@@ -33,6 +33,7 @@
 #include "apc/apc_disk.h"
 #include "core/log.h"
 #include "engine/engine.h"
+#include "serve/serve_stats.h"
 #include "test_util.h"
 
 #define STORIES "models/stories260K.gguf"
@@ -228,7 +229,7 @@ static void warm_restart(const char *path, apc_force force, apc_disk_read mode, 
     s = stats_of(e);
     assert_true(s.disk_hits > 0);
     assert_true(s.disk_files > 0);
-    cJSON *j = apc_stats_json(engine_cache(e));
+    cJSON *j = serve_cache_stats_json(engine_cache(e));
     assert_non_null(cJSON_GetObjectItem(j, "disk_blocks_indexed"));
     assert_non_null(cJSON_GetObjectItem(j, "disk_corrupt"));
     assert_non_null(cJSON_GetObjectItem(j, "disk_write_drops"));
@@ -494,8 +495,8 @@ static void test_isolation(void **state) {
         model_free(q);
     }
     uint8_t fp1[16], fp2[16];
-    apc_model_fingerprint(model_get_gguf(m), fp1);
-    apc_model_fingerprint(model_get_gguf(m), fp2);
+    engine_model_fingerprint(model_get_gguf(m), fp1);
+    engine_model_fingerprint(model_get_gguf(m), fp2);
     assert_memory_equal(fp1, fp2, 16);
     remove_tree(root);
     free(root);

@@ -23,8 +23,10 @@
 #include <unistd.h>
 
 #include "apc/apc_ckpt.h"
+#include "apc/apc_req.h"
 #include "core/log.h"
 #include "engine/engine.h"
+#include "serve/serve_stats.h"
 #include "test_util.h"
 
 #define GEMMA3 "reference/gemma3-f32.gguf"
@@ -93,7 +95,7 @@ static void close_engine(engine *e) {
 typedef struct req_opts {
     int max_tokens;
     int64_t turn_pos, sys_pos;
-    apc_predict_fn predict;
+    chat_predict_fn predict;
     void *user;
 } req_opts;
 
@@ -106,12 +108,13 @@ static void run(engine *e, const int32_t *prompt, int64_t n, const req_opts *o, 
     q.cache = mode;
     q.stop_at_eog = false;
     q.want_logits = true;
-    q.ckpt_turn_pos = o->turn_pos;
-    q.sys_prefix_pos = o->sys_pos;
-    q.next_turn_predict = o->predict;
-    q.next_turn_user = o->user;
+    q.plan.turn_pos = o->turn_pos;
+    q.plan.anchor_pos = o->sys_pos;
+    q.plan.predictor = o->predict ? chat_turn_predictor_from_fn(o->predict, o->user) : NULL;
     ember_error err;
-    if (engine_generate(e, &q, r, &err) < 0) fail_msg("engine_generate (n=%lld): %s", (long long)n, err.msg);
+    int rc = engine_generate(e, &q, r, &err);
+    chat_turn_predictor_free(q.plan.predictor);
+    if (rc < 0) fail_msg("engine_generate (n=%lld): %s", (long long)n, err.msg);
 }
 
 /* Cold (bypass) then warm; compares; returns the adopted prefix. When out
@@ -492,11 +495,11 @@ static void store_boundary(apc *c, const int32_t *tokens, int64_t p, kv_seq *seq
     rp.n_prompt = p;
     rp.prefill_step = 1024; /* no grid points below 1024 */
     rp.store = true;
-    apc_req *r = apc_req_begin(c, &rp);
+    apc_req *r = apc_req_create(c, &rp);
     assert_non_null(r);
-    apc_req_arm(r, 0);
+    apc_req_lookup(r, seq, NULL); /* stores only: plans the schedule */
     apc_req_prefilled(r, seq, NULL); /* the p = N boundary */
-    apc_req_end(r);
+    apc_req_free(r);
 }
 
 static int64_t probe(apc *c, const int32_t *tokens, int64_t n) {
@@ -506,13 +509,13 @@ static int64_t probe(apc *c, const int32_t *tokens, int64_t n) {
     rp.n_prompt = n;
     rp.prefill_step = 1024;
     rp.lookup = true;
-    apc_req *r = apc_req_begin(c, &rp);
+    apc_req *r = apc_req_create(c, &rp);
     kv_seq seq;
     kv_seq_init(&seq);
     apc_hit h = apc_req_lookup(r, &seq, NULL);
     assert_int_equal(seq.n_tokens, h.n_tokens);
     apc_seq_release(c, &seq);
-    apc_req_end(r);
+    apc_req_free(r);
     return h.n_tokens;
 }
 
@@ -527,7 +530,7 @@ static void test_strip_on_extend(void **st) {
     apc_config cfg = apc_default_config();
     cfg.ckpt = test_ckpt_config();
     cfg.ckpt.replay = false;
-    apc *c = apc_create(pool, &kc, stack, &cfg, &err);
+    apc *c = apc_create(pool, &kc, stack, NULL, &cfg, &err);
     assert_non_null(c);
     assert_int_equal(apc_get_tier(c), APC_TIER_CKPT);
     int32_t a[120];
@@ -569,7 +572,7 @@ static void test_grid_truncate(void **st) {
     cache_layer stack[2] = {{CACHE_KIND_KV, 0, 0}, {CACHE_KIND_ROT, 32, 0}};
     apc_config cfg = apc_default_config();
     cfg.ckpt = test_ckpt_config();
-    apc *c = apc_create(pool, &kc, stack, &cfg, &err);
+    apc *c = apc_create(pool, &kc, stack, NULL, &cfg, &err);
     assert_non_null(c);
     int32_t a[64];
     random_tokens(a, 64, 512);
@@ -583,15 +586,15 @@ static void test_grid_truncate(void **st) {
     rp.n_prompt = 20;
     rp.prefill_step = 1024;
     rp.store = true;
-    apc_req *r = apc_req_begin(c, &rp);
-    apc_req_arm(r, 0);
+    apc_req *r = apc_req_create(c, &rp);
+    apc_req_lookup(r, &seq, NULL);
     apc_req_prefilled(r, &seq, NULL);
     apc_stats s;
     apc_get_stats(c, &s);
     assert_int_equal(s.ckpt_stores, 0);
     assert_int_equal(s.ckpt_declines[APC_CKPT_DECLINE_GRID], 1);
-    apc_req_retire(r, a, 20, &seq, NULL);
-    apc_req_end(r);
+    apc_req_retire(r, a, 20, -1, &seq, NULL);
+    apc_req_free(r);
     apc_seq_release(c, &seq);
     apc_get_stats(c, &s);
     assert_int_equal(s.ckpt_stores, 1);
@@ -686,7 +689,7 @@ static void test_tripwires(void **st) {
     assert_int_equal(s.ckpt_declines[APC_CKPT_DECLINE_REPLAY_GATE], 7);
     assert_int_equal(s.ckpt_hits, 0);
     /* the stats object carries them */
-    cJSON *j = apc_stats_json(engine_cache(e));
+    cJSON *j = serve_cache_stats_json(engine_cache(e));
     assert_int_equal((int)cJSON_GetObjectItem(j, "ckpt_missed_adoptions")->valuedouble, 7);
     assert_int_equal((int)cJSON_GetObjectItem(cJSON_GetObjectItem(j, "ckpt_declines"), "replay_gate")->valuedouble, 7);
     cJSON_Delete(j);

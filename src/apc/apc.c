@@ -28,15 +28,75 @@
  *   - exact store: the new entry is pinned for the writer and unpinned by
  *     the writer's release callback.
  *
- * Recurrent stacks (apc_set_state_model): an exact entry also carries the
- * model_state snapshot at its length, and lookups/stores without a state
- * refuse. The disk stores and restores that state with the entry; its
- * namespace includes the state size and the cache stack, so on such stacks
- * the disk opens in apc_set_state_model, once the state size is known.
+ * Recurrent stacks (apc_state_ops given to apc_create): an exact entry also
+ * carries the state snapshot at its length, and lookups/stores without a
+ * state refuse. The disk stores and restores that state with the entry; its
+ * namespace includes the state size and the cache stack.
  * Checkpoint records (ckpt tier) go to disk as skeletons plus ckpt-salted
  * shards (apc_ckpt.c stores them, apc_disk_ckpt.c restores them).
  * The checkpoint tier and the exact-tier anchors live in apc_ckpt.c; this
- * file hands them the lock, the pool and the counters (apc_internal.h). */
+ * file hands them the lock, the pool and the counters (apc_internal.h).
+ *
+ * The contract, tier by tier (apc.h is the index of the API):
+ *
+ *  - Routing. apc_route_stack() reads a model's cache-stack descriptor and
+ *    picks the tier that can serve it (design.md §4): every layer `kv` ->
+ *    block; `kv`/`rot`/`arr` mixes with something chain-backed and at least
+ *    one `rot` or `arr` -> ckpt (rot layers must share one window geometry on
+ *    the 16-token grid, else exact); any `list`, or only `arr` -> exact;
+ *    an `other` layer or an empty stack -> none. apc_create logs the choice
+ *    once: "APC tier: block (layers: 28 kv / 0 rot / 0 arr)" at info, or
+ *    "APC OFF for this model: <reason>" at warning. EMBER_APC_FORCE_TIER=
+ *    exact|block|off (read once, at creation) overrides it for A/B tests;
+ *    block is only honoured on an all-kv stack.
+ *  - Block tier. The kv_pool that holds live K/V is the cache: a full
+ *    16-token block of a stored sequence is indexed by a chained key
+ *    H(parent key, salt, 16 token ids), SHA-256 truncated to 128 bits or
+ *    XXH3-128. A hit is verified against the stored tokens, parent key and
+ *    salt. Indexed blocks whose refcount falls to 0 stay findable until the
+ *    pool's LRU hands them out again (the evict hook unindexes them and
+ *    counts an eviction). A lookup adopts blocks into the caller's empty
+ *    sequence without copying and caps the result at N-1 tokens, so a
+ *    resend of N tokens always forwards exactly one (when N is a multiple of
+ *    16 the last adopted block is left shared and partial, and the pool
+ *    copies it on the first append).
+ *    ember addition: the partial tail block of a stored sequence (N % 16
+ *    rows) is indexed too, under a key that also says how many rows it
+ *    holds, so a resend forwards one token for every N, not only from the
+ *    first full block on. An indexed block is never written again: its owner
+ *    copies a partial one before appending (kv_seq_prepare_append).
+ *  - Exact tier. Whole-state snapshots (for a dense stack: the K/V rows of
+ *    positions [0, n) of every layer) adopted only as a verbatim prefix of
+ *    length <= N-1 with the same salt, into fresh blocks. LRU bounded by
+ *    exact_entries and exact_max_bytes.
+ *  - Salt. Every key and entry carries the request's 64-bit salt; requests
+ *    with different salts share nothing.
+ *  - The cache never fails a request (design.md invariant 3): lookups and
+ *    stores return nothing on trouble; the problem is counted under a decline
+ *    reason and logged once per reason.
+ *  - Concurrency. One mutex per cache guards the index, the exact LRU, the
+ *    counters and the kv_pool itself (which is not thread-safe), so every
+ *    structural pool operation of a sequence goes through apc_seq_*. Copies
+ *    (snapshots, restores) and hashing run outside the lock: an exact entry
+ *    is pinned while it is read, and a generation counter, bumped by
+ *    apc_reset, makes a restore that raced a reset discard its result.
+ *    Forward passes read and write the blocks of their own sequences
+ *    without the lock; a block that other sequences can see is never written.
+ *  - Counters follow the reference §11.1 exactly; ember's additions are
+ *    listed at apc_stats (serve renders them as GET /v1/cache/stats);
+ *    apc_reset clears the memory tiers and the counters.
+ *  - SSD tier (cfg.disk.path set; apc_disk.h has the format): block and
+ *    exact stores are also written, asynchronously, under a namespace of the
+ *    model fingerprint and the cache format; the lookup consults the disk
+ *    after memory and the longest match wins; blocks read from disk are
+ *    loaded into fresh pool blocks and indexed (the next hit is from
+ *    memory), a snapshot read from disk joins the exact LRU. apc_reset
+ *    leaves the disk alone; apc_free lets queued writes land first.
+ *
+ * Store points. The tiers store at three points of a request: PAUSE
+ * (prefill stopped at N-1; the exact tier snapshots there), PREFILL (the
+ * prompt is in; the block tier indexes its blocks) and RETIRE (prompt +
+ * reply at finish). apc_req.c says which tier uses which. */
 #include "apc/apc.h"
 
 #include <pthread.h>
@@ -49,7 +109,6 @@
 #include "apc/apc_disk.h"
 #include "apc/apc_internal.h"
 #include "core/log.h"
-#include "model/model.h"
 
 struct apc {
     pthread_mutex_t lock;
@@ -60,9 +119,7 @@ struct apc {
     apc_index index;
     apc_exact exact;
     apc_disk *disk;         /* NULL: no SSD tier */
-    apc_disk_config disk_cfg; /* recurrent stacks: opened by apc_set_state_model */
-    char *disk_path, *disk_ns;
-    bool disk_deferred;
+    const apc_tier_ops *ops; /* the routed tier's (apc_req.c, apc_ckpt.c) */
     uint64_t generation;
     /* counters (reference §11.1 + ours); zeroed by reset */
     uint64_t lookups_hit, lookups_miss, matched_tokens, served_tokens;
@@ -71,7 +128,7 @@ struct apc {
     bool decline_logged[APC_DECLINE_COUNT_];
     /* checkpoint tier, exact anchors, recurrent state */
     apc_ckpt *ckpt;
-    const model *state_model; /* NULL: no recurrent layers */
+    apc_state_ops state;   /* state.bytes == 0: no recurrent layers */
     size_t state_bytes;
 };
 
@@ -80,8 +137,17 @@ void apc__unlock(apc *c) { pthread_mutex_unlock(&c->lock); }
 kv_pool *apc__pool(apc *c) { return c->pool; }
 const apc_layout *apc__layout(apc *c) { return &c->layout; }
 apc_ckpt *apc__ckpt(apc *c) { return c->ckpt; }
-const struct model *apc__state_model(apc *c) { return c->state_model; }
 size_t apc__state_bytes(apc *c) { return c->state_bytes; }
+const apc_tier_ops *apc__tier_ops(apc *c) { return c->ops; }
+int64_t apc__state_pos(apc *c, const model_state *s) { return c->state.pos(s); }
+void apc__state_snapshot(apc *c, const model_state *s, void *out) { c->state.snapshot(s, out); }
+void apc__state_reset(apc *c, model_state *s) { c->state.reset(s); }
+bool apc__state_restore(apc *c, model_state *s, const void *buf, int64_t pos) {
+    ember_error err;
+    if (c->state.restore(s, buf, c->state_bytes, &err) == 0 && c->state.pos(s) == pos) return true;
+    c->state.reset(s);
+    return false;
+}
 struct apc_disk *apc__disk(apc *c) { return c->disk; }
 apc_hash_kind apc__hash(apc *c) { return c->cfg.hash; }
 void apc__count_hit_locked(apc *c, int64_t n) {
@@ -90,17 +156,6 @@ void apc__count_hit_locked(apc *c, int64_t n) {
 }
 
 static void open_disk(apc *c, const apc_disk_config *dc);
-
-void apc_set_state_model(apc *c, const model *m) {
-    if (m == NULL || !model_has_state(m)) return;
-    c->state_model = m;
-    c->state_bytes = model_state_bytes(m);
-    c->layout.state_bytes = c->state_bytes;
-    if (c->disk_deferred && c->disk == NULL) {
-        c->disk_deferred = false;
-        open_disk(c, &c->disk_cfg);
-    }
-}
 
 static const char *decline_names[APC_DECLINE_COUNT_] = {
     "pool_exhausted", "alloc", "collision", "exact_bytes", "raced_reset", "seq_short",
@@ -170,8 +225,8 @@ static void log_route(const apc *c) {
               c->cfg.hash == APC_HASH_XXH3 ? "xxh3" : "sha256", c->cfg.exact_entries);
 }
 
-apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *stack, const apc_config *cfg_in,
-                ember_error *err) {
+apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *stack, const apc_state_ops *state,
+                const apc_config *cfg_in, ember_error *err) {
     apc_config cfg = cfg_in ? *cfg_in : apc_default_config();
     if (cfg.exact_entries < 0) cfg.exact_entries = 0;
     apc *c = calloc(1, sizeof *c);
@@ -198,6 +253,11 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
     }
     c->exact.max_entries = cfg.exact_entries;
     c->exact.max_bytes = cfg.exact_max_bytes;
+    if (state && state->bytes > 0) {
+        c->state = *state;
+        c->state_bytes = state->bytes;
+        c->layout.state_bytes = state->bytes;
+    }
 
     c->route = apc_route_stack(stack, layout->n_layer, cfg.ckpt_enabled);
     apc_force force = cfg.force_tier;
@@ -218,6 +278,12 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
         snprintf(c->route.reason, sizeof c->route.reason, "exact tier with exact_entries=0");
     }
     log_route(c);
+    switch (c->route.tier) {
+    case APC_TIER_BLOCK: c->ops = &apc_block_ops; break;
+    case APC_TIER_EXACT: c->ops = &apc_exact_ops; break;
+    case APC_TIER_CKPT: c->ops = &apc_ckpt_ops; break;
+    default: c->ops = &apc_none_ops; break;
+    }
     kv_pool_set_evict_hook(pool, on_evict, c);
     c->ckpt = apc_ckpt_create(c, stack, layout->n_layer, &cfg);
     if (c->ckpt == NULL) {
@@ -239,19 +305,8 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
         }
     }
     if (cfg.disk.path && cfg.disk.path[0] &&
-        (c->route.tier == APC_TIER_BLOCK || c->route.tier == APC_TIER_EXACT || c->route.tier == APC_TIER_CKPT)) {
-        if (c->route.n_arr + c->route.n_list > 0) {
-            /* The namespace needs the state size: apc_set_state_model opens it. */
-            c->disk_cfg = cfg.disk;
-            c->disk_path = strdup(cfg.disk.path);
-            c->disk_ns = cfg.disk.namespace_override ? strdup(cfg.disk.namespace_override) : NULL;
-            c->disk_cfg.path = c->disk_path;
-            c->disk_cfg.namespace_override = c->disk_ns;
-            c->disk_deferred = c->disk_path != NULL;
-        } else {
-            open_disk(c, &cfg.disk);
-        }
-    }
+        c->route.tier != APC_TIER_NONE)
+        open_disk(c, &cfg.disk);
     /* The strings were the caller's; nothing reads them after creation. */
     c->cfg.disk.path = NULL;
     c->cfg.disk.namespace_override = NULL;
@@ -295,8 +350,6 @@ void apc_free(apc *c) {
     apc_index_free(&c->index);
     free(c->layout.k_width);
     free(c->layout.v_width);
-    free(c->disk_path);
-    free(c->disk_ns);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -338,7 +391,7 @@ static bool block_matches(const apc *c, int32_t b, const apc_key *parent, uint64
            memcmp(m->tokens, tokens, (size_t)n_rows * sizeof(int32_t)) == 0;
 }
 
-static apc_hit lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq) {
+apc_hit apc__lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq) {
     apc_hit hit = {0, APC_SOURCE_NONE};
     int64_t n_blocks = n / KV_BLOCK_TOKENS;
     apc_key *keys = NULL;
@@ -507,12 +560,12 @@ static void promote_from_disk(apc *c, const int32_t *tokens, int64_t n, uint64_t
 static apc_hit lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq,
                             model_state *state) {
     apc_hit hit = {0, APC_SOURCE_NONE};
-    if (c->state_model && state == NULL) return hit;
+    if (c->state_bytes && state == NULL) return hit;
     if (c->disk) promote_from_disk(c, tokens, n, salt);
     pthread_mutex_lock(&c->lock);
     apc_exact_entry *e = apc_exact_find_prefix(&c->exact, tokens, n - 1, salt);
     /* On a recurrent stack only entries with their state restore. */
-    while (e && c->state_model && e->state == NULL) e = apc_exact_find_prefix(&c->exact, tokens, e->n - 1, salt);
+    while (e && c->state_bytes && e->state == NULL) e = apc_exact_find_prefix(&c->exact, tokens, e->n - 1, salt);
     if (e == NULL) {
         pthread_mutex_unlock(&c->lock);
         return hit;
@@ -531,11 +584,7 @@ static apc_hit lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t s
     apc_snapshot_copy_in(c->pool, &c->layout, e->data, e->n, seq);
     int64_t got = e->n;
     bool state_ok = true;
-    if (c->state_model) {
-        ember_error serr;
-        state_ok = model_state_restore(state, e->state, e->state_bytes, &serr) == 0 && model_state_pos(state) == got;
-        if (!state_ok) model_state_reset(state);
-    }
+    if (c->state_bytes) state_ok = apc__state_restore(c, state, e->state, got);
 
     pthread_mutex_lock(&c->lock);
     apc_exact_unpin(&c->exact, e);
@@ -544,7 +593,7 @@ static apc_hit lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t s
         decline(c, APC_DECLINE_ALLOC, "a recurrent-state snapshot did not restore");
     } else if (gen != c->generation) {
         kv_seq_release(c->pool, seq);
-        if (state) model_state_reset(state);
+        if (state && c->state_bytes) apc__state_reset(c, state);
         decline(c, APC_DECLINE_RACED_RESET, "a snapshot restore overlapped a cache reset");
     } else {
         seq->n_tokens = got;
@@ -560,29 +609,66 @@ static apc_hit lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t s
 
 int64_t apc__exact_best_locked(apc *c, const int32_t *tokens, int64_t max_len, uint64_t salt) {
     apc_exact_entry *e = apc_exact_find_prefix(&c->exact, tokens, max_len, salt);
-    while (e && c->state_model && e->state == NULL) e = apc_exact_find_prefix(&c->exact, tokens, e->n - 1, salt);
+    while (e && c->state_bytes && e->state == NULL) e = apc_exact_find_prefix(&c->exact, tokens, e->n - 1, salt);
     return e ? e->n : 0;
 }
 
-apc_hit apc_lookup_state(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq, model_state *state) {
+/* The exact tier's stock lookup: a lookup needs an empty sequence and, on
+ * recurrent stacks, a state at position 0. */
+apc_hit apc__lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq, model_state *state) {
     apc_hit none = {0, APC_SOURCE_NONE};
-    if (seq->n_tokens != 0 || seq->n_blocks != 0 || n < 1) return none;
-    if (c->state_model && (state == NULL || model_state_pos(state) != 0)) return none;
-    switch (c->route.tier) {
-    case APC_TIER_BLOCK: return lookup_blocks(c, tokens, n, salt, seq);
-    case APC_TIER_EXACT: return n >= 2 ? lookup_exact(c, tokens, n, salt, seq, state) : none;
-    default: return none;
-    }
+    if (n < 2 || (c->state_bytes && (state == NULL || apc__state_pos(c, state) != 0))) return none;
+    return lookup_exact(c, tokens, n, salt, seq, state);
 }
 
-apc_hit apc_lookup(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq) {
-    return apc_lookup_state(c, tokens, n, salt, seq, NULL);
+int64_t apc__peek_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
+    pthread_mutex_lock(&c->lock);
+    int64_t best = apc__exact_best_locked(c, tokens, n - 1, salt);
+    pthread_mutex_unlock(&c->lock);
+    return best;
+}
+
+/* Walks the chain in memory only: no adoption, no counter. */
+int64_t apc__peek_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
+    int64_t n_blocks = n / KV_BLOCK_TOKENS;
+    if (n_blocks == 0) return 0;
+    apc_key *keys = malloc((size_t)n_blocks * sizeof *keys);
+    if (keys == NULL) return 0;
+    apc_chain_keys(c->cfg.hash, tokens, n_blocks, salt, keys);
+    apc_key zero;
+    memset(&zero, 0, sizeof zero);
+    int64_t matched = 0;
+    pthread_mutex_lock(&c->lock);
+    while (matched < n_blocks) {
+        int32_t b = apc_index_find(&c->index, &keys[matched]);
+        if (b < 0 || !block_matches(c, b, matched > 0 ? &keys[matched - 1] : &zero, salt,
+                                    tokens + matched * KV_BLOCK_TOKENS, KV_BLOCK_TOKENS))
+            break;
+        matched++;
+    }
+    pthread_mutex_unlock(&c->lock);
+    free(keys);
+    int64_t got = matched * KV_BLOCK_TOKENS;
+    return got > n - 1 ? n - 1 : got;
+}
+
+int64_t apc_peek(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
+    return n >= 2 ? c->ops->peek(c, tokens, n, salt) : 0;
 }
 
 /* ---- Store ---- */
 
-static void store_blocks(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
-                         const kv_seq *seq) {
+/* A store asking for more than the sequence holds is a caller's slip:
+ * counted, never stored. */
+static bool store_fits(apc *c, int64_t n, const kv_seq *seq) {
+    if (n <= seq->n_tokens) return true;
+    decline_locked(c, APC_DECLINE_SEQ_SHORT, "a store asked for more tokens than the sequence holds");
+    return false;
+}
+
+void apc__store_blocks(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
+                       const kv_seq *seq) {
+    if (n < 1 || !store_fits(c, n, seq)) return;
     int64_t n_blocks = n / KV_BLOCK_TOKENS;
     int tail = (int)(n % KV_BLOCK_TOKENS);
     apc_key *keys = malloc((size_t)(n_blocks + 1) * sizeof *keys);
@@ -627,9 +713,10 @@ static void exact_written(void *owner, apc_exact_entry *e) {
     pthread_mutex_unlock(&c->lock);
 }
 
-static void store_exact(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
-                        const kv_seq *seq, const model_state *state) {
-    if (c->state_model && (state == NULL || model_state_pos(state) != n)) {
+void apc__store_exact(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
+                      const kv_seq *seq, const model_state *state) {
+    if (n < 1 || (c->state_bytes && state == NULL) || !store_fits(c, n, seq)) return;
+    if (c->state_bytes && (state == NULL || apc__state_pos(c, state) != n)) {
         if (state) decline_locked(c, APC_DECLINE_SEQ_SHORT, "a store's recurrent state is not at its length");
         return;
     }
@@ -649,14 +736,14 @@ static void store_exact(apc *c, apc_store_point point, const int32_t *tokens, in
         return;
     }
     apc_snapshot_copy_out(c->pool, &c->layout, seq, n, e->data);
-    if (c->state_model) {
+    if (c->state_bytes) {
         e->state = malloc(c->state_bytes);
         if (e->state == NULL) {
             apc_exact_entry_free(e);
             decline_locked(c, APC_DECLINE_ALLOC, "out of memory for a recurrent-state snapshot");
             return;
         }
-        model_state_snapshot(state, e->state);
+        apc__state_snapshot(c, state, e->state);
         e->state_bytes = c->state_bytes;
         e->bytes += c->state_bytes;
     }
@@ -679,38 +766,6 @@ static void store_exact(apc *c, apc_store_point point, const int32_t *tokens, in
     }
     pthread_mutex_unlock(&c->lock);
     if (e && apc_disk_store_exact(c->disk, e, exact_written, c) < 0) exact_written(c, e);
-}
-
-void apc_store(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt, const kv_seq *seq) {
-    apc_store_state(c, point, tokens, n, salt, seq, NULL);
-}
-
-void apc_store_state(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
-                     const kv_seq *seq, const model_state *state) {
-    if (n < 1) return;
-    if (c->state_model && state == NULL) return; /* nothing restorable without the state */
-    if (n > seq->n_tokens) {
-        if (c->route.tier == APC_TIER_BLOCK || c->route.tier == APC_TIER_EXACT)
-            decline_locked(c, APC_DECLINE_SEQ_SHORT, "a store asked for more tokens than the sequence holds");
-        return;
-    }
-    switch (c->route.tier) {
-    case APC_TIER_BLOCK:
-        if (point != APC_STORE_PAUSE) store_blocks(c, point, tokens, n, salt, seq);
-        break;
-    case APC_TIER_EXACT:
-        if (point != APC_STORE_PREFILL) store_exact(c, point, tokens, n, salt, seq, state);
-        break;
-    default: break;
-    }
-}
-
-bool apc_retire_wants_last_token(const apc *c, int64_t n_kv) {
-    switch (c->route.tier) {
-    case APC_TIER_BLOCK: return (n_kv + 1) % KV_BLOCK_TOKENS == 0;
-    case APC_TIER_EXACT: return true;
-    default: return false;
-    }
 }
 
 /* ---- Stats and reset ---- */
@@ -767,69 +822,6 @@ void apc_get_stats(apc *c, apc_stats *s) {
 
 void apc_flush(apc *c) {
     if (c && c->disk) apc_disk_flush(c->disk);
-}
-
-cJSON *apc_stats_json(apc *c) {
-    apc_stats s;
-    apc_get_stats(c, &s);
-    cJSON *o = cJSON_CreateObject();
-    if (o == NULL) return NULL;
-    if (!s.enabled) {
-        cJSON_AddBoolToObject(o, "enabled", false);
-        return o;
-    }
-    /* stock */
-    cJSON_AddNumberToObject(o, "block_size", s.block_size);
-    cJSON_AddNumberToObject(o, "num_blocks", s.num_blocks);
-    cJSON_AddNumberToObject(o, "pool_used", s.pool_used);
-    cJSON_AddNumberToObject(o, "lookups_hit", (double)s.lookups_hit);
-    cJSON_AddNumberToObject(o, "lookups_miss", (double)s.lookups_miss);
-    cJSON_AddNumberToObject(o, "matched_tokens", (double)s.matched_tokens);
-    cJSON_AddNumberToObject(o, "served_tokens", (double)s.served_tokens);
-    double denom = (double)s.matched_tokens + (double)s.served_tokens;
-    cJSON_AddNumberToObject(o, "token_hit_rate", denom > 0 ? (double)s.matched_tokens / denom : 0.0);
-    cJSON_AddNumberToObject(o, "evictions", (double)s.evictions);
-    cJSON_AddNumberToObject(o, "stores", (double)s.stores);
-    cJSON_AddNumberToObject(o, "disk_hits", (double)s.disk_hits);
-    cJSON_AddNumberToObject(o, "disk_writes", (double)s.disk_writes);
-    cJSON_AddNumberToObject(o, "exact_hits", (double)s.exact_hits);
-    cJSON_AddNumberToObject(o, "exact_stores", (double)s.exact_stores);
-    /* checkpoint family and anchors (apc_ckpt.c); L0: zero until it exists */
-    apc_ckpt_stats_json(&s, o);
-    static const char *zeros[] = {"spec_prefix_hits", "spec_prefix_hit_tokens", "spec_prefix_stores"};
-    for (size_t i = 0; i < sizeof zeros / sizeof zeros[0]; i++) cJSON_AddNumberToObject(o, zeros[i], 0);
-    /* ember */
-    cJSON_AddStringToObject(o, "tier", apc_tier_name(s.tier));
-    cJSON_AddStringToObject(o, "hash", s.hash == APC_HASH_XXH3 ? "xxh3" : "sha256");
-    cJSON_AddNumberToObject(o, "pool_free", s.pool_free);
-    cJSON_AddNumberToObject(o, "pool_referenced", s.pool_referenced);
-    cJSON_AddNumberToObject(o, "pool_capacity_tokens", (double)s.num_blocks * s.block_size);
-    cJSON_AddNumberToObject(o, "pool_bytes", (double)s.num_blocks * (double)s.block_bytes);
-    cJSON_AddNumberToObject(o, "exact_entries", s.exact_entries);
-    cJSON_AddNumberToObject(o, "exact_max_entries", s.exact_max_entries);
-    cJSON_AddNumberToObject(o, "exact_bytes", (double)s.exact_bytes);
-    cJSON_AddNumberToObject(o, "exact_max_bytes", (double)s.exact_max_bytes);
-    cJSON_AddNumberToObject(o, "exact_evictions", (double)s.exact_evictions);
-    cJSON_AddNumberToObject(o, "retire_stores", (double)s.retire_stores);
-    cJSON_AddNumberToObject(o, "generation", (double)s.generation);
-    cJSON *d = cJSON_CreateObject();
-    for (int i = 0; i < APC_DECLINE_COUNT_; i++)
-        if (s.declines[i]) cJSON_AddNumberToObject(d, apc_decline_name((apc_decline)i), (double)s.declines[i]);
-    cJSON_AddItemToObject(o, "declines", d);
-    if (s.disk_enabled) {
-        cJSON_AddNumberToObject(o, "disk_bytes", (double)s.disk_bytes);
-        cJSON_AddNumberToObject(o, "disk_max_bytes", (double)s.disk_max_bytes);
-        cJSON_AddNumberToObject(o, "disk_evictions", (double)s.disk_evictions);
-        cJSON_AddNumberToObject(o, "disk_files", (double)s.disk_files);
-        cJSON_AddNumberToObject(o, "disk_blocks_indexed", (double)s.disk_blocks_indexed);
-        cJSON_AddNumberToObject(o, "disk_exact_indexed", (double)s.disk_exact_indexed);
-        cJSON_AddNumberToObject(o, "disk_write_drops", (double)s.disk_write_drops);
-        cJSON_AddNumberToObject(o, "disk_write_errors", (double)s.disk_write_errors);
-        cJSON_AddNumberToObject(o, "disk_corrupt", (double)s.disk_corrupt);
-        cJSON_AddStringToObject(o, "disk_namespace", s.disk_namespace);
-    }
-    cJSON_AddBoolToObject(o, "enabled", true);
-    return o;
 }
 
 void apc_reset(apc *c) {

@@ -1,65 +1,19 @@
-/* apc.h - the automatic prompt cache of one model.
+/* apc.h - the automatic prompt cache of one model: what it offers.
  *
- * Contract:
- *  - Routing. apc_route_stack() reads a model's cache-stack descriptor and
- *    picks the tier that can serve it (design.md §4): every layer `kv` ->
- *    block; `kv`/`rot`/`arr` mixes with something chain-backed and at least
- *    one `rot` or `arr` -> ckpt (rot layers must share one window geometry on
- *    the 16-token grid, else exact); any `list`, or only `arr` -> exact;
- *    an `other` layer or an empty stack -> none. apc_create logs the choice
- *    once: "APC tier: block (layers: 28 kv / 0 rot / 0 arr)" at info, or
- *    "APC OFF for this model: <reason>" at warning. EMBER_APC_FORCE_TIER=
- *    exact|block|off (read once, at creation) overrides it for A/B tests;
- *    block is only honoured on an all-kv stack.
- *  - Block tier. The kv_pool that holds live K/V is the cache: a full
- *    16-token block of a stored sequence is indexed by a chained key
- *    H(parent key, salt, 16 token ids), SHA-256 truncated to 128 bits or
- *    XXH3-128. A hit is verified against the stored tokens, parent key and
- *    salt. Indexed blocks whose refcount falls to 0 stay findable until the
- *    pool's LRU hands them out again (the evict hook unindexes them and
- *    counts an eviction). A lookup adopts blocks into the caller's empty
- *    sequence without copying and caps the result at N-1 tokens, so a
- *    resend of N tokens always forwards exactly one (when N is a multiple of
- *    16 the last adopted block is left shared and partial, and the pool
- *    copies it on the first append).
- *    ember addition: the partial tail block of a stored sequence (N % 16
- *    rows) is indexed too, under a key that also says how many rows it
- *    holds, so a resend forwards one token for every N, not only from the
- *    first full block on. An indexed block is never written again: its owner
- *    copies a partial one before appending (kv_seq_prepare_append).
- *  - Exact tier. Whole-state snapshots (for a dense stack: the K/V rows of
- *    positions [0, n) of every layer) adopted only as a verbatim prefix of
- *    length <= N-1 with the same salt, into fresh blocks. LRU bounded by
- *    exact_entries and exact_max_bytes.
- *  - Store points. The engine calls apc_store at three points of a request:
- *    PAUSE (prefill stopped at N-1; the exact tier snapshots there), PREFILL
- *    (the prompt's N tokens are in the sequence; the block tier indexes its
- *    full blocks) and RETIRE (prompt + reply at finish; block: index,
- *    exact: snapshot). A tier ignores the points it has no use for.
- *  - Salt. Every key and entry carries the request's 64-bit salt; requests
- *    with different salts share nothing.
- *  - The cache never fails a request (design.md invariant 3): lookups and
- *    stores return nothing on trouble; the problem is counted under a decline
- *    reason and logged once per reason.
- *  - Concurrency. One mutex per cache guards the index, the exact LRU, the
- *    counters and the kv_pool itself (which is not thread-safe), so every
- *    structural pool operation of a sequence goes through apc_seq_*. Copies
- *    (snapshots, restores) and hashing run outside the lock: an exact entry
- *    is pinned while it is read, and a generation counter, bumped by
- *    apc_reset, makes a restore that raced a reset discard its result.
- *    Forward passes read and write the blocks of their own sequences
- *    without the lock; a block that other sequences can see is never written.
- *  - Counters follow the reference §11.1 exactly; ember's additions are
- *    listed at apc_stats. apc_stats_json renders the object that
- *    GET /v1/cache/stats returns; apc_reset clears the memory tiers and the
- *    counters.
- *  - SSD tier (cfg.disk.path set; apc_disk.h has the format): block and
- *    exact stores are also written, asynchronously, under a namespace of the
- *    model fingerprint and the cache format; the lookup consults the disk
- *    after memory and the longest match wins; blocks read from disk are
- *    loaded into fresh pool blocks and indexed (the next hit is from
- *    memory), a snapshot read from disk joins the exact LRU. apc_reset
- *    leaves the disk alone; apc_free lets queued writes land first. */
+ * Contract (the design, tier by tier, is the essay at the top of apc.c):
+ *  - apc_create routes the model's cache stack to one tier (block, ckpt,
+ *    exact or none; design.md §4) and logs the choice once.
+ *  - One request drives the cache through one protocol object, apc_req
+ *    (apc_req.h), whatever the tier; nothing else looks up or stores.
+ *  - The cache never fails a request: trouble is a counted decline.
+ *  - Thread-safe: one mutex per cache guards its indexes, counters and the
+ *    kv_pool, so every structural pool operation of a live sequence goes
+ *    through apc_seq_*.
+ *  - The cache knows the model only through the cache-stack descriptor, the
+ *    pool layout and the recurrent-state operations given to apc_create; it
+ *    reads no environment and builds no JSON (serve renders apc_stats).
+ *
+ * The API, grouped by purpose, is at the end of this file. */
 #ifndef EMBER_APC_H
 #define EMBER_APC_H
 
@@ -67,10 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <cjson/cJSON.h>
-
 #include "core/error.h"
-#include "gguf/gguf.h"
 #include "kv/kv_pool.h"
 #include "model/cache_stack.h"
 
@@ -87,7 +38,7 @@ typedef enum apc_hash_kind {
 } apc_hash_kind;
 
 typedef enum apc_force {
-    APC_FORCE_NONE = 0,  /* route from the stack (or EMBER_APC_FORCE_TIER) */
+    APC_FORCE_NONE = 0,  /* route from the stack */
     APC_FORCE_OFF = 1,
     APC_FORCE_BLOCK = 2,
     APC_FORCE_EXACT = 3,
@@ -100,12 +51,6 @@ typedef enum apc_source {
     APC_SOURCE_CKPT = 3,   /* a checkpoint record (apc_ckpt.h) */
     APC_SOURCE_ANCHOR = 4, /* an exact-tier system-prompt anchor */
 } apc_source;
-
-typedef enum apc_store_point {
-    APC_STORE_PAUSE = 0,   /* prefill paused at N-1 */
-    APC_STORE_PREFILL = 1, /* the whole prompt is in the sequence */
-    APC_STORE_RETIRE = 2,  /* request finished: prompt + reply */
-} apc_store_point;
 
 /* Why a lookup or store gave up; each is counted under "declines". */
 typedef enum apc_decline {
@@ -137,8 +82,8 @@ typedef struct apc_disk_config {
     int workers;                  /* writer threads; default 1 */
     apc_disk_read read_mode;
     const char *namespace_override; /* replaces the model fingerprint in the namespace */
-    bool has_fingerprint;         /* engine_create fills these from the model file */
-    uint8_t fingerprint[16];      /* apc_model_fingerprint */
+    bool has_fingerprint;         /* the creator fills these from the model file */
+    uint8_t fingerprint[16];      /* engine_model_fingerprint */
     int queue_jobs;               /* bounded write queue: jobs (default 64) */
     size_t queue_bytes;           /* and bytes (default 1 GiB) */
     int backoff_ms;               /* writes off after ENOSPC/EIO (default 30000) */
@@ -172,7 +117,7 @@ typedef struct apc_config {
     apc_hash_kind hash;
     int exact_entries;        /* default 4 */
     size_t exact_max_bytes;   /* default 4 GiB */
-    apc_force force_tier;     /* APC_FORCE_NONE: EMBER_APC_FORCE_TIER, else routing */
+    apc_force force_tier;     /* EMBER_APC_FORCE_TIER; APC_FORCE_NONE: routing */
     bool ckpt_enabled;        /* false: stacks that would go ckpt go exact */
     apc_disk_config disk;     /* off by default */
     apc_ckpt_config ckpt;     /* checkpoint tier and exact anchors */
@@ -235,6 +180,18 @@ typedef struct apc_hit {
     apc_source source;
 } apc_hit;
 
+/* Recurrent state (arr and list layers) through the model's operations:
+ * the cache snapshots a request's state beside its K/V and restores both.
+ * The state is opaque here; bytes == 0 means the stack has none. */
+typedef struct model_state model_state;
+typedef struct apc_state_ops {
+    size_t bytes;                                  /* one snapshot */
+    int64_t (*pos)(const model_state *s);          /* tokens consumed */
+    void (*snapshot)(const model_state *s, void *out);
+    int (*restore)(model_state *s, const void *buf, size_t n, ember_error *err);
+    void (*reset)(model_state *s);                 /* back to empty */
+} apc_state_ops;
+
 /* ---- Routing (pure; no logging) ---- */
 apc_route apc_route_stack(const cache_layer *stack, int n_layer, bool ckpt_enabled);
 /* Applies a forced tier; block on a stack that is not all kv is refused
@@ -251,18 +208,17 @@ const char *apc_decline_name(apc_decline d);
 uint64_t apc_salt_for_tenant(const char *tenant, size_t len);
 
 /* ---- Lifetime ---- */
+/* The compiled-in defaults (docs/cache-switches.md); no environment. */
 apc_config apc_default_config(void);
-/* A model's identity for the SSD tier's namespace: XXH3-128 over the file
- * size, the GGUF header (every key/value), the tensor table and a sample of
- * every tensor's data (its first, middle and last 64 bytes). No path. */
-void apc_model_fingerprint(const gguf_file *f, uint8_t out[16]);
-/* Waits until every queued disk write has landed (no-op without a disk). */
-void apc_flush(apc *c);
 /* The pool must outlive the cache; the cache installs the pool's evict hook.
- * layout gives the per-layer K/V widths (model_kv_config). */
-apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *stack,
+ * layout gives the per-layer K/V widths (model_kv_config); state is NULL or
+ * bytes == 0 for stacks without recurrent layers. cfg->disk.fingerprint
+ * (the caller computes it from the model file) names the SSD namespace. */
+apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *stack, const apc_state_ops *state,
                 const apc_config *cfg, ember_error *err);
 void apc_free(apc *c);
+/* Waits until every queued disk write has landed (no-op without a disk). */
+void apc_flush(apc *c);
 apc_tier apc_get_tier(const apc *c);
 const apc_route *apc_get_route(const apc *c);
 
@@ -271,41 +227,15 @@ int apc_seq_prepare_append(apc *c, kv_seq *seq, int64_t n_new, ember_error *err)
 void apc_seq_truncate(apc *c, kv_seq *seq, int64_t n_tokens);
 void apc_seq_release(apc *c, kv_seq *seq);
 
-/* ---- Lookup and store ---- */
-/* Fills the empty sequence with the longest cached prefix of tokens[0, n)
- * under salt, at most n-1 tokens. Never fails: a miss is {0, NONE}. */
-apc_hit apc_lookup(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq);
-/* Stores tokens[0, n) whose K/V are positions [0, n) of seq. */
-void apc_store(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
-               const kv_seq *seq);
-/* Whether retirement is worth one extra forward of the last generated token
- * so that the stored sequence covers the whole reply. n_kv: tokens with K/V. */
-bool apc_retire_wants_last_token(const apc *c, int64_t n_kv);
+/* ---- One request: apc_req.h ---- */
 
-/* ---- Recurrent state (ARR / LIST layers) ----
- * A stack with recurrent layers needs the sequence's model_state beside its
- * K/V: engine_create tells the cache which model that is. apc_lookup and
- * apc_store then refuse (miss, no store) on such a cache, and the _state
- * variants restore / snapshot the state together with the K/V: an exact
- * entry of n tokens is the K/V rows [0, n) plus the state at position n
- * (model_state_pos must be n at a store, or the store is declined). */
-struct model;
-struct model_state;
-void apc_set_state_model(apc *c, const struct model *m);
-apc_hit apc_lookup_state(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq,
-                         struct model_state *state);
-void apc_store_state(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
-                     const kv_seq *seq, const struct model_state *state);
-
-/* Next-turn render prediction (src/chat): the length of the common prefix
- * of tokens[0, n) and the render of the conversation with this reply as
- * the assistant's message (no generation prompt); < 0: no prediction. */
-typedef int64_t (*apc_predict_fn)(void *user, const int32_t *tokens, int64_t n);
+/* ---- Peeking (the admission gate) ---- */
+/* How many tokens of tokens[0, n) a lookup under salt would find in memory
+ * now, at most n-1; touches no refcount, LRU order or counter. */
+int64_t apc_peek(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
 
 /* ---- Stats and reset ---- */
 void apc_get_stats(apc *c, apc_stats *out);
-/* The GET /v1/cache/stats object (caller frees with cJSON_Delete). */
-cJSON *apc_stats_json(apc *c);
 /* Forgets every indexed block and exact entry and zeroes the counters.
  * Blocks that live sequences hold stay theirs. */
 void apc_reset(apc *c);

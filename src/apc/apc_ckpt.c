@@ -46,7 +46,6 @@
  * it; a record or anchor being read is pinned. */
 #include "apc/apc_ckpt.h"
 
-#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -393,7 +392,7 @@ static bool ck_store(apc_ckpt *k, apc_ckpt_kind kind, const int32_t *tokens, int
         ck_decline_locked(k, APC_CKPT_DECLINE_LAYOUT, "a checkpoint needs at least two tokens");
         return false;
     }
-    if (p > seq->n_tokens || (sb && snap == NULL && (live == NULL || model_state_pos(live) != p))) {
+    if (p > seq->n_tokens || (sb && snap == NULL && (live == NULL || apc__state_pos(c, live) != p))) {
         ck_decline_locked(k, APC_CKPT_DECLINE_OFFSET, "the sequence or its state is not at the checkpoint position");
         return false;
     }
@@ -427,7 +426,7 @@ static bool ck_store(apc_ckpt *k, apc_ckpt_kind kind, const int32_t *tokens, int
     memcpy(r->tokens, tokens, (size_t)p * sizeof(int32_t));
     if (sb) {
         if (snap) memcpy(r->state, snap, sb);
-        else model_state_snapshot(live, r->state);
+        else apc__state_snapshot(c, live, r->state);
     }
     r->p = p;
     r->salt = salt;
@@ -534,9 +533,7 @@ static apc_hit ck_lookup(apc_ckpt *k, const int32_t *tokens, int64_t n, uint64_t
 
     bool state_ok = true;
     if (sb) {
-        ember_error serr;
-        state_ok = model_state_restore(state, best->state, sb, &serr) == 0 && model_state_pos(state) == best->p;
-        if (!state_ok) model_state_reset(state);
+        state_ok = apc__state_restore(c, state, best->state, best->p);
     }
     int64_t p = best->p;
     apc__lock(c);
@@ -559,12 +556,12 @@ static apc_hit ck_lookup(apc_ckpt *k, const int32_t *tokens, int64_t n, uint64_t
 
 /* ---- Exact-tier anchors (reference §6.4) ---- */
 
-static void anchor_store(apc_ckpt *k, const int32_t *tokens, int64_t p, uint64_t salt, const kv_seq *seq,
+void apc_ckpt_anchor_store(apc_ckpt *k, const int32_t *tokens, int64_t p, uint64_t salt, const kv_seq *seq,
                          const model_state *state) {
     apc *c = k->c;
     const apc_layout *lay = apc__layout(c);
     size_t sb = apc__state_bytes(c);
-    if (p > seq->n_tokens || (sb && (state == NULL || model_state_pos(state) != p))) {
+    if (p > seq->n_tokens || (sb && (state == NULL || apc__state_pos(c, state) != p))) {
         ck_decline_locked(k, APC_CKPT_DECLINE_OFFSET, "the sequence or its state is not at the anchor position");
         return;
     }
@@ -582,7 +579,7 @@ static void anchor_store(apc_ckpt *k, const int32_t *tokens, int64_t p, uint64_t
     }
     apc_snapshot_copy_out(apc__pool(c), lay, seq, p, e->data);
     if (sb) {
-        model_state_snapshot(state, e->state);
+        apc__state_snapshot(c, state, e->state);
         e->state_bytes = sb;
         e->bytes += sb;
     }
@@ -623,9 +620,7 @@ int64_t apc_ckpt_anchor_lookup(apc_ckpt *k, const int32_t *tokens, int64_t max_l
     apc_snapshot_copy_in(pool, apc__layout(c), e->data, e->n, seq);
     bool ok = true;
     if (sb) {
-        ember_error serr;
-        ok = model_state_restore(state, e->state, e->state_bytes, &serr) == 0 && model_state_pos(state) == e->n;
-        if (!ok) model_state_reset(state);
+        ok = apc__state_restore(c, state, e->state, e->n);
     }
     int64_t got = e->n;
     apc__lock(c);
@@ -664,158 +659,110 @@ void apc_ckpt_stats_locked(apc_ckpt *k, apc_stats *s) {
     s->anchor_entries = k->anchors.count;
 }
 
-void apc_ckpt_stats_json(const apc_stats *s, cJSON *o) {
-    cJSON_AddNumberToObject(o, "ckpt_stores", (double)s->ckpt_stores);
-    cJSON_AddNumberToObject(o, "ckpt_hits", (double)s->ckpt_hits);
-    cJSON_AddNumberToObject(o, "ckpt_matched_tokens", (double)s->ckpt_matched_tokens);
-    cJSON *d = cJSON_CreateObject();
-    for (int i = 0; i < APC_CKPT_DECLINE_COUNT_; i++)
-        if (s->ckpt_declines[i])
-            cJSON_AddNumberToObject(d, apc_ckpt_decline_name((apc_ckpt_decline)i), (double)s->ckpt_declines[i]);
-    cJSON_AddItemToObject(o, "ckpt_declines", d);
-    cJSON_AddNumberToObject(o, "ckpt_missed_adoptions", (double)s->ckpt_missed_adoptions);
-    cJSON_AddNumberToObject(o, "ckpt_skeleton_writes", (double)s->ckpt_skeleton_writes);
-    cJSON_AddNumberToObject(o, "sidecar_writes", (double)s->sidecar_writes);
-    cJSON_AddNumberToObject(o, "retire_fallback_full", (double)s->retire_fallback_full);
-    cJSON_AddNumberToObject(o, "retire_fallback_suppressed", (double)s->retire_fallback_suppressed);
-    cJSON_AddNumberToObject(o, "ckpt_pool_evictions", (double)s->ckpt_pool_evictions);
-    cJSON_AddNumberToObject(o, "ckpt_grid_truncate", (double)s->ckpt_grid_truncate);
-    cJSON_AddNumberToObject(o, "anchor_stores", (double)s->anchor_stores);
-    cJSON_AddNumberToObject(o, "anchor_hits", (double)s->anchor_hits);
-    cJSON_AddNumberToObject(o, "ckpt_records", s->ckpt_records);
-    cJSON_AddNumberToObject(o, "ckpt_bytes", (double)s->ckpt_bytes);
-    cJSON_AddNumberToObject(o, "ckpt_armed", (double)s->ckpt_armed);
-    cJSON_AddNumberToObject(o, "anchor_entries", s->anchor_entries);
+int64_t apc_ckpt_anchor_best_locked(apc_ckpt *k, const int32_t *tokens, int64_t max_len, uint64_t salt) {
+    apc_exact_entry *a = apc_exact_find_prefix(&k->anchors, tokens, max_len, salt);
+    return a ? a->n : 0;
 }
 
-/* ---- Per request ---- */
+/* ---- The exact tier's operations (apc_req.h) ----
+ * Stock snapshots at N-1 and at retirement, plus the system-prompt anchor
+ * (reference §6.4), which wins a lookup only when strictly longer. */
 
-typedef struct ring_snap {
-    int64_t p;
-    void *state; /* arr stacks */
-} ring_snap;
-
-struct apc_req {
-    apc *c;
-    apc_ckpt *k;
-    apc_tier tier;
-    const int32_t *prompt;
-    int64_t N;
-    uint64_t salt;
-    int unit;
-    bool lookup, store;
-    int64_t turn_pos, anchor_pos;
-    apc_predict_fn predict;
-    void *predict_user;
-    int64_t restored;
-    bool armed;
-    /* ckpt: the schedule */
-    apc_ckpt_point *sched;
-    int n_sched, head;
-    int64_t bounds[2];
-    int n_bounds;
-    bool bound_landed;
-    /* exact: the anchor */
-    int64_t anchor_at; /* 0: not armed */
-    /* ckpt: decode-time snapshots */
-    bool ring_on, ring_frozen;
-    int64_t ring_next;
-    int ring_grid;
-    ring_snap snaps[2];
-    int n_snaps;
-};
-
-static int64_t lcm64(int64_t a, int64_t b) {
-    int64_t x = a, y = b;
-    while (y) {
-        int64_t t = x % y;
-        x = y;
-        y = t;
-    }
-    return a / x * b;
-}
-
-bool apc_prefill_serial(const apc *c) { return apc_get_tier(c) == APC_TIER_CKPT; }
-
-apc_req *apc_req_begin(apc *c, const apc_req_params *p) {
-    apc_tier t = apc_get_tier(c);
-    if (t != APC_TIER_CKPT && t != APC_TIER_EXACT) return NULL;
-    apc_req *r = calloc(1, sizeof *r);
-    if (r == NULL) return NULL;
-    r->c = c;
-    r->k = apc__ckpt(c);
-    r->tier = t;
-    r->prompt = p->prompt;
-    r->N = p->n_prompt;
-    r->salt = p->salt;
-    r->unit = (int)lcm64(p->prefill_step > 0 ? p->prefill_step : KV_BLOCK_TOKENS, KV_BLOCK_TOKENS);
-    r->lookup = p->lookup;
-    r->store = p->store;
-    r->turn_pos = p->turn_pos;
-    r->anchor_pos = p->anchor_pos;
-    r->predict = p->predict;
-    r->predict_user = p->predict_user;
-    return r;
-}
-
-void apc_req_end(apc_req *r) {
-    if (r == NULL) return;
-    for (int i = 0; i < r->n_snaps; i++) free(r->snaps[i].state);
-    free(r->sched);
-    free(r);
-}
-
-apc_hit apc_req_lookup(apc_req *r, kv_seq *seq, model_state *state) {
+static apc_hit exact_lookup(apc_req *r, kv_seq *seq, model_state *state) {
     apc_hit hit = {0, APC_SOURCE_NONE};
-    if (!r->lookup || r->N < 2) return hit;
-    if (r->tier == APC_TIER_CKPT) return ck_lookup(r->k, r->prompt, r->N, r->salt, seq, state);
-    /* exact: the stock snapshot, or an anchor when strictly longer */
+    apc_ckpt *k = apc__ckpt(r->c);
     apc__lock(r->c);
     int64_t best = apc__exact_best_locked(r->c, r->prompt, r->N - 1, r->salt);
-    apc_exact_entry *a = apc_exact_find_prefix(&r->k->anchors, r->prompt, r->N - 1, r->salt);
-    int64_t anchor = a ? a->n : 0;
+    int64_t anchor = apc_ckpt_anchor_best_locked(k, r->prompt, r->N - 1, r->salt);
     apc__unlock(r->c);
     if (anchor > best) {
-        int64_t got = apc_ckpt_anchor_lookup(r->k, r->prompt, r->N - 1, best, r->salt, seq, state);
+        int64_t got = apc_ckpt_anchor_lookup(k, r->prompt, r->N - 1, best, r->salt, seq, state);
         if (got > 0) {
             hit.n_tokens = got;
             hit.source = APC_SOURCE_ANCHOR;
             return hit;
         }
     }
-    return apc_lookup_state(r->c, r->prompt, r->N, r->salt, seq, state);
+    return apc__lookup_exact(r->c, r->prompt, r->N, r->salt, seq, state);
 }
 
-void apc_req_arm(apc_req *r, int64_t restored) {
-    r->restored = restored;
-    if (!r->store) return;
-    apc_ckpt *k = r->k;
+/* The system-prompt anchor, on the grid for recurrent stacks (design.md §1). */
+static void exact_plan(apc_req *r) {
+    apc_ckpt *k = apc__ckpt(r->c);
     const apc_ckpt_config *cfg = &k->cfg;
-    if (r->tier == APC_TIER_EXACT) {
-        /* The system-prompt anchor (reference §6.4; on the grid for
-         * recurrent stacks, design.md §1). */
-        if (!cfg->sys || r->anchor_pos <= 0) return;
-        int64_t pos = r->anchor_pos < r->N - 1 ? r->anchor_pos : r->N - 1;
-        if (k->has_arr && pos != r->N - 1) pos = floor_to(pos, r->unit);
-        int64_t fl = cfg->sys_min > 2 ? cfg->sys_min : 2;
-        if (pos >= fl && pos > restored) {
-            r->anchor_at = pos;
-            ember_log(EMBER_LOG_DEBUG, "APC anchor armed: pos=%lld guard=%lld", (long long)pos, (long long)(r->N - 1));
-        }
-        return;
+    if (!cfg->sys || r->hints.anchor_pos <= 0) return;
+    int64_t pos = r->hints.anchor_pos < r->N - 1 ? r->hints.anchor_pos : r->N - 1;
+    if (k->has_arr && pos != r->N - 1) pos = floor_to(pos, r->unit);
+    int64_t fl = cfg->sys_min > 2 ? cfg->sys_min : 2;
+    if (pos >= fl && pos > r->restored) {
+        r->anchor_at = pos;
+        ember_log(EMBER_LOG_DEBUG, "APC anchor armed: pos=%lld guard=%lld", (long long)pos, (long long)(r->N - 1));
     }
-    /* ckpt */
+}
+
+static int64_t exact_next_stop(const apc_req *r, int64_t p) { return r->anchor_at > p ? r->anchor_at : INT64_MAX; }
+
+static void exact_at(apc_req *r, const kv_seq *seq, const model_state *state) {
+    int64_t p = seq->n_tokens;
+    if (r->anchor_at > 0 && p == r->anchor_at) apc_ckpt_anchor_store(apc__ckpt(r->c), r->prompt, p, r->salt, seq, state);
+    if (p == r->N - 1 && p > r->restored) apc__store_exact(r->c, APC_STORE_PAUSE, r->prompt, p, r->salt, seq, state);
+}
+
+static bool exact_wants_last(const apc_req *r, int64_t n_kv) {
+    (void)r, (void)n_kv;
+    return true; /* a snapshot of the whole reply serves the next turn */
+}
+
+static void exact_retire(apc_req *r, const int32_t *all, int64_t n, int64_t common, const kv_seq *seq,
+                         const model_state *state) {
+    (void)common;
+    apc__store_exact(r->c, APC_STORE_RETIRE, all, n, r->salt, seq, state);
+}
+
+static int64_t exact_peek(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
+    int64_t best = apc__peek_exact(c, tokens, n, salt);
+    apc__lock(c);
+    int64_t anchor = apc_ckpt_anchor_best_locked(apc__ckpt(c), tokens, n - 1, salt);
+    apc__unlock(c);
+    return anchor > best ? anchor : best;
+}
+
+const apc_tier_ops apc_exact_ops = {
+    .lookup = exact_lookup,
+    .plan = exact_plan,
+    .next_stop = exact_next_stop,
+    .at = exact_at,
+    .prefilled = apc__no_at,
+    .decode = apc__no_decode,
+    .predicted = apc__no_predicted,
+    .retire_wants_last_token = exact_wants_last,
+    .retire_wants_prediction = apc__no_prediction,
+    .retire = exact_retire,
+    .peek = exact_peek,
+    .serial = false,
+};
+
+/* ---- The checkpoint tier's operations (apc_req.h) ---- */
+
+static apc_hit ckpt_lookup(apc_req *r, kv_seq *seq, model_state *state) {
+    return ck_lookup(apc__ckpt(r->c), r->prompt, r->N, r->salt, seq, state);
+}
+
+/* The prefill schedule (reference §7.2) and the decode ring (§7.6). */
+static void ckpt_plan(apc_req *r) {
+    apc_ckpt *k = apc__ckpt(r->c);
+    const apc_ckpt_config *cfg = &k->cfg;
     r->armed = true;
     apc_ckpt_sched_in in;
     memset(&in, 0, sizeof in);
     in.n = r->N;
     in.guard = r->N - 1;
-    in.restored = restored;
+    in.restored = r->restored;
     in.unit = r->unit;
     in.has_arr = k->has_arr;
     in.window = k->window;
-    in.p_stable = r->turn_pos;
-    in.sys_lcp = r->anchor_pos;
+    in.p_stable = r->hints.turn_pos;
+    in.sys_lcp = r->hints.anchor_pos;
     in.cfg = *cfg;
     int64_t iv = cfg->interval > 0 ? floor_to(cfg->interval, r->unit) : 0;
     if (cfg->interval > 0 && iv < r->unit) iv = r->unit;
@@ -823,7 +770,7 @@ void apc_req_arm(apc_req *r, int64_t restored) {
     r->sched = malloc((size_t)cap * sizeof *r->sched);
     if (r->sched) r->n_sched = apc_ckpt_schedule(&in, r->sched, cap, r->bounds, &r->n_bounds);
     /* decode-time snapshots need a render prediction */
-    if (cfg->decode_interval > 0 && r->predict) {
+    if (cfg->decode_interval > 0 && r->hints.predicts) {
         int64_t grid = r->unit;
         if (grid > cfg->decode_interval) grid = KV_BLOCK_TOKENS;
         r->ring_grid = (int)grid;
@@ -845,112 +792,127 @@ void apc_req_arm(apc_req *r, int64_t restored) {
     apc__unlock(r->c);
 }
 
-int64_t apc_req_next_stop(const apc_req *r, int64_t p) {
-    if (r == NULL || !r->store) return INT64_MAX;
-    if (r->tier == APC_TIER_EXACT) return r->anchor_at > p ? r->anchor_at : INT64_MAX;
+static int64_t ckpt_next_stop(const apc_req *r, int64_t p) {
     for (int i = r->head; i < r->n_sched; i++)
         if (r->sched[i].pos > p) return r->sched[i].pos;
     return INT64_MAX;
 }
 
-void apc_req_at(apc_req *r, const kv_seq *seq, const model_state *state) {
-    if (r == NULL || !r->store) return;
+static void ckpt_at(apc_req *r, const kv_seq *seq, const model_state *state) {
     int64_t p = seq->n_tokens;
-    if (r->tier == APC_TIER_EXACT) {
-        if (r->anchor_at > 0 && p == r->anchor_at) anchor_store(r->k, r->prompt, p, r->salt, seq, state);
-        if (p == r->N - 1 && p > r->restored)
-            apc_store_state(r->c, APC_STORE_PAUSE, r->prompt, p, r->salt, seq, state);
-        return;
-    }
+    apc_ckpt *k = apc__ckpt(r->c);
     while (r->head < r->n_sched && r->sched[r->head].pos < p) r->head++; /* passed without a stop */
     if (r->head < r->n_sched && r->sched[r->head].pos == p) {
         apc_ckpt_point pt = r->sched[r->head++];
-        bool skel = !r->k->has_arr || pt.kind == APC_CKPT_REPLAY || pt.kind == APC_CKPT_ANCHOR ||
+        bool skel = !k->has_arr || pt.kind == APC_CKPT_REPLAY || pt.kind == APC_CKPT_ANCHOR ||
                     p >= floor_to(r->N - 1, r->unit);
-        if (ck_store(r->k, pt.kind, r->prompt, p, r->salt, seq, state, NULL, false, skel))
+        if (ck_store(k, pt.kind, r->prompt, p, r->salt, seq, state, NULL, false, skel))
             for (int i = 0; i < r->n_bounds; i++)
                 if (r->bounds[i] == p) r->bound_landed = true;
     }
 }
 
-void apc_req_prefilled(apc_req *r, const kv_seq *seq, const model_state *state) {
-    if (r == NULL || !r->store || r->tier != APC_TIER_CKPT || !r->armed) return;
+static void ckpt_prefilled(apc_req *r, const kv_seq *seq, const model_state *state) {
+    if (!r->armed) return;
     if (r->bound_landed) {
         ember_log(EMBER_LOG_DEBUG, "APC ckpt post-prefill store skipped: render-stable boundary landed");
         return;
     }
-    if (r->N > r->restored) ck_store(r->k, APC_CKPT_BOUNDARY, r->prompt, r->N, r->salt, seq, state, NULL, false, true);
+    if (r->N > r->restored)
+        ck_store(apc__ckpt(r->c), APC_CKPT_BOUNDARY, r->prompt, r->N, r->salt, seq, state, NULL, false, true);
 }
 
-void apc_req_decode(apc_req *r, const int32_t *all, const kv_seq *seq, const model_state *state) {
-    if (r == NULL || !r->ring_on || r->ring_frozen) return;
+static void ring_drop(apc_req *r, int i) {
+    free(r->snaps[i].state);
+    memmove(&r->snaps[i], &r->snaps[i + 1], (size_t)(r->n_snaps - i - 1) * sizeof r->snaps[0]);
+    r->n_snaps--;
+}
+
+/* Decode-time snapshots (reference §7.6). The snapshot is taken at the ring
+ * point (the state is there only now) and kept unconfirmed until the
+ * driver's render prediction for that point arrives (ckpt_predicted). */
+static int64_t ckpt_decode(apc_req *r, const int32_t *all, const kv_seq *seq, const model_state *state) {
+    (void)all;
+    if (!r->ring_on || r->ring_frozen) return 0;
     int64_t p = seq->n_tokens;
-    if (p < r->ring_next) return;
-    apc_ckpt *k = r->k;
-    if (k->window > 0 && p < k->window && p % KV_BLOCK_TOKENS != 0) return;
+    if (p < r->ring_next) return 0;
+    apc_ckpt *k = apc__ckpt(r->c);
+    if (k->window > 0 && p < k->window && p % KV_BLOCK_TOKENS != 0) return 0;
     int64_t eff = k->cfg.decode_interval;
     if (p / 64 > eff) eff = p / 64;
     int64_t g = r->ring_grid;
     r->ring_next = (p + eff + g - 1) / g * g;
-    int64_t pred = r->predict(r->predict_user, all, p);
-    if (pred < 0) return;
-    if (pred + 64 < p) {
-        int keep = 0;
-        for (int i = 0; i < r->n_snaps; i++) {
-            if (r->snaps[i].p <= pred) r->snaps[keep++] = r->snaps[i];
-            else free(r->snaps[i].state);
-        }
-        r->n_snaps = keep;
-        r->ring_frozen = true;
-        ember_log(EMBER_LOG_DEBUG, "APC decode ckpt frozen: render diverges at %lld (live %lld)", (long long)pred,
-                  (long long)p);
-        return;
-    }
     size_t sb = apc__state_bytes(r->c);
     void *buf = NULL;
     if (sb) {
-        if (state == NULL || model_state_pos(state) != p || (buf = malloc(sb)) == NULL) {
+        if (state == NULL || apc__state_pos(r->c, state) != p || (buf = malloc(sb)) == NULL) {
             r->ring_on = false; /* first strike disables the ring */
-            return;
+            return 0;
         }
-        model_state_snapshot(state, buf);
+        apc__state_snapshot(r->c, state, buf);
     }
-    if (r->n_snaps == 2) {
-        free(r->snaps[0].state);
-        r->snaps[0] = r->snaps[1];
-        r->n_snaps = 1;
-    }
+    if (r->n_snaps == APC_RING_MAX) ring_drop(r, 0);
     r->snaps[r->n_snaps].p = p;
     r->snaps[r->n_snaps].state = buf;
+    r->snaps[r->n_snaps].confirmed = false;
     r->n_snaps++;
-    ember_log(EMBER_LOG_DEBUG, "APC decode ckpt snapshot: p=%lld pred=%lld", (long long)p, (long long)pred);
+    return p;
 }
 
-bool apc_req_retire_wants_last_token(const apc_req *r, int64_t n_kv) {
-    if (r == NULL || !r->store) return false;
-    return r->tier == APC_TIER_EXACT; /* ckpt: the reference's offset rule stores len-1 */
-}
-
-void apc_req_retire(apc_req *r, const int32_t *all, int64_t n, const kv_seq *seq, const model_state *state) {
-    if (r == NULL || !r->store) return;
-    if (r->tier == APC_TIER_EXACT) {
-        apc_store_state(r->c, APC_STORE_RETIRE, all, n, r->salt, seq, state);
+/* The prediction for the ring point p: confirm its snapshot, or, when the
+ * next turn's render diverges before p, keep only the snapshots below the
+ * divergence and stop the ring (later ones cannot serve the next turn). */
+static void ckpt_predicted(apc_req *r, int64_t p, int64_t common) {
+    int at = -1;
+    for (int i = 0; i < r->n_snaps; i++)
+        if (r->snaps[i].p == p) at = i;
+    if (at < 0) return; /* dropped by an earlier freeze */
+    if (common < 0) {
+        ring_drop(r, at);
         return;
     }
-    apc_ckpt *k = r->k;
-    int64_t cap = n;
-    if (r->predict) {
-        int64_t pred = r->predict(r->predict_user, all, n);
-        if (pred >= 0 && pred < n) cap = pred;
+    if (common + 64 < p) {
+        for (int i = r->n_snaps - 1; i >= 0; i--)
+            if (r->snaps[i].p > common) ring_drop(r, i);
+        r->ring_frozen = true;
+        ember_log(EMBER_LOG_DEBUG, "APC decode ckpt frozen: render diverges at %lld (live %lld)", (long long)common,
+                  (long long)p);
+        return;
     }
+    r->snaps[at].confirmed = true;
+    int confirmed = 0;
+    for (int i = 0; i < r->n_snaps; i++) confirmed += r->snaps[i].confirmed;
+    for (int i = 0; i < r->n_snaps && confirmed > 2; i++)
+        if (r->snaps[i].confirmed) {
+            ring_drop(r, i--);
+            confirmed--;
+        }
+    ember_log(EMBER_LOG_DEBUG, "APC decode ckpt snapshot: p=%lld pred=%lld", (long long)p, (long long)common);
+}
+
+static bool ckpt_wants_last(const apc_req *r, int64_t n_kv) {
+    (void)r, (void)n_kv;
+    return false; /* the reference's offset rule stores len-1 */
+}
+
+static bool ckpt_wants_prediction(const apc_req *r) {
+    (void)r;
+    return true;
+}
+
+/* Retirement (reference §7.7), keyed where the next turn diverges. */
+static void ckpt_retire(apc_req *r, const int32_t *all, int64_t n, int64_t common, const kv_seq *seq,
+                        const model_state *state) {
+    apc_ckpt *k = apc__ckpt(r->c);
+    int64_t cap = common >= 0 && common < n ? common : n;
     /* 1. The whole sequence when the next turn replays it verbatim. */
     if (cap == n) {
         if (ck_store(k, APC_CKPT_RETIRE, all, n, r->salt, seq, state, NULL, true, true)) return;
     }
-    /* 2. The newest decode snapshot at or below the cap. */
+    /* 2. The newest confirmed decode snapshot at or below the cap. */
     for (int i = r->n_snaps - 1; i >= 0; i--) {
         int64_t p = r->snaps[i].p;
-        if (p < 2 || p > cap) continue;
+        if (!r->snaps[i].confirmed || p < 2 || p > cap) continue;
         if (ck_store(k, APC_CKPT_RETIRE, all, p, r->salt, seq, NULL, r->snaps[i].state, false, true)) {
             ember_log(EMBER_LOG_DEBUG, "APC retirement: decode ckpt stored at %lld", (long long)p);
             return;
@@ -972,3 +934,32 @@ void apc_req_retire(apc_req *r, const int32_t *all, int64_t n, const kv_seq *seq
         }
     }
 }
+
+/* Memory records only, no side effects (the admission gate). */
+static int64_t ckpt_peek(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
+    apc_ckpt *k = apc__ckpt(c);
+    int64_t best = 0;
+    apc__lock(c);
+    for (ck_rec *r = k->newest; r; r = r->older) {
+        if (r->salt != salt || r->p >= n || r->p <= best) continue;
+        if (r->kind == APC_CKPT_REPLAY && k->has_arr && r->p != n - 1) continue;
+        if (memcmp(r->tokens, tokens, (size_t)r->p * sizeof(int32_t)) == 0) best = r->p;
+    }
+    apc__unlock(c);
+    return best;
+}
+
+const apc_tier_ops apc_ckpt_ops = {
+    .lookup = ckpt_lookup,
+    .plan = ckpt_plan,
+    .next_stop = ckpt_next_stop,
+    .at = ckpt_at,
+    .prefilled = ckpt_prefilled,
+    .decode = ckpt_decode,
+    .predicted = ckpt_predicted,
+    .retire_wants_last_token = ckpt_wants_last,
+    .retire_wants_prediction = ckpt_wants_prediction,
+    .retire = ckpt_retire,
+    .peek = ckpt_peek,
+    .serial = true,
+};

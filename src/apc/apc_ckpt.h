@@ -24,21 +24,9 @@
  *    matched but could not be adopted is a missed adoption.
  *  - The cache never fails a request: every problem is a counted decline.
  *
- * The per-request protocol (apc_req) is how a runner (engine_generate, the
- * server's scheduler) drives the ckpt and exact tiers:
- *
- *     r = apc_req_begin(cache, &params)       NULL: use apc_lookup/apc_store
- *     hit = apc_req_lookup(r, seq, state)      longest restorable prefix
- *     apc_req_arm(r, hit.n_tokens)             the prefill schedule
- *     prefill: chunks end at min(grid end, N-1, apc_req_next_stop(r, p));
- *              after each chunk apc_req_at(r, seq, state)
- *     last prompt token alone, then apc_req_prefilled(r, seq, state)
- *     decode: after each forward apc_req_decode(r, all, seq, state)
- *     finish: apc_req_retire(r, all, n, seq, state); apc_req_end(r)
- *
- * Stores read the live sequence (seq->n_tokens == p) and, for recurrent
- * stacks, the live state (model_state_pos == p): a mismatch is declined
- * (`offset`). Calls for one request come from one thread. */
+ * A request drives this tier through apc_req (apc_req.h); the tier's
+ * operations (apc_ckpt_ops) plan the prefill stops, store at them, take
+ * decode-time snapshots and retire (reference §7.2-§7.7). */
 #ifndef EMBER_APC_CKPT_H
 #define EMBER_APC_CKPT_H
 
@@ -46,7 +34,6 @@
 #include <stdint.h>
 
 #include "apc/apc.h"
-#include "model/model.h"
 
 typedef enum apc_ckpt_kind {
     APC_CKPT_BOUNDARY = 0,
@@ -94,40 +81,5 @@ typedef struct apc_ckpt_sched_in {
 /* Writes the sorted points (at most cap) and returns their count; bounds
  * (at most 2) receive the turn positions ("p_stable bounds"). */
 int apc_ckpt_schedule(const apc_ckpt_sched_in *in, apc_ckpt_point *out, int cap, int64_t *bounds, int *n_bounds);
-
-/* ---- Per request ---- */
-typedef struct apc_req_params {
-    const int32_t *prompt;    /* must outlive the apc_req */
-    int64_t n_prompt;
-    uint64_t salt;
-    int prefill_step;         /* the runner's grid step */
-    bool lookup, store;       /* engine_cache_mode */
-    int64_t turn_pos;         /* predicted next-turn boundary (p_stable, reference §9.2); <= 0: none */
-    int64_t anchor_pos;       /* system-prompt end (reference §9.3); <= 0: none */
-    apc_predict_fn predict;   /* next-turn render prediction: decode checkpoints, retire keying */
-    void *predict_user;
-} apc_req_params;
-
-typedef struct apc_req apc_req;
-
-/* NULL when the cache's tier needs no request object (block, none) or
- * out of memory; the runner then uses apc_lookup/apc_store. */
-apc_req *apc_req_begin(apc *c, const apc_req_params *p);
-apc_hit apc_req_lookup(apc_req *r, kv_seq *seq, model_state *state);
-void apc_req_arm(apc_req *r, int64_t restored);
-/* The next position > p where prefill must stop; INT64_MAX if none. */
-int64_t apc_req_next_stop(const apc_req *r, int64_t p);
-/* Prefill stands at seq->n_tokens (< N): stores scheduled there. */
-void apc_req_at(apc_req *r, const kv_seq *seq, const model_state *state);
-/* All N prompt tokens are in: the post-prefill store. */
-void apc_req_prefilled(apc_req *r, const kv_seq *seq, const model_state *state);
-/* A generated token was forwarded: all[0, seq->n_tokens) is the sequence. */
-void apc_req_decode(apc_req *r, const int32_t *all, const kv_seq *seq, const model_state *state);
-/* Whether one more forward of the last generated token is worth it. */
-bool apc_req_retire_wants_last_token(const apc_req *r, int64_t n_kv);
-void apc_req_retire(apc_req *r, const int32_t *all, int64_t n, const kv_seq *seq, const model_state *state);
-void apc_req_end(apc_req *r);
-/* Whether prompts on this cache prefill one request at a time (ckpt tier). */
-bool apc_prefill_serial(const apc *c);
 
 #endif

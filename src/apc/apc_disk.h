@@ -4,7 +4,7 @@
  * Contract:
  *  - Directory. Files live in <path>/<namespace>/, the namespace being 32
  *    lowercase hex digits of XXH3-128 over (the tag "ember-apc-disk", the
- *    format version, the model fingerprint - apc_model_fingerprint, or the
+ *    format version, the model fingerprint - engine_model_fingerprint, or the
  *    namespace_override string instead -, the block size, the KV dtype (f32),
  *    the block-key hash kind, n_layer and every layer's K and V width). Two
  *    models, or one model under two cache formats, never share a directory;
@@ -204,8 +204,8 @@ void apc_disk_namespace(const apc_disk_config *cfg, const apc_layout *lay, apc_h
 /* Creates <path>/<ns>/, scans it (start-up repair, one log line) and starts
  * the writers. NULL with err on failure (the caller runs without a disk).
  * lay (kept by reference) must carry its final state_bytes and stack_sig:
- * on recurrent stacks the cache opens the disk once the state model is
- * known (apc_set_state_model). */
+ * on recurrent stacks the namespace includes the state size (given to
+ * apc_create). */
 apc_disk *apc_disk_open(const apc_disk_config *cfg, const apc_layout *lay, apc_hash_kind hash, kv_pool *pool,
                         ember_error *err);
 /* Waits for every queued write to land, stops the writers, frees. */

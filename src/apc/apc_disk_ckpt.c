@@ -95,15 +95,13 @@ int64_t apc_disk_restore_skeleton(apc *c, apc_disk *d, const int32_t *tokens, in
         if (p <= 0) break;
         max_p = p - 1;
         if (sb) {
-            ember_error err;
-            if (model_state_restore(state, buf, sb, &err) < 0 || model_state_pos(state) != p) {
-                model_state_reset(state);
+            if (!apc__state_restore(c, state, buf, p)) {
                 apc_disk_skeleton_bad(d, &name, "its state does not restore at its length");
                 continue;
             }
         }
         if (!load_chain(c, d, tokens, p, salt, seq, hash)) {
-            if (sb) model_state_reset(state);
+            if (sb) apc__state_reset(c, state);
             continue;
         }
         apc_disk_skeleton_used(d, &name);

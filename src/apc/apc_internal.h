@@ -10,7 +10,9 @@
 #define EMBER_APC_INTERNAL_H
 
 #include "apc/apc.h"
+#include "apc/apc_ckpt.h"
 #include "apc/apc_key.h"
+#include "apc/apc_req.h"
 
 /* ---- Block index ---- */
 typedef struct apc_block_meta {
@@ -94,7 +96,6 @@ void apc_exact_clear(apc_exact *ex);
  * The cache (apc.c) owns one apc_ckpt per cache and calls these; the
  * ones named _locked run under the cache's mutex. */
 typedef struct apc_ckpt apc_ckpt;
-struct cJSON;
 apc_ckpt *apc_ckpt_create(apc *c, const cache_layer *stack, int n_layer, const apc_config *cfg);
 void apc_ckpt_free(apc_ckpt *k);
 void apc_ckpt_reset_locked(apc_ckpt *k);
@@ -102,20 +103,114 @@ void apc_ckpt_reset_locked(apc_ckpt *k);
  * there is none. For a pool that ran dry. */
 bool apc_ckpt_evict_one_locked(apc_ckpt *k);
 void apc_ckpt_stats_locked(apc_ckpt *k, apc_stats *s);
-void apc_ckpt_stats_json(const apc_stats *s, struct cJSON *o);
 /* Exact-tier anchors: longest anchor that is a prefix of tokens with
  * min < length <= max_len (restored into seq/state), or 0. */
 int64_t apc_ckpt_anchor_lookup(apc_ckpt *k, const int32_t *tokens, int64_t max_len, int64_t min, uint64_t salt,
-                               kv_seq *seq, struct model_state *state);
+                               kv_seq *seq, model_state *state);
 
-/* What apc_ckpt.c needs of the cache (apc.c). */
+/* ---- One request (apc_req.c) and the tier operations ----
+ * apc_req.c owns the state machine and dispatches every call once, through
+ * the tier's table; each table is complete (no NULL entries). */
+typedef struct apc_ring_snap {
+    int64_t p;
+    void *state;    /* recurrent stacks: the state at p; else NULL */
+    bool confirmed; /* its render prediction arrived and agreed */
+} apc_ring_snap;
+
+#define APC_RING_MAX 4 /* two confirmed snapshots plus predictions in flight */
+
+struct apc_req {
+    apc *c;
+    const struct apc_tier_ops *ops;
+    apc_req_state state;
+    const int32_t *prompt;
+    int64_t N;
+    uint64_t salt;
+    int unit;          /* lcm(prefill step, block): restore points of recurrent state lie on it */
+    bool lookup, store;
+    apc_hints hints;
+    int64_t restored;  /* adopted at the lookup */
+    /* ckpt: the prefill schedule */
+    bool armed;
+    apc_ckpt_point *sched;
+    int n_sched, head;
+    int64_t bounds[2];
+    int n_bounds;
+    bool bound_landed;
+    /* exact: the system-prompt anchor armed at this position (0: none) */
+    int64_t anchor_at;
+    /* ckpt: decode-time snapshots */
+    bool ring_on, ring_frozen;
+    int64_t ring_next;
+    int ring_grid;
+    apc_ring_snap snaps[APC_RING_MAX];
+    int n_snaps;
+};
+
+typedef struct apc_tier_ops {
+    apc_hit (*lookup)(apc_req *r, kv_seq *seq, model_state *state);
+    void (*plan)(apc_req *r); /* after the lookup: stops, anchor, decode ring */
+    int64_t (*next_stop)(const apc_req *r, int64_t p);
+    void (*at)(apc_req *r, const kv_seq *seq, const model_state *state);
+    void (*prefilled)(apc_req *r, const kv_seq *seq, const model_state *state);
+    int64_t (*decode)(apc_req *r, const int32_t *all, const kv_seq *seq, const model_state *state);
+    void (*predicted)(apc_req *r, int64_t p, int64_t common);
+    bool (*retire_wants_last_token)(const apc_req *r, int64_t n_kv);
+    bool (*retire_wants_prediction)(const apc_req *r);
+    void (*retire)(apc_req *r, const int32_t *all, int64_t n, int64_t common, const kv_seq *seq,
+                   const model_state *state);
+    int64_t (*peek)(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
+    bool serial; /* prompts prefill one request at a time */
+} apc_tier_ops;
+
+extern const apc_tier_ops apc_none_ops, apc_block_ops, apc_exact_ops, apc_ckpt_ops;
+/* The table of the cache's routed tier (apc.c). */
+const apc_tier_ops *apc__tier_ops(apc *c);
+
+/* The no-op pieces tables share (apc_req.c). */
+apc_hit apc__no_lookup(apc_req *r, kv_seq *seq, model_state *state);
+void apc__no_plan(apc_req *r);
+int64_t apc__no_stop(const apc_req *r, int64_t p);
+void apc__no_at(apc_req *r, const kv_seq *seq, const model_state *state);
+int64_t apc__no_decode(apc_req *r, const int32_t *all, const kv_seq *seq, const model_state *state);
+void apc__no_predicted(apc_req *r, int64_t p, int64_t common);
+bool apc__no_prediction(const apc_req *r);
+
+/* Where a stock store comes from (retire_stores counts RETIRE). */
+typedef enum apc_store_point {
+    APC_STORE_PAUSE = 0,   /* prefill paused at N-1 */
+    APC_STORE_PREFILL = 1, /* the whole prompt is in the sequence */
+    APC_STORE_RETIRE = 2,  /* request finished: prompt + reply */
+} apc_store_point;
+
+/* The stock tiers (apc.c). */
+apc_hit apc__lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq);
+void apc__store_blocks(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
+                       const kv_seq *seq);
+int64_t apc__peek_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
+apc_hit apc__lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq,
+                          model_state *state);
+void apc__store_exact(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
+                      const kv_seq *seq, const model_state *state);
+int64_t apc__peek_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
+/* Exact-tier anchors (apc_ckpt.c). */
+void apc_ckpt_anchor_store(apc_ckpt *k, const int32_t *tokens, int64_t p, uint64_t salt, const kv_seq *seq,
+                           const model_state *state);
+int64_t apc_ckpt_anchor_best_locked(apc_ckpt *k, const int32_t *tokens, int64_t max_len, uint64_t salt);
+
+/* What the tiers need of the cache (apc.c). */
 void apc__lock(apc *c);
 void apc__unlock(apc *c);
 kv_pool *apc__pool(apc *c);
 const apc_layout *apc__layout(apc *c);
 apc_ckpt *apc__ckpt(apc *c);
-const struct model *apc__state_model(apc *c); /* NULL: no recurrent layers */
-size_t apc__state_bytes(apc *c);
+size_t apc__state_bytes(apc *c); /* 0: no recurrent layers */
+/* The recurrent state through the creator's operations. */
+int64_t apc__state_pos(apc *c, const model_state *s);
+void apc__state_snapshot(apc *c, const model_state *s, void *out);
+/* Restores buf into s and checks it stands at pos; on failure s is reset. */
+bool apc__state_restore(apc *c, model_state *s, const void *buf, int64_t pos);
+void apc__state_reset(apc *c, model_state *s);
 /* The SSD tier (NULL: none); apc_disk.h. */
 struct apc_disk *apc__disk(apc *c);
 apc_hash_kind apc__hash(apc *c);

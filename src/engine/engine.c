@@ -1,36 +1,29 @@
-/* engine.c - the synchronous request runner (see engine.h).
+/* engine.c - one model, its pool and cache, and the synchronous runner
+ * (see engine.h).
  *
- * A request owns one kv_seq for its lifetime. The cache fills it first
- * (apc_lookup); the engine then appends on the grid, always through the
- * cache's apc_seq_* calls because the pool is shared with other requests
- * and with the cache's own bookkeeping. The three store points are called
- * unconditionally; each tier keeps the ones it uses:
- *
- *     lookup -> [p, N-1) grid chunks -> PAUSE(N-1) -> token N-1 alone
- *            -> PREFILL(N) -> decode ... -> RETIRE(prompt + reply)
- *
- * Retirement stores the tokens whose K/V exist: the prompt and every
- * generated token but the last (it was sampled, never forwarded). When one
- * more forward makes the stored sequence more useful (the exact tier: always;
- * the block tier: when it completes a block) the engine spends it, so that the
- * next turn of the conversation warm-starts past the whole reply.
- *
- * The calls to the cache go through engine_cache.h (the same protocol the
- * server's scheduler drives): ckpt- and exact-tier caches get a per-request
- * apc_req (apc_ckpt.h), so the prefill loop also stops where it schedules a
- * checkpoint, decode reports each step, retirement goes through it. Models with recurrent layers carry
- * a model_state per request in every batch row (model_batch.states); it is
- * restored by the lookup together with the K/V and read by the stores.
+ * engine_generate is a scheduler of one: it drives a single request through
+ * the same driver the server's scheduler uses (engine_req.h), forwarding
+ * each chunk the driver asks for and sampling each step. The order of a
+ * request (lookup, grid chunks, N-1 alone, decode, retirement) therefore
+ * lives in one place, engine_req.c, for both runners.
  *
  * Model contexts (scratch buffers, a thread pool) are not shareable, so the
- * engine keeps a small stack of idle ones; a concurrent call creates another. */
+ * engine keeps a small stack of idle ones; a concurrent call creates
+ * another. On a ckpt-tier cache the prompt phase of concurrent calls runs
+ * one at a time (prefill_lock), as the scheduler's serial head does.
+ *
+ * The predictor thread (engine_internal.h) runs render predictions for
+ * requests that ask for them asynchronously (the server's): one thread per
+ * engine, started on the first job, so a template render never holds up a
+ * forward pass. */
 #include "engine/engine.h"
 
 #include <pthread.h>
-
-#include "engine/engine_cache.h"
 #include <stdlib.h>
 #include <string.h>
+
+#include "engine/engine_internal.h"
+#include "engine/engine_req.h"
 
 #include "core/clock.h"
 #include "core/log.h"
@@ -48,6 +41,12 @@ struct engine {
     int n_idle;
     bool stateful;                  /* recurrent layers: a model_state per request */
     pthread_mutex_t prefill_lock;   /* ckpt tier: one prompt prefill at a time */
+    /* the predictor thread */
+    pthread_mutex_t predict_lock;
+    pthread_cond_t predict_wake, predict_idle;
+    engine_predict_job *predict_head, *predict_tail, *predicting;
+    bool predict_started, predict_stop;
+    pthread_t predict_thread;
 };
 
 engine_config engine_default_config(void) {
@@ -98,6 +97,9 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
     }
     pthread_mutex_init(&e->ctx_lock, NULL);
     pthread_mutex_init(&e->prefill_lock, NULL);
+    pthread_mutex_init(&e->predict_lock, NULL);
+    pthread_cond_init(&e->predict_wake, NULL);
+    pthread_cond_init(&e->predict_idle, NULL);
     e->m = m;
     e->stateful = model_has_state(m);
     e->cfg = cfg;
@@ -111,12 +113,13 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
               (double)cfg.num_blocks * (double)kv_pool_block_bytes(e->pool) / (1024.0 * 1024.0));
     /* The SSD tier's namespace starts from the model file's fingerprint. */
     if (cfg.cache.disk.path && cfg.cache.disk.path[0] && !cfg.cache.disk.has_fingerprint && model_get_gguf(m)) {
-        apc_model_fingerprint(model_get_gguf(m), cfg.cache.disk.fingerprint);
+        engine_model_fingerprint(model_get_gguf(m), cfg.cache.disk.fingerprint);
         cfg.cache.disk.has_fingerprint = true;
     }
-    e->cache = apc_create(e->pool, &kc, model_cache_stack(m), &cfg.cache, err);
+    apc_state_ops state_ops = {0, model_state_pos, model_state_snapshot, model_state_restore, model_state_reset};
+    if (e->stateful) state_ops.bytes = model_state_bytes(m);
+    e->cache = apc_create(e->pool, &kc, model_cache_stack(m), &state_ops, &cfg.cache, err);
     if (e->cache == NULL) goto fail;
-    apc_set_state_model(e->cache, m);
     return e;
 fail:
     engine_free(e);
@@ -125,11 +128,21 @@ fail:
 
 void engine_free(engine *e) {
     if (e == NULL) return;
+    if (e->predict_started) {
+        pthread_mutex_lock(&e->predict_lock);
+        e->predict_stop = true;
+        pthread_cond_broadcast(&e->predict_wake);
+        pthread_mutex_unlock(&e->predict_lock);
+        pthread_join(e->predict_thread, NULL);
+    }
     for (int i = 0; i < e->n_idle; i++) model_ctx_free(e->idle[i]);
     apc_free(e->cache);
     kv_pool_free(e->pool);
     pthread_mutex_destroy(&e->ctx_lock);
     pthread_mutex_destroy(&e->prefill_lock);
+    pthread_mutex_destroy(&e->predict_lock);
+    pthread_cond_destroy(&e->predict_wake);
+    pthread_cond_destroy(&e->predict_idle);
     free(e);
 }
 
@@ -137,6 +150,67 @@ apc *engine_cache(engine *e) { return e->cache; }
 kv_pool *engine_pool(engine *e) { return e->pool; }
 const model *engine_model(const engine *e) { return e->m; }
 int engine_n_ctx(const engine *e) { return e->cfg.n_ctx; }
+int engine__prefill_step(const engine *e) { return e->cfg.prefill_step; }
+
+/* ---- The predictor thread ---- */
+
+static void *predict_main(void *arg) {
+    engine *e = arg;
+    pthread_mutex_lock(&e->predict_lock);
+    for (;;) {
+        while (e->predict_head == NULL && !e->predict_stop) pthread_cond_wait(&e->predict_wake, &e->predict_lock);
+        if (e->predict_head == NULL) break;
+        engine_predict_job *j = e->predict_head;
+        e->predict_head = j->next_queued;
+        if (e->predict_head == NULL) e->predict_tail = NULL;
+        e->predicting = j;
+        pthread_mutex_unlock(&e->predict_lock);
+        j->result = chat_turn_predict(j->predictor, j->tokens, j->n);
+        pthread_mutex_lock(&e->predict_lock);
+        atomic_store(&j->done, true);
+        e->predicting = NULL;
+        pthread_cond_broadcast(&e->predict_idle);
+    }
+    pthread_mutex_unlock(&e->predict_lock);
+    return NULL;
+}
+
+void engine__predict_submit(engine *e, engine_predict_job *j) {
+    pthread_mutex_lock(&e->predict_lock);
+    if (!e->predict_started) {
+        e->predict_started = pthread_create(&e->predict_thread, NULL, predict_main, e) == 0;
+        if (!e->predict_started) {
+            /* No thread: answer inline rather than never. */
+            pthread_mutex_unlock(&e->predict_lock);
+            j->result = chat_turn_predict(j->predictor, j->tokens, j->n);
+            atomic_store(&j->done, true);
+            return;
+        }
+    }
+    j->next_queued = NULL;
+    if (e->predict_tail) e->predict_tail->next_queued = j;
+    else e->predict_head = j;
+    e->predict_tail = j;
+    pthread_cond_signal(&e->predict_wake);
+    pthread_mutex_unlock(&e->predict_lock);
+}
+
+void engine__predict_cancel(engine *e, engine_predict_job *j) {
+    if (atomic_load(&j->done)) return;
+    pthread_mutex_lock(&e->predict_lock);
+    engine_predict_job **pp = &e->predict_head, *prev = NULL;
+    while (*pp && *pp != j) {
+        prev = *pp;
+        pp = &(*pp)->next_queued;
+    }
+    if (*pp == j) { /* still queued: unlink it */
+        *pp = j->next_queued;
+        if (e->predict_tail == j) e->predict_tail = prev;
+    } else {
+        while (e->predicting == j) pthread_cond_wait(&e->predict_idle, &e->predict_lock);
+    }
+    pthread_mutex_unlock(&e->predict_lock);
+}
 
 static model_ctx *ctx_borrow(engine *e, ember_error *err) {
     pthread_mutex_lock(&e->ctx_lock);
@@ -163,155 +237,80 @@ void engine_result_free(engine_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* Per-request scratch for building batches. */
-typedef struct run_state {
-    engine *e;
-    model_ctx *ctx;
-    kv_seq seq;
-    int64_t *pos;
-    kv_seq **seqs;
-    bool *want;
-    float *logits;   /* (n_vocab) */
-    int64_t forwarded;
-    model_state *state;   /* recurrent layers; else NULL */
-    model_state **states; /* (prefill_step) rows' states, or NULL */
-} run_state;
-
-/* Forwards tokens[0, n) at the sequence's next positions; logits of the
- * last one if want_last. n <= prefill_step. */
-static int forward(run_state *rs, const int32_t *tokens, int n, bool want_last, ember_error *err) {
-    if (apc_seq_prepare_append(rs->e->cache, &rs->seq, n, err) < 0) return -1;
-    for (int i = 0; i < n; i++) {
-        rs->pos[i] = rs->seq.n_tokens + i;
-        rs->seqs[i] = &rs->seq;
-        rs->want[i] = want_last && i == n - 1;
-        if (rs->states) rs->states[i] = rs->state;
-    }
-    model_batch b = {n, tokens, rs->pos, rs->seqs, rs->want, rs->states};
-    if (model_forward(rs->ctx, &b, rs->logits, err) < 0) return -1;
-    rs->seq.n_tokens += n;
-    rs->forwarded += n;
-    return 0;
+/* Forwards the rows the driver added; logits of the wanted row. */
+static int forward_rows(model_ctx *ctx, engine_batch *b, float *logits, ember_error *err) {
+    model_batch mb = {b->n, b->tok, b->pos, b->seq, b->want, b->state};
+    int rc = model_forward(ctx, &mb, logits, err);
+    b->n = 0;
+    return rc;
 }
 
 int engine_generate(engine *e, const engine_request *req, engine_result *out, ember_error *err) {
     memset(out, 0, sizeof *out);
-    const int64_t N = req->n_prompt;
     const int V = e->n_vocab, step = e->cfg.prefill_step;
     const int max_tokens = req->max_tokens > 0 ? req->max_tokens : 0;
-    if (N < 1 || req->prompt == NULL) return ember_fail(err, "the prompt has no tokens");
-    if (N > e->cfg.n_ctx)
-        return ember_fail(err, "the prompt has %lld tokens; the context holds %d", (long long)N, e->cfg.n_ctx);
-    for (int64_t i = 0; i < N; i++)
-        if (req->prompt[i] < 0 || req->prompt[i] >= V)
-            return ember_fail(err, "prompt token %lld is %d, outside the vocabulary of %d", (long long)i,
-                              req->prompt[i], V);
-    /* Admission: the longest this request can get, plus one block for a
-     * copy-on-write, must fit in the pool. */
-    int64_t longest = N + max_tokens < e->cfg.n_ctx ? N + max_tokens : e->cfg.n_ctx;
-    int64_t need = (longest + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS + 1;
-    if (need > kv_pool_n_blocks(e->pool))
-        return ember_fail(err,
-                          "the request needs up to %lld KV blocks (%lld prompt + %d new tokens) but the pool has "
-                          "%d (num_blocks)",
-                          (long long)need, (long long)N, max_tokens, kv_pool_n_blocks(e->pool));
-
+    engine_req_params rp;
+    memset(&rp, 0, sizeof rp);
+    rp.prompt = req->prompt;
+    rp.n_prompt = req->n_prompt;
+    rp.max_tokens = max_tokens;
+    rp.salt = req->salt;
+    rp.cache = req->cache;
+    rp.prefill_step = step;
+    rp.plan = req->plan;
+    rp.async_predict = false; /* a scheduler of one stalls nobody */
+    engine_req *q = engine_req_create(e, &rp, err);
+    if (q == NULL) return -1;
+    const int64_t N = req->n_prompt;
     double t0 = ember_now();
-    ecache ec;
-    memset(&ec, 0, sizeof ec);
     bool prefill_locked = false;
-    run_state rs;
-    memset(&rs, 0, sizeof rs);
-    rs.e = e;
-    kv_seq_init(&rs.seq);
+    int rc = -1;
+    model_ctx *ctx = NULL;
+    engine_batch b;
+    memset(&b, 0, sizeof b);
     sampler *smp = sampler_create(&req->sampling);
-    int32_t *all = malloc((size_t)(N + max_tokens + 1) * sizeof(int32_t)); /* prompt + reply */
-    rs.pos = malloc((size_t)step * sizeof *rs.pos);
-    rs.seqs = malloc((size_t)step * sizeof *rs.seqs);
-    rs.want = malloc((size_t)step * sizeof *rs.want);
-    rs.logits = malloc((size_t)V * sizeof(float));
-    if (e->stateful) {
-        rs.state = model_state_create(e->m, NULL);
-        rs.states = malloc((size_t)step * sizeof *rs.states);
-    }
+    float *logits = malloc((size_t)V * sizeof(float));
     out->tokens = malloc((size_t)(max_tokens ? max_tokens : 1) * sizeof(int32_t));
     if (req->want_logits) out->logits = malloc((size_t)(max_tokens ? max_tokens : 1) * (size_t)V * sizeof(float));
-    int rc = -1;
-    if (smp == NULL || all == NULL || !rs.pos || !rs.seqs || !rs.want || !rs.logits || !out->tokens ||
-        (req->want_logits && out->logits == NULL) || (e->stateful && (rs.state == NULL || rs.states == NULL))) {
+    if (smp == NULL || logits == NULL || out->tokens == NULL || (req->want_logits && out->logits == NULL) ||
+        engine_batch_init(&b, step, e->stateful) < 0) {
         ember_fail(err, "out of memory for a request of %lld tokens", (long long)N);
         goto done;
     }
-    rs.ctx = ctx_borrow(e, err);
-    if (rs.ctx == NULL) goto done;
-    memcpy(all, req->prompt, (size_t)N * sizeof(int32_t));
+    ctx = ctx_borrow(e, err);
+    if (ctx == NULL) goto done;
     for (int64_t i = 0; i < N; i++) sampler_accept(smp, req->prompt[i]);
-    const bool lookup = req->cache == ENGINE_CACHE_ON || req->cache == ENGINE_CACHE_LOOKUP;
-    const bool store = req->cache == ENGINE_CACHE_ON || req->cache == ENGINE_CACHE_STORE;
-    {
-        ecache_params ep;
-        memset(&ep, 0, sizeof ep);
-        ep.prompt = req->prompt;
-        ep.n_prompt = N;
-        ep.salt = req->salt;
-        ep.prefill_step = step;
-        ep.lookup = lookup;
-        ep.store = store;
-        ep.turn_pos = req->ckpt_turn_pos;
-        ep.anchor_pos = req->sys_prefix_pos;
-        ep.predict = req->next_turn_predict;
-        ep.predict_user = req->next_turn_user;
-        ecache_begin(&ec, e->cache, &ep);
-    }
-    if (ecache_serial(&ec)) {
+    if (engine_req_serial(q)) {
         pthread_mutex_lock(&e->prefill_lock);
         prefill_locked = true;
     }
 
-    /* 1. Lookup. */
-    {
-        double tc = ember_now();
-        apc_hit hit = ecache_lookup(&ec, &rs.seq, rs.state);
-        if (lookup) out->cache_s += ember_now() - tc;
-        out->cached_tokens = hit.n_tokens;
-        out->cache_source = hit.source;
+    apc_hit hit = engine_req_lookup(q);
+    out->cached_tokens = hit.n_tokens;
+    out->cache_source = hit.source;
+    /* The prompt on the grid, then its last token alone. */
+    for (int64_t len; (len = engine_req_prompt_chunk(q, step, INT64_MAX)) > 0;) {
+        if (engine_req_add_rows(q, &b, len, err) < 0 || forward_rows(ctx, &b, logits, err) < 0) goto done;
+        engine_req_forwarded(q, len);
     }
-    /* 2. Prefill [cached, N-1) on the grid (stopping at scheduled
-     * checkpoints; the PAUSE store at N-1). */
-    while (rs.seq.n_tokens < N - 1) {
-        int64_t p = rs.seq.n_tokens;
-        int64_t end = (p / step + 1) * step;
-        if (end > N - 1) end = N - 1;
-        int64_t stop = ecache_next_stop(&ec, p);
-        if (stop < end) end = stop;
-        if (forward(&rs, req->prompt + p, (int)(end - p), false, err) < 0) goto done;
-        double tc = ember_now();
-        ecache_at(&ec, &rs.seq, rs.state);
-        out->cache_s += ember_now() - tc;
-    }
-    /* 3. The last prompt token alone; then the post-prefill store. */
-    if (forward(&rs, req->prompt + N - 1, 1, true, err) < 0) goto done;
+    if (engine_req_add_rows(q, &b, 1, err) < 0 || forward_rows(ctx, &b, logits, err) < 0) goto done;
+    engine_req_forwarded(q, 1);
     out->ttft_s = ember_now() - t0;
-    out->prompt_forwarded = rs.forwarded;
-    {
-        double tc = ember_now();
-        ecache_prefilled(&ec, &rs.seq, rs.state);
-        out->cache_s += ember_now() - tc;
-    }
+    out->prompt_forwarded = engine_req_forwarded_total(q);
     if (prefill_locked) {
         pthread_mutex_unlock(&e->prefill_lock);
         prefill_locked = false;
     }
 
-    /* 4. Decode. */
+    /* Decode. */
     out->finish = ENGINE_FINISH_LENGTH;
     const tokenizer *tok = model_get_tokenizer(e->m);
     for (int i = 0; i < max_tokens; i++) {
-        if (out->logits) memcpy(out->logits + (size_t)i * V, rs.logits, (size_t)V * sizeof(float));
-        int32_t next = sampler_sample(smp, rs.logits, V);
+        if (out->logits) memcpy(out->logits + (size_t)i * V, logits, (size_t)V * sizeof(float));
+        int32_t next = sampler_sample(smp, logits, V);
         sampler_accept_generated(smp, next);
         out->tokens[out->n_tokens++] = next;
-        all[N + i] = next;
+        engine_req_accept(q, next);
         if (req->on_token && !req->on_token(req->user, next)) {
             out->finish = ENGINE_FINISH_STOPPED;
             break;
@@ -321,49 +320,45 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
             break;
         }
         if (i + 1 == max_tokens) break;
-        if (rs.seq.n_tokens >= e->cfg.n_ctx) {
+        if (engine_req_n_kv(q) >= e->cfg.n_ctx) {
             out->finish = ENGINE_FINISH_CTX;
             break;
         }
-        if (forward(&rs, &next, 1, true, err) < 0) goto done;
-        ecache_decode(&ec, all, &rs.seq, rs.state);
+        if (engine_req_add_rows(q, &b, 1, err) < 0 || forward_rows(ctx, &b, logits, err) < 0) goto done;
+        engine_req_forwarded(q, 1);
     }
 
-    /* 5. Retirement. */
-    if (store && apc_get_tier(e->cache) != APC_TIER_NONE) {
-        double tc = ember_now(); /* the extra forward is a cost of the store */
-        int64_t have = rs.seq.n_tokens, total = N + out->n_tokens;
-        bool state_ok = true;
-        if (have == total - 1 && have < e->cfg.n_ctx && ecache_retire_wants_last_token(&ec, have)) {
+    /* Retirement (the extra forward is a cost of the store). */
+    {
+        engine_req_finish(q);
+        if (engine_req_get_phase(q) == ENGINE_REQ_RETIRE) {
+            double tc = ember_now();
             ember_error ignored;
-            /* Best effort: without the extra token the store is one shorter
-             * (a recurrent state that failed mid-pass is not stored). */
-            if (forward(&rs, &all[total - 1], 1, false, &ignored) < 0) {
-                apc_seq_truncate(e->cache, &rs.seq, have);
-                state_ok = rs.state == NULL;
+            /* Best effort: without the extra token the store is one shorter. */
+            if (engine_req_add_rows(q, &b, 1, &ignored) < 0) {
+                engine_req_retire_row_failed(q, true);
+            } else if (forward_rows(ctx, &b, logits, &ignored) < 0) {
+                engine_req_retire_row_failed(q, false);
+            } else {
+                engine_req_forwarded(q, 1);
             }
+            out->cache_s += ember_now() - tc;
         }
-        if (state_ok) ecache_retire(&ec, all, rs.seq.n_tokens, &rs.seq, rs.state);
-        out->cache_s += ember_now() - tc;
+        engine_req_poll(q); /* inline predictions have landed */
     }
+    out->cache_s += engine_req_cache_seconds(q);
     out->n_vocab = V;
     out->n_prompt = N;
-    out->forwarded = rs.forwarded;
+    out->forwarded = engine_req_forwarded_total(q);
     out->total_s = ember_now() - t0;
     rc = 0;
 done:
     if (prefill_locked) pthread_mutex_unlock(&e->prefill_lock);
-    ecache_end(&ec);
-    model_state_free(rs.state);
-    free(rs.states);
-    apc_seq_release(e->cache, &rs.seq);
-    if (rs.ctx) ctx_return(e, rs.ctx);
+    engine_req_free(q);
+    if (ctx) ctx_return(e, ctx);
+    engine_batch_free(&b);
     sampler_free(smp);
-    free(all);
-    free(rs.pos);
-    free(rs.seqs);
-    free(rs.want);
-    free(rs.logits);
+    free(logits);
     if (rc < 0) engine_result_free(out);
     return rc;
 }

@@ -17,11 +17,12 @@
  *         first token), then the post-prefill store runs;
  *      4. decode, one token per step, greedy or sampled;
  *      5. at finish, the retirement store of prompt + reply.
- *    On ckpt- and exact-tier caches the runner drives the per-request
- *    protocol of apc_ckpt.h instead: prefill also stops at the scheduled
- *    checkpoints (grid points, the turn boundary, the system-prompt anchor,
- *    N-1), decode takes snapshots, retirement follows reference §7.7; on a
- *    ckpt-tier model the prompt phase of concurrent calls runs one at a time.
+ *    The request moves through the one driver (engine_req.h) that the
+ *    server's scheduler uses too: prefill also stops where the cache
+ *    schedules a store (grid points, the turn boundary, the system-prompt
+ *    anchor, N-1), decode takes snapshots, retirement follows reference
+ *    §7.7; on a ckpt-tier model the prompt phase of concurrent calls runs
+ *    one at a time.
  *    Models with recurrent layers (model_has_state) get a model_state per
  *    request, restored and stored with the K/V.
  *    Because every kernel is batch-invariant and the chunk grid is fixed,
@@ -39,7 +40,9 @@
 #include <stdint.h>
 
 #include "apc/apc.h"
+#include "chat/chat_plan.h"
 #include "core/error.h"
+#include "gguf/gguf.h"
 #include "model/model.h"
 #include "sample/sampler.h"
 
@@ -81,12 +84,10 @@ typedef struct engine_request {
     bool want_logits;         /* keep the logits of every generated step */
     engine_token_fn on_token;
     void *user;
-    /* Render-derived cache positions (src/chat computes them; they only
-     * decide where the cache stores, never what a lookup adopts): */
-    int64_t ckpt_turn_pos;    /* predicted next-turn boundary, chat_render_stable (p_stable); 0: none */
-    int64_t sys_prefix_pos;   /* end of the system prompt, chat_system_prefix_anchor; 0: none */
-    apc_predict_fn next_turn_predict; /* chat_predict_next_turn as an LCP; NULL: no render context */
-    void *next_turn_user;
+    /* What the chat template tells the cache (chat_plan.h; all zero for a
+     * plain prompt). Only decides where the cache stores, never what a
+     * lookup adopts. The predictor is borrowed. */
+    chat_cache_plan plan;
 } engine_request;
 
 typedef struct engine_result {
@@ -111,6 +112,11 @@ engine_config engine_default_config(void);
 int32_t engine_default_blocks(const model *m, int n_ctx);
 engine *engine_create(const model *m, const engine_config *cfg, ember_error *err);
 void engine_free(engine *e);
+
+/* A model's identity for the SSD tier's namespace: XXH3-128 over the file
+ * size, the GGUF header (every key/value), the tensor table and a sample of
+ * every tensor's data (its first, middle and last 64 bytes). No path. */
+void engine_model_fingerprint(const gguf_file *f, uint8_t out[16]);
 
 /* ---- Parts ---- */
 apc *engine_cache(engine *e);

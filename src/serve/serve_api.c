@@ -236,7 +236,7 @@ void api_req_free(api_req *r) {
     cJSON_Delete(r->tool_schema);
     free(r->p.prompt);
     for (int i = 0; i < r->p.n_stop; i++) free(r->p.stop[i]);
-    if (r->p.predict_free) r->p.predict_free(r->p.predict_user);
+    chat_turn_predictor_free(r->p.plan.predictor);
     memset(r, 0, sizeof *r);
 }
 
@@ -389,14 +389,8 @@ int api_parse(const api_ctx *ctx, bool chat, const char *body_text, size_t len, 
         }
         if (tokenize(ctx, text, true, out, e) < 0) goto done;
         /* The prompt cache's render positions (never an error). */
-        serve_chat_plan plan;
         serve_chat_cache_plan(ctx->chat, ctx->tok, msgs, tools, kwargs, out->p.prompt, out->p.n_prompt,
-                              out->thinking_open, &plan);
-        out->p.turn_pos = plan.turn_pos;
-        out->p.anchor_pos = plan.anchor_pos;
-        out->p.predict = plan.predict;
-        out->p.predict_user = plan.predictor;
-        out->p.predict_free = plan.predictor ? serve_chat_predictor_free : NULL;
+                              out->thinking_open, &out->p.plan);
     } else {
         const cJSON *pr = cJSON_GetObjectItemCaseSensitive(body, "prompt");
         if (pr == NULL || cJSON_IsNull(pr)) {

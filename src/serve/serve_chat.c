@@ -168,144 +168,27 @@ int serve_chat_render(const serve_chat *c, const cJSON *messages, const cJSON *t
     return 0;
 }
 
-/* ---- the cache plan ---- */
-
-static int encode_like_prompt(const tokenizer *tok, const char *text, int32_t **ids, size_t *n) {
-    ember_error err;
-    bool bos = tokenizer_add_bos(tok);
-    if (bos) {
-        size_t bl = 0;
-        const char *bt = tokenizer_token_text(tok, tokenizer_bos(tok), &bl);
-        if (bt && bl > 0 && strncmp(text, bt, bl) == 0) bos = false;
-    }
-    return tokenizer_encode(tok, text, strlen(text), bos, true, ids, n, &err);
-}
-
-static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
-    int64_t i = 0;
-    while (i < na && i < nb && a[i] == b[i]) i++;
-    return i;
-}
-
-/* Common prefix of text's tokens with ids[0, n); -1 when it cannot tokenize. */
-static int64_t text_prefix(const tokenizer *tok, const char *text, const int32_t *ids, int64_t n) {
-    int32_t *t = NULL;
-    size_t k = 0;
-    if (encode_like_prompt(tok, text, &t, &k) < 0) return -1;
-    int64_t l = common_prefix(t, (int64_t)k, ids, n);
-    free(t);
-    return l;
-}
-
-typedef struct predictor {
-    const chat_template *tpl;
-    const tokenizer *tok;
-    chat_messages *msgs;
-    cJSON *tools, *kwargs;
-    char *bos, *eos;
-    chat_render_opts opts;
-    int64_t n_prompt;
-    bool thinking_open;
-} predictor;
-
-void serve_chat_predictor_free(void *user) {
-    predictor *p = user;
-    if (p == NULL) return;
-    chat_messages_free(p->msgs);
-    cJSON_Delete(p->tools);
-    cJSON_Delete(p->kwargs);
-    free(p->bos);
-    free(p->eos);
-    free(p);
-}
-
-static char *decode_reply(const tokenizer *tok, const int32_t *ids, int64_t n) {
-    tok_stream *s = tok_stream_create(tok, false);
-    size_t cap = 256, len = 0, k;
-    char *out = malloc(cap);
-    if (s == NULL || out == NULL) {
-        tok_stream_free(s);
-        free(out);
-        return NULL;
-    }
-    for (int64_t i = 0; i <= n; i++) {
-        const char *piece = i < n ? tok_stream_push(s, ids[i], &k) : tok_stream_flush(s, &k);
-        if (len + k + 1 > cap) {
-            while (len + k + 1 > cap) cap *= 2;
-            char *o = realloc(out, cap);
-            if (o == NULL) {
-                free(out);
-                tok_stream_free(s);
-                return NULL;
-            }
-            out = o;
-        }
-        memcpy(out + len, piece, k);
-        len += k;
-    }
-    out[len] = 0;
-    tok_stream_free(s);
-    return out;
-}
-
-int64_t serve_chat_predict(void *user, const int32_t *tokens, int64_t n) {
-    predictor *p = user;
-    if (p == NULL || n < p->n_prompt) return -1;
-    char *text = decode_reply(p->tok, tokens + p->n_prompt, n - p->n_prompt);
-    if (text == NULL) return -1;
-    char *reasoning = NULL, *content = NULL, *out = NULL;
-    int64_t got = -1;
-    if (chat_split_reasoning(text, p->thinking_open, &reasoning, &content) == 0) {
-        chat_reply r = {content ? content : "", reasoning, NULL};
-        ember_error err;
-        if (chat_predict_next_turn(p->tpl, p->msgs, p->tools, &p->opts, &r, &out, &err) == 0)
-            got = text_prefix(p->tok, out, tokens, n);
-    }
-    free(out);
-    free(reasoning);
-    free(content);
-    free(text);
-    return got;
-}
+/* ---- the cache plan (src/chat/chat_plan.c) ---- */
 
 void serve_chat_cache_plan(const serve_chat *c, const tokenizer *tok, const cJSON *messages, const cJSON *tools,
                            const cJSON *kwargs, const int32_t *prompt, int64_t n_prompt, bool thinking_open,
-                           serve_chat_plan *out) {
+                           chat_cache_plan *out) {
     memset(out, 0, sizeof *out);
     ember_error err;
-    predictor *p = calloc(1, sizeof *p);
-    if (p == NULL) return;
-    p->msgs = chat_messages_from_json(messages, &err);
-    p->tools = tools && cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0 ? cJSON_Duplicate(tools, 1) : NULL;
-    p->kwargs = kwargs && cJSON_IsObject(kwargs) ? cJSON_Duplicate(kwargs, 1) : NULL;
-    p->bos = c->bos ? strdup(c->bos) : NULL;
-    p->eos = c->eos ? strdup(c->eos) : NULL;
-    if (p->msgs == NULL || (c->bos && !p->bos) || (c->eos && !p->eos)) {
-        serve_chat_predictor_free(p);
-        return;
-    }
-    p->tpl = c->tpl;
-    p->tok = tok;
-    p->n_prompt = n_prompt;
-    p->thinking_open = thinking_open;
-    p->opts.add_generation_prompt = false;
-    p->opts.enable_thinking = -1;
-    p->opts.bos_token = p->bos;
-    p->opts.eos_token = p->eos;
-    p->opts.extra = p->kwargs;
-    char *text = NULL;
-    if (chat_render_stable(c->tpl, p->msgs, p->tools, &p->opts, &text, &err) == 0) {
-        int64_t l = text_prefix(tok, text, prompt, n_prompt);
-        if (l > 0) out->turn_pos = l;
-    }
-    free(text);
-    size_t off = 0;
-    char *probe = NULL;
-    if (chat_system_prefix_anchor(c->tpl, p->msgs, p->tools, &p->opts, &off, &probe, &err) == 1 && probe) {
-        int64_t l = text_prefix(tok, probe, prompt, n_prompt);
-        if (l > 0) out->anchor_pos = l;
-    }
-    free(probe);
-    out->predict = serve_chat_predict;
-    out->predictor = p;
+    chat_messages *msgs = chat_messages_from_json(messages, &err);
+    if (msgs == NULL) return;
+    chat_plan_params p;
+    memset(&p, 0, sizeof p);
+    p.tpl = c->tpl;
+    p.tok = tok;
+    p.messages = msgs;
+    p.tools = tools;
+    p.kwargs = kwargs;
+    p.bos = c->bos;
+    p.eos = c->eos;
+    p.prompt = prompt;
+    p.n_prompt = n_prompt;
+    p.thinking_open = thinking_open;
+    chat_cache_plan_make(&p, out);
+    chat_messages_free(msgs);
 }

@@ -12,16 +12,9 @@
  * warning at load. chat_template_kwargs (a JSON object) become extra
  * template variables (enable_thinking, ...).
  *
- * serve_chat_cache_plan derives the prompt cache's render positions for a
- * chat request (prompt-cache reference §8.2, §9), all in tokens of the
- * request's prompt: the turn boundary (the common prefix of the prompt and
- * chat_render_stable), the system-prompt anchor (the common prefix of the
- * prompt and the probe render of chat_system_prefix_anchor) and a
- * next-turn predictor (chat_predict_next_turn with the live reply decoded
- * and split into reasoning and content, tokenized as the prompt was; the
- * common prefix with the live tokens), owned by the caller until
- * serve_chat_predictor_free. Every failure just leaves a position at 0 or
- * the predictor NULL: the cache then stores less, the request is served.
+ * serve_chat_cache_plan derives the prompt cache's render positions and
+ * the next-turn predictor of a chat request with the server's template
+ * (src/chat/chat_plan.h has what they are).
  *
  * serve_chat_tool_syntax says how the template's model writes tool calls
  * (serve_tools.h), for parsing replies to requests that offer tools. */
@@ -32,7 +25,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "apc/apc.h"
+#include "chat/chat_plan.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "serve/serve_tools.h"
@@ -48,16 +41,10 @@ tool_syntax serve_chat_tool_syntax(const serve_chat *c);
 int serve_chat_render(const serve_chat *c, const cJSON *messages, const cJSON *tools, const cJSON *kwargs,
                       char **out, bool *thinking_open, char *param, size_t param_cap, ember_error *err);
 
-typedef struct serve_chat_plan {
-    int64_t turn_pos, anchor_pos;
-    apc_predict_fn predict;   /* serve_chat_predict, or NULL */
-    void *predictor;          /* free with serve_chat_predictor_free */
-} serve_chat_plan;
-
+/* The cache plan of a chat request (chat_plan.h); never fails: what it
+ * cannot derive stays 0 / NULL. */
 void serve_chat_cache_plan(const serve_chat *c, const tokenizer *tok, const cJSON *messages, const cJSON *tools,
                            const cJSON *kwargs, const int32_t *prompt, int64_t n_prompt, bool thinking_open,
-                           serve_chat_plan *out);
-int64_t serve_chat_predict(void *predictor, const int32_t *tokens, int64_t n);
-void serve_chat_predictor_free(void *predictor);
+                           chat_cache_plan *out);
 
 #endif

@@ -41,6 +41,7 @@
 #include "model/model.h"
 #include "serve/serve_api.h"
 #include "serve/serve_chat.h"
+#include "serve/serve_stats.h"
 #include "serve/serve_metrics.h"
 #include "serve/serve_sched.h"
 
@@ -205,7 +206,7 @@ static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool 
     }
     apc *cache = engine_cache(srv->e);
     bool on = apc_get_tier(cache) != APC_TIER_NONE;
-    if (!reset) return send_cjson(srv, c, label, 200, apc_stats_json(cache));
+    if (!reset) return send_cjson(srv, c, label, 200, serve_cache_stats_json(cache));
     cJSON *o = cJSON_CreateObject();
     cJSON_AddBoolToObject(o, "enabled", on);
     if (on) {

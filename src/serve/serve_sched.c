@@ -2,9 +2,8 @@
  *
  * A request moves through four states on the engine thread:
  *
- *   queued --admit+lookup--> PREFILL --(cursor reaches N-1, PAUSE store)-->
- *   DECODE --(finish)--> [RETIRE: one more row to complete the last block]
- *   --> RETIRE store, release, finished
+ *   queued --admit+lookup--> PROMPT ... FIRST --> SAMPLE <-> DECODE
+ *   --(finish)--> [RETIRE: one more row] --> [PREDICT] --> DONE (engine_req.h)
  *
  * One iteration forwards at most two batches: the prefill batch (grid
  * chunks of several requests, at most `step` tokens) and the decode batch
@@ -29,14 +28,16 @@
  * chunks and decode rows alike, and a sequence's rows are always in position
  * order; the cache restores and snapshots the state with the K/V.
  *
- * The cache is driven through engine_cache.h, as engine_generate drives it:
- * a request's ecache is begun at admission; the lookup runs then, except on
- * a ckpt-tier cache, where prompts prefill one at a time: the oldest
- * request whose prompt phase is not done (the serial head) looks up when
- * it becomes the head (so it sees what the previous prompt stored: the
- * system-prompt anchor of a sibling), prefills alone, and hands over after
- * its PREFILL store; the others wait in PREFILL, their decode rows (if
- * any) unaffected. */
+ * Every request is driven through engine_req.h, as engine_generate drives
+ * its one: the driver is created at submission (it validates the prompt),
+ * the lookup runs at admission, except on a ckpt-tier cache, where prompts
+ * prefill one at a time: the oldest request whose prompt phase is not done
+ * (the serial head) looks up when it becomes the head (so it sees what the
+ * previous prompt stored: the system-prompt anchor of a sibling), prefills
+ * alone, and hands over after its PREFILL store; the others wait, their
+ * decode rows (if any) unaffected. A finished request whose retirement
+ * waits on a render prediction (PREDICT) holds its blocks until the
+ * predictor thread answers; the loop polls it each iteration. */
 #define _GNU_SOURCE
 #include "serve/serve_sched.h"
 
@@ -50,9 +51,9 @@
 
 #include "core/clock.h"
 #include "core/log.h"
-#include "engine/engine_cache.h"
+#include "engine/engine_req.h"
 
-typedef enum { ST_QUEUED = 0, ST_PREFILL, ST_DECODE, ST_RETIRE, ST_DONE } sreq_state;
+typedef enum { ST_QUEUED = 0, ST_RUNNING, ST_DONE } sreq_state;
 
 struct sreq {
     pthread_mutex_t lock;
@@ -60,21 +61,16 @@ struct sreq {
     atomic_int refs;
     atomic_bool cancel;
     sreq_params p;
+    engine_req *q;               /* the driver: sequence, state, cache protocol */
     int64_t need_blocks;
-    double t_arrive, t_first, t_last;
+    double t_arrive, t_first, t_last, t_held;
     struct sreq *next;           /* queue link */
     /* engine thread only */
     sreq_state state;
-    kv_seq seq;
-    model_state *mstate;         /* recurrent layers; NULL for KV-only models */
-    ecache ec;                   /* the cache protocol (engine_cache.h) */
     bool looked_up;              /* the lookup ran (serial: when the request became the head) */
-    bool prompt_done;            /* the PREFILL store ran (or the request stores nothing more) */
     sampler *smp;
     tok_stream *ts;
-    int32_t *all;                /* prompt + reply */
     int n_gen;
-    int32_t pending;             /* the token of the next decode row */
     int64_t cached;
     char *hold;                  /* generated text not released yet */
     size_t hold_len, hold_cap;
@@ -101,6 +97,8 @@ struct sched {
     int n_ctx, n_vocab, max_batch;
     int32_t pool_blocks;
     bool stateful;               /* model_has_state: per-request model_state */
+    uint64_t fresh_holds;        /* under lock */
+    char fresh_reason[160];
     /* queue, under lock */
     pthread_mutex_t lock;
     pthread_cond_t wake;
@@ -113,12 +111,9 @@ struct sched {
     sreq **running;
     int n_running;
     int64_t reserved;
-    int32_t *b_tok;
-    int64_t *b_pos;
-    kv_seq **b_seq;
-    bool *b_want;
-    model_state **b_state;       /* (max_batch) when stateful, else NULL */
-    sreq **b_req;
+    engine_batch batch;          /* (max_batch) rows of one forward */
+    sreq **b_req;                /* (max_batch) the request of each decode row */
+    int64_t forwarded;           /* rows forwarded this iteration */
     float *logits;               /* (max_running, n_vocab) */
     float *scratch;              /* (n_vocab) */
 };
@@ -126,14 +121,12 @@ struct sched {
 /* ---- requests ---- */
 
 static void sreq_free(sreq *r) {
-    ecache_end(&r->ec);
-    model_state_free(r->mstate);
-    if (r->p.predict_free) r->p.predict_free(r->p.predict_user);
+    engine_req_free(r->q);
+    chat_turn_predictor_free(r->p.plan.predictor);
     free(r->p.prompt);
     for (int i = 0; i < r->p.n_stop; i++) free(r->p.stop[i]);
     sampler_free(r->smp);
     tok_stream_free(r->ts);
-    free(r->all);
     free(r->hold);
     free(r->text);
     for (int i = 0; i < r->n_lp; i++) {
@@ -344,11 +337,8 @@ static const char *finish_name(sreq_finish f) {
  * by the caller for a request that never ran), so the request stays valid
  * for the rest of the iteration. */
 static void complete(sched *s, sreq *r, sreq_finish f, const char *error) {
-    ecache_end(&r->ec);
-    r->prompt_done = true;
-    apc_seq_release(s->cache, &r->seq);
-    model_state_free(r->mstate);
-    r->mstate = NULL;
+    engine_req_free(r->q); /* its blocks go back; nothing more is stored */
+    r->q = NULL;
     double now = ember_now();
     pthread_mutex_lock(&r->lock);
     r->n_lp_pub = r->n_lp;
@@ -371,7 +361,7 @@ static void complete(sched *s, sreq *r, sreq_finish f, const char *error) {
 }
 
 /* The generation ended with f: flush text, then retire (possibly after one
- * more decode row) and complete. */
+ * more decode row, or once the predictor thread answered) and complete. */
 static void finish_generation(sched *s, sreq *r, sreq_finish f, bool stop_matched) {
     if (!stop_matched) {
         size_t n = 0;
@@ -380,20 +370,14 @@ static void finish_generation(sched *s, sreq *r, sreq_finish f, bool stop_matche
         else release(r, r->hold_len);
     }
     r->fin = f;
-    int64_t have = r->seq.n_tokens, total = r->p.n_prompt + r->n_gen;
-    if (have == total - 1 && have < s->n_ctx && ecache_retire_wants_last_token(&r->ec, have)) {
-        r->pending = r->all[total - 1];
-        r->state = ST_RETIRE;
-        return;
-    }
-    ecache_retire(&r->ec, r->all, r->seq.n_tokens, &r->seq, r->mstate);
-    complete(s, r, f, NULL);
+    engine_req_finish(r->q);
+    if (engine_req_get_phase(r->q) == ENGINE_REQ_DONE) complete(s, r, f, NULL);
 }
 
 /* ---- the engine thread ---- */
 
 static void lookup_now(sreq *r) {
-    apc_hit hit = ecache_lookup(&r->ec, &r->seq, r->mstate);
+    apc_hit hit = engine_req_lookup(r->q);
     r->cached = hit.n_tokens;
     r->looked_up = true;
 }
@@ -401,69 +385,27 @@ static void lookup_now(sreq *r) {
 static void admit(sched *s, sreq *r) {
     r->t_first = 0;
     serve_metrics_observe(s->metrics, HIST_QUEUE_SECONDS, ember_now() - r->t_arrive);
-    kv_seq_init(&r->seq);
-    r->state = ST_PREFILL;
+    r->state = ST_RUNNING;
     r->cached = 0;
     s->running[s->n_running++] = r;
-    if (s->stateful) {
-        ember_error err;
-        r->mstate = model_state_create(s->m, &err);
-        if (r->mstate == NULL) {
-            complete(s, r, SREQ_FAILED, err.msg);
-            return;
-        }
-    }
-    ecache_params ep;
-    memset(&ep, 0, sizeof ep);
-    ep.prompt = r->p.prompt;
-    ep.n_prompt = r->p.n_prompt;
-    ep.salt = r->p.salt;
-    ep.prefill_step = s->cfg.prefill_step;
-    ep.lookup = ep.store = true;
-    ep.turn_pos = r->p.turn_pos;
-    ep.anchor_pos = r->p.anchor_pos;
-    ep.predict = r->p.predict;
-    ep.predict_user = r->p.predict_user;
-    ecache_begin(&r->ec, s->cache, &ep);
-    if (!ecache_serial(&r->ec)) lookup_now(r);
+    if (!engine_req_serial(r->q)) lookup_now(r);
 }
+
+/* Whether r's prompt phase is over (its PREFILL store ran). */
+static bool prompt_done(const sreq *r) { return r->q == NULL || engine_req_get_phase(r->q) > ENGINE_REQ_FIRST; }
 
 /* The oldest request in its prompt phase on a serial (ckpt-tier) cache. */
 static sreq *serial_head(sched *s) {
     for (int i = 0; i < s->n_running; i++) {
         sreq *r = s->running[i];
-        if (r->state != ST_DONE && !r->prompt_done && ecache_serial(&r->ec)) return r;
+        if (r->state != ST_DONE && !prompt_done(r) && engine_req_serial(r->q)) return r;
     }
     return NULL;
-}
-
-/* Moves a looked-up request that reached N-1 to DECODE (the PAUSE store
- * ran in ecache_at after its last chunk). */
-static void maybe_pause(sched *s, sreq *r) {
-    (void)s;
-    const int64_t N = r->p.n_prompt;
-    if (r->state != ST_PREFILL || !r->looked_up || r->seq.n_tokens < N - 1) return;
-    r->pending = r->p.prompt[N - 1];
-    r->state = ST_DECODE;
 }
 
 static void fail_batch(sched *s, sreq **reqs, int n, const char *msg) {
     for (int i = 0; i < n; i++)
         if (reqs[i]->state != ST_DONE) complete(s, reqs[i], SREQ_FAILED, msg);
-}
-
-/* The length of r's next chunk when it may take `allow` tokens (0: none).
- * A chunk never crosses a grid point (a multiple of step) and ends at the
- * pause point N-1, at the grid point, at the cache's next scheduled stop,
- * or on a KV block boundary. Rows are
- * batch-invariant, so how a prompt is cut never changes its results. */
-static int64_t chunk_len(const sreq *r, int step, int64_t allow) {
-    int64_t p = r->seq.n_tokens, end = (p / step + 1) * step;
-    if (end > r->p.n_prompt - 1) end = r->p.n_prompt - 1;
-    int64_t stop = ecache_next_stop(&r->ec, p); /* a scheduled checkpoint */
-    if (stop < end) end = stop;
-    if (end - p > allow) end = (p + allow) / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS;
-    return end > p ? end - p : 0;
 }
 
 /* One prefill batch of at most `step` tokens. The oldest prefilling request
@@ -473,20 +415,17 @@ static int64_t chunk_len(const sreq *r, int step, int64_t allow) {
  * thus waits about one batch, not the whole prompt. */
 static void prefill_step(sched *s) {
     const int step = s->cfg.prefill_step;
-    int n = 0, nreq = 0;
+    int nreq = 0;
     ember_error err;
     sreq *members[64];
     int64_t lens[64], full[64];
     sreq *head = serial_head(s);
-    if (head && head->state == ST_PREFILL && !head->looked_up) {
-        lookup_now(head);
-        maybe_pause(s, head);
-    }
+    if (head && !head->looked_up) lookup_now(head);
     for (int i = 0; i < s->n_running && nreq < 64; i++) {
         sreq *r = s->running[i];
-        if (r->state != ST_PREFILL || !r->looked_up) continue;
-        if (ecache_serial(&r->ec) && r != head) continue;
-        int64_t l = chunk_len(r, step, INT64_MAX);
+        if (r->state != ST_RUNNING || !r->looked_up) continue;
+        if (engine_req_serial(r->q) && r != head) continue;
+        int64_t l = engine_req_prompt_chunk(r->q, step, INT64_MAX);
         if (l <= 0) continue;
         members[nreq] = r;
         full[nreq] = l;
@@ -494,84 +433,108 @@ static void prefill_step(sched *s) {
     }
     if (nreq == 0) return;
     int64_t budget = step, guarantee = step / 4 > KV_BLOCK_TOKENS ? step / 4 : KV_BLOCK_TOKENS;
-    lens[0] = chunk_len(members[0], step, guarantee < budget ? guarantee : budget);
+    lens[0] = engine_req_prompt_chunk(members[0]->q, step, guarantee < budget ? guarantee : budget);
     budget -= lens[0];
     for (int done = 1; done < nreq && budget > 0; done++) {
         int best = -1; /* the shortest not yet served (ties: the older) */
         for (int i = 1; i < nreq; i++)
             if (lens[i] == 0 && full[i] > 0 && (best < 0 || full[i] < full[best])) best = i;
         if (best < 0) break;
-        lens[best] = chunk_len(members[best], step, budget);
+        lens[best] = engine_req_prompt_chunk(members[best]->q, step, budget);
         full[best] = 0; /* served */
         budget -= lens[best];
     }
     if (budget > 0) {
-        int64_t l = chunk_len(members[0], step, lens[0] + budget);
+        int64_t l = engine_req_prompt_chunk(members[0]->q, step, lens[0] + budget);
         budget -= l - lens[0];
         lens[0] = l;
     }
     int k = 0;
+    engine_batch *b = &s->batch;
+    b->n = 0;
     for (int i = 0; i < nreq; i++) {
         sreq *r = members[i];
-        int64_t len = lens[i], p = r->seq.n_tokens;
-        if (len <= 0) continue;
-        if (apc_seq_prepare_append(s->cache, &r->seq, len, &err) < 0) {
+        if (lens[i] <= 0) continue;
+        if (engine_req_add_rows(r->q, b, lens[i], &err) < 0) {
             complete(s, r, SREQ_FAILED, err.msg);
             continue;
         }
-        for (int64_t j = 0; j < len; j++) {
-            s->b_tok[n] = r->p.prompt[p + j];
-            s->b_pos[n] = p + j;
-            s->b_seq[n] = &r->seq;
-            s->b_want[n] = false;
-            if (s->b_state) s->b_state[n] = r->mstate;
-            n++;
-        }
         members[k] = r;
-        lens[k++] = len;
+        lens[k++] = lens[i];
     }
     nreq = k;
-    if (n == 0) return;
-    model_batch b = {n, s->b_tok, s->b_pos, s->b_seq, s->b_want, s->b_state};
-    if (model_forward(s->ctx, &b, s->logits, &err) < 0) {
+    if (b->n == 0) return;
+    model_batch mb = {b->n, b->tok, b->pos, b->seq, b->want, b->state};
+    s->forwarded += b->n;
+    b->n = 0;
+    if (model_forward(s->ctx, &mb, s->logits, &err) < 0) {
         ember_log(EMBER_LOG_ERROR, "prefill forward failed: %s", err.msg);
         fail_batch(s, members, nreq, err.msg);
         return;
     }
-    for (int i = 0; i < nreq; i++) {
-        members[i]->seq.n_tokens += lens[i];
-        ecache_at(&members[i]->ec, &members[i]->seq, members[i]->mstate);
-        maybe_pause(s, members[i]);
+    for (int i = 0; i < nreq; i++) engine_req_forwarded(members[i]->q, lens[i]);
+}
+
+/* One generated token of r: sample, publish, decide whether it ends. */
+static void take_token(sched *s, sreq *r, float *row, double now) {
+    int32_t next;
+    if (r->p.top_logprobs >= 0) {
+        /* logprobs of the raw logits; the sampler may modify its row */
+        memcpy(s->scratch, row, (size_t)s->n_vocab * sizeof(float));
+        next = sampler_sample(r->smp, s->scratch, s->n_vocab);
+        compute_logprobs(s, r, row, next);
+    } else {
+        next = sampler_sample(r->smp, row, s->n_vocab);
     }
+    (void)now;
+    sampler_accept_generated(r->smp, next);
+    engine_req_accept(r->q, next);
+    r->n_gen++;
+    if (!r->p.ignore_eos && tokenizer_is_eog(s->tok, next)) {
+        finish_generation(s, r, SREQ_STOP, false);
+        return;
+    }
+    size_t tl = 0;
+    const char *t = tok_stream_push(r->ts, next, &tl);
+    if (push_text(r, t, tl)) {
+        finish_generation(s, r, SREQ_STOP, true);
+        return;
+    }
+    if (r->n_gen == 1) {
+        pthread_mutex_lock(&r->lock);
+        r->first = true;
+        pthread_mutex_unlock(&r->lock);
+        pthread_cond_broadcast(&r->cond);
+    }
+    if (r->n_gen >= r->p.max_tokens || engine_req_n_kv(r->q) >= s->n_ctx) finish_generation(s, r, SREQ_LENGTH, false);
 }
 
 static void decode_step(sched *s) {
-    int n = 0, n_want = 0;
+    int n = 0;
     ember_error err;
+    engine_batch *b = &s->batch;
+    b->n = 0;
     for (int i = 0; i < s->n_running; i++) {
         sreq *r = s->running[i];
-        if (r->state != ST_DECODE && r->state != ST_RETIRE) continue;
-        if (apc_seq_prepare_append(s->cache, &r->seq, 1, &err) < 0) {
-            if (r->state == ST_RETIRE) { /* best effort: store one shorter (the state was not advanced) */
-                ecache_retire(&r->ec, r->all, r->seq.n_tokens, &r->seq, r->mstate);
-                complete(s, r, r->fin, NULL);
+        if (r->state != ST_RUNNING || !r->looked_up) continue;
+        engine_req_phase ph = engine_req_get_phase(r->q);
+        if (ph != ENGINE_REQ_FIRST && ph != ENGINE_REQ_DECODE && ph != ENGINE_REQ_RETIRE) continue;
+        if (engine_req_add_rows(r->q, b, 1, &err) < 0) {
+            if (ph == ENGINE_REQ_RETIRE) { /* best effort: store one shorter (the state was not advanced) */
+                engine_req_retire_row_failed(r->q, true);
+                if (engine_req_get_phase(r->q) == ENGINE_REQ_DONE) complete(s, r, r->fin, NULL);
             } else {
                 complete(s, r, SREQ_FAILED, err.msg);
             }
             continue;
         }
-        s->b_tok[n] = r->pending;
-        s->b_pos[n] = r->seq.n_tokens;
-        s->b_seq[n] = &r->seq;
-        s->b_want[n] = r->state == ST_DECODE;
-        if (s->b_state) s->b_state[n] = r->mstate;
-        s->b_req[n] = r;
-        n_want += r->state == ST_DECODE;
-        n++;
+        s->b_req[n++] = r;
     }
     if (n == 0) return;
-    model_batch b = {n, s->b_tok, s->b_pos, s->b_seq, s->b_want, s->b_state};
-    if (model_forward(s->ctx, &b, s->logits, &err) < 0) {
+    model_batch mb = {b->n, b->tok, b->pos, b->seq, b->want, b->state};
+    s->forwarded += b->n;
+    b->n = 0;
+    if (model_forward(s->ctx, &mb, s->logits, &err) < 0) {
         ember_log(EMBER_LOG_ERROR, "decode forward failed: %s", err.msg);
         fail_batch(s, s->b_req, n, err.msg);
         return;
@@ -580,58 +543,58 @@ static void decode_step(sched *s) {
     int k = 0;
     for (int i = 0; i < n; i++) {
         sreq *r = s->b_req[i];
-        r->seq.n_tokens++;
-        if (r->state == ST_RETIRE) {
-            ecache_retire(&r->ec, r->all, r->seq.n_tokens, &r->seq, r->mstate);
-            complete(s, r, r->fin, NULL);
+        engine_req_phase ph = engine_req_get_phase(r->q);
+        engine_req_forwarded(r->q, 1);
+        if (ph == ENGINE_REQ_RETIRE) {
+            if (engine_req_get_phase(r->q) == ENGINE_REQ_DONE) complete(s, r, r->fin, NULL);
             continue;
         }
         float *row = s->logits + (size_t)(k++) * s->n_vocab;
-        const int64_t N = r->p.n_prompt;
-        if (r->n_gen == 0) {
-            ecache_prefilled(&r->ec, &r->seq, r->mstate);
-            r->prompt_done = true; /* the serial head moves on */
+        if (ph == ENGINE_REQ_FIRST) {
             r->t_first = now;
             serve_metrics_observe(s->metrics, HIST_TTFT_SECONDS, now - r->t_arrive);
         } else {
-            ecache_decode(&r->ec, r->all, &r->seq, r->mstate); /* the row was generated token n_gen-1 */
             serve_metrics_observe(s->metrics, HIST_TPOT_SECONDS, now - r->t_last);
         }
         r->t_last = now;
-        int32_t next;
-        if (r->p.top_logprobs >= 0) {
-            /* logprobs of the raw logits; the sampler may modify its row */
-            memcpy(s->scratch, row, (size_t)s->n_vocab * sizeof(float));
-            next = sampler_sample(r->smp, s->scratch, s->n_vocab);
-            compute_logprobs(s, r, row, next);
-        } else {
-            next = sampler_sample(r->smp, row, s->n_vocab);
-        }
-        sampler_accept_generated(r->smp, next);
-        r->all[N + r->n_gen] = next;
-        r->n_gen++;
-        if (!r->p.ignore_eos && tokenizer_is_eog(s->tok, next)) {
-            finish_generation(s, r, SREQ_STOP, false);
-            continue;
-        }
-        size_t tl = 0;
-        const char *t = tok_stream_push(r->ts, next, &tl);
-        if (push_text(r, t, tl)) {
-            finish_generation(s, r, SREQ_STOP, true);
-            continue;
-        }
-        if (r->n_gen == 1) {
-            pthread_mutex_lock(&r->lock);
-            r->first = true;
-            pthread_mutex_unlock(&r->lock);
-            pthread_cond_broadcast(&r->cond);
-        }
-        if (r->n_gen >= r->p.max_tokens || r->seq.n_tokens >= s->n_ctx) {
-            finish_generation(s, r, SREQ_LENGTH, false);
-            continue;
-        }
-        r->pending = next;
+        take_token(s, r, row, now);
     }
+}
+
+/* Retirements waiting on the predictor thread. */
+static void poll_predictions(sched *s) {
+    for (int i = 0; i < s->n_running; i++) {
+        sreq *r = s->running[i];
+        if (r->state != ST_RUNNING) continue;
+        engine_req_poll(r->q);
+        if (engine_req_get_phase(r->q) == ENGINE_REQ_DONE) complete(s, r, r->fin, NULL);
+    }
+}
+
+/* The freshness gate for the queue head r (under s->lock): hold it while a
+ * request in its prompt phase, or one admitted this round, is about to
+ * store a prefix they share. Bounded by fresh_wait_ms per request. */
+static bool fresh_hold(sched *s, sreq *r, sreq **admitted, int n_adm, double now) {
+    if (s->cfg.fresh_wait_ms <= 0 || atomic_load(&r->cancel)) return false;
+    if (r->t_held > 0 && (now - r->t_held) * 1000.0 >= s->cfg.fresh_wait_ms) {
+        ember_log(EMBER_LOG_DEBUG, "APC fresh gate: hold ceiling (%d ms) reached; admitted cold",
+                  s->cfg.fresh_wait_ms);
+        return false;
+    }
+    engine_req *earlier[512];
+    int n = 0;
+    for (int i = 0; i < s->n_running && n < 512; i++)
+        if (s->running[i]->state == ST_RUNNING && s->running[i]->q) earlier[n++] = s->running[i]->q;
+    for (int i = 0; i < n_adm && n < 512; i++) earlier[n++] = admitted[i]->q;
+    char why[160];
+    if (!engine_req_fresh_hold(r->q, earlier, n, s->cfg.fresh_min, why, sizeof why)) return false;
+    if (r->t_held == 0) {
+        r->t_held = now;
+        s->fresh_holds++;
+        snprintf(s->fresh_reason, sizeof s->fresh_reason, "%s", why);
+        ember_log(EMBER_LOG_DEBUG, "APC fresh gate: holding a request: %s", why);
+    }
+    return true;
 }
 
 /* Removes finished requests from the running list, keeping order. */
@@ -663,9 +626,15 @@ static void *engine_main(void *arg) {
         }
         sreq *admitted[256];
         int n_adm = 0;
+        bool held = false;
+        double now = ember_now();
         while (s->q_head && s->n_running + n_adm < s->cfg.max_running && n_adm < 256) {
             sreq *r = s->q_head;
             if (!atomic_load(&r->cancel) && s->reserved + r->need_blocks > s->pool_blocks) break;
+            if (fresh_hold(s, r, admitted, n_adm, now)) {
+                held = true;
+                break;
+            }
             s->q_head = r->next;
             if (s->q_head == NULL) s->q_tail = NULL;
             s->q_len--;
@@ -683,16 +652,28 @@ static void *engine_main(void *arg) {
         }
         s->n_running_pub = s->n_running + n_adm;
         pthread_mutex_unlock(&s->lock);
-        for (int i = 0; i < n_adm; i++) {
-            admit(s, admitted[i]);
-            maybe_pause(s, admitted[i]);
-        }
+        for (int i = 0; i < n_adm; i++) admit(s, admitted[i]);
+        s->forwarded = 0;
+        poll_predictions(s);
+        compact(s);
         prefill_step(s);
         compact(s);
         decode_step(s);
         compact(s);
         pthread_mutex_lock(&s->lock);
         s->n_running_pub = s->n_running;
+        /* Nothing to forward (retirements waiting on the predictor thread,
+         * a held request): sleep a little instead of spinning. */
+        if (s->forwarded == 0 && (s->n_running > 0 || held) && !s->draining) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&s->wake, &s->lock, &ts);
+        }
         pthread_mutex_unlock(&s->lock);
     }
     return NULL;
@@ -722,16 +703,11 @@ sched *sched_create(engine *e, const sched_config *cfg, serve_metrics *metrics, 
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->wake, NULL);
     s->running = calloc((size_t)s->cfg.max_running, sizeof *s->running);
-    s->b_tok = malloc((size_t)s->max_batch * sizeof *s->b_tok);
-    s->b_pos = malloc((size_t)s->max_batch * sizeof *s->b_pos);
-    s->b_seq = malloc((size_t)s->max_batch * sizeof *s->b_seq);
-    s->b_want = malloc((size_t)s->max_batch * sizeof *s->b_want);
     s->b_req = malloc((size_t)s->max_batch * sizeof *s->b_req);
-    if (s->stateful) s->b_state = malloc((size_t)s->max_batch * sizeof *s->b_state);
     s->logits = malloc((size_t)s->cfg.max_running * (size_t)s->n_vocab * sizeof(float));
     s->scratch = malloc((size_t)s->n_vocab * sizeof(float));
-    if (!s->running || !s->b_tok || !s->b_pos || !s->b_seq || !s->b_want || !s->b_req || !s->logits || !s->scratch ||
-        (s->stateful && !s->b_state)) {
+    if (!s->running || !s->b_req || !s->logits || !s->scratch ||
+        engine_batch_init(&s->batch, s->max_batch, s->stateful) < 0) {
         ember_fail(err, "scheduler: out of memory for batches of %d", s->max_batch);
         sched_free(s);
         return NULL;
@@ -765,12 +741,8 @@ void sched_free(sched *s) {
     sched_drain(s);
     model_ctx_free(s->ctx);
     free(s->running);
-    free(s->b_tok);
-    free(s->b_pos);
-    free(s->b_seq);
-    free(s->b_want);
+    engine_batch_free(&s->batch);
     free(s->b_req);
-    free(s->b_state);
     free(s->logits);
     free(s->scratch);
     pthread_mutex_destroy(&s->lock);
@@ -787,50 +759,45 @@ void sched_counts(sched *s, int *running, int *waiting) {
     pthread_mutex_unlock(&s->lock);
 }
 
+uint64_t sched_fresh_holds(sched *s, char *reason, size_t reason_cap) {
+    pthread_mutex_lock(&s->lock);
+    uint64_t n = s->fresh_holds;
+    if (reason && reason_cap) snprintf(reason, reason_cap, "%s", s->fresh_reason);
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
 static void params_free(sreq_params *p) {
     free(p->prompt);
     p->prompt = NULL;
-    if (p->predict_free) p->predict_free(p->predict_user);
-    p->predict_free = NULL;
-    p->predict_user = NULL;
+    chat_turn_predictor_free(p->plan.predictor);
+    p->plan.predictor = NULL;
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
     p->n_stop = 0;
 }
 
 sched_status sched_submit(sched *s, sreq_params *p, sreq **out, ember_error *err) {
     *out = NULL;
-    const int64_t N = p->n_prompt;
-    if (N < 1) {
-        params_free(p);
-        ember_fail(err, "the prompt has no tokens");
-        return SCHED_ERROR;
-    }
-    for (int64_t i = 0; i < N; i++)
-        if (p->prompt[i] < 0 || p->prompt[i] >= s->n_vocab) {
-            ember_fail(err, "prompt token %lld is %d, outside the vocabulary of %d", (long long)i, p->prompt[i],
-                       s->n_vocab);
-            params_free(p);
-            return SCHED_ERROR;
-        }
-    if (N > s->n_ctx) {
-        ember_fail(err, "This model's maximum context length is %d tokens. However, your prompt has %lld tokens.",
-                   s->n_ctx, (long long)N);
-        params_free(p);
-        return SCHED_TOO_LONG;
-    }
     if (p->max_tokens < 1) p->max_tokens = 1;
-    int64_t longest = N + p->max_tokens < s->n_ctx ? N + p->max_tokens : s->n_ctx;
-    int64_t need = (longest + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS + 1;
-    if (need > s->pool_blocks) {
-        ember_fail(err,
-                   "the request needs up to %lld KV blocks (%lld prompt + %d new tokens) but the pool has %d "
-                   "(cache.num_blocks); lower max_tokens",
-                   (long long)need, (long long)N, p->max_tokens, s->pool_blocks);
+    engine_req_params ep;
+    memset(&ep, 0, sizeof ep);
+    ep.prompt = p->prompt;
+    ep.n_prompt = p->n_prompt;
+    ep.max_tokens = p->max_tokens;
+    ep.salt = p->salt;
+    ep.cache = ENGINE_CACHE_ON;
+    ep.prefill_step = s->cfg.prefill_step;
+    ep.plan = p->plan;
+    ep.async_predict = true;
+    engine_req *q = engine_req_create(s->e, &ep, err);
+    if (q == NULL) {
+        bool too_long = p->n_prompt > s->n_ctx || strstr(err->msg, "KV blocks") != NULL;
         params_free(p);
-        return SCHED_TOO_LONG;
+        return too_long ? SCHED_TOO_LONG : SCHED_ERROR;
     }
     sreq *r = calloc(1, sizeof *r);
     if (r == NULL) {
+        engine_req_free(q);
         params_free(p);
         ember_fail(err, "out of memory");
         return SCHED_ERROR;
@@ -841,18 +808,17 @@ sched_status sched_submit(sched *s, sreq_params *p, sreq **out, ember_error *err
     atomic_init(&r->cancel, false);
     r->p = *p;
     memset(p, 0, sizeof *p);
-    r->need_blocks = need;
+    r->q = q;
+    r->need_blocks = engine_req_need_blocks(q);
     r->t_arrive = ember_now();
     r->smp = sampler_create(&r->p.sampling);
     r->ts = tok_stream_create(s->tok, false);
-    r->all = malloc((size_t)(N + r->p.max_tokens + 1) * sizeof(int32_t));
-    if (r->smp == NULL || r->ts == NULL || r->all == NULL) {
+    if (r->smp == NULL || r->ts == NULL) {
         sreq_free(r);
         ember_fail(err, "out of memory");
         return SCHED_ERROR;
     }
-    memcpy(r->all, r->p.prompt, (size_t)N * sizeof(int32_t));
-    for (int64_t i = 0; i < N; i++) sampler_accept(r->smp, r->p.prompt[i]);
+    for (int64_t i = 0; i < r->p.n_prompt; i++) sampler_accept(r->smp, r->p.prompt[i]);
     pthread_mutex_lock(&s->lock);
     sched_status st = SCHED_OK;
     if (s->draining) st = SCHED_DRAINING;

@@ -19,8 +19,8 @@
  *    the batch, the others take the rest shortest first, so a short
  *    request arriving during a long prefill waits about one batch, not the
  *    whole prompt); then one batched decode step over every decoding sequence in a
- *    single model_forward. The cache protocol is engine.c's, through the
- *    same calls (engine_cache.h) on every tier: lookup, prefill chunks that
+ *    single model_forward. Every request moves through the one driver
+ *    (engine_req.h) that engine_generate uses too: lookup, prefill chunks that
  *    also stop at the cache's scheduled checkpoints (turn boundary,
  *    system-prompt anchor, interval points, N-1), PAUSE store at N-1, the
  *    last prompt token forwarded alone (as the request's first decode row),
@@ -31,6 +31,11 @@
  *    reply sees the stored prefix. On a ckpt-tier cache the prompt phase
  *    (lookup through the PREFILL store) runs one request at a time, in
  *    admission order, while decode rows of the others still batch.
+ *  - Freshness gate: a queued request that shares at least fresh_min
+ *    uncached prompt tokens with a request still in its prompt phase (or
+ *    admitted before it in the same round) waits, up to fresh_wait_ms, for
+ *    that request's store instead of prefilling the prefix cold; the queue
+ *    keeps its order behind it.
  *  - Rows are batch-invariant (model.h), so a request's greedy output does
  *    not depend on its neighbours.
  *  - Output: text is detokenized as UTF-8 (incomplete characters held back)
@@ -62,6 +67,8 @@ typedef struct sched_config {
     int prefill_step;
     int max_running;
     int queue_size;
+    int fresh_wait_ms;        /* freshness gate: longest hold of a sibling; <= 0: gate off */
+    int fresh_min;            /* ... when it shares at least this many uncached tokens */
 } sched_config;
 
 typedef struct sreq_params {
@@ -74,14 +81,10 @@ typedef struct sreq_params {
     int n_stop;
     int top_logprobs;         /* -1: no logprobs; 0..20: logprobs with that many alternatives */
     bool ignore_eos;
-    /* Render-derived cache positions, as engine_request's (chat requests;
-     * 0 / NULL: none). predict runs on the engine thread; predict_user is
-     * taken over and released with predict_free. */
-    int64_t turn_pos;         /* chat_render_stable boundary, in tokens */
-    int64_t anchor_pos;       /* chat_system_prefix_anchor, in tokens */
-    apc_predict_fn predict;   /* chat_predict_next_turn as a common prefix with the live tokens */
-    void *predict_user;
-    void (*predict_free)(void *user);
+    /* What the chat template tells the cache (chat requests; all zero
+     * otherwise); the predictor is taken over. Predictions run on the
+     * engine's predictor thread, never on the engine thread. */
+    chat_cache_plan plan;
 } sreq_params;
 
 typedef enum sched_status {
@@ -141,6 +144,9 @@ void sched_drain(sched *s);
 void sched_free(sched *s);
 int sched_n_ctx(const sched *s);
 void sched_counts(sched *s, int *running, int *waiting);
+/* The freshness gate (reference §14.1): requests that entered the held
+ * state, and why the last one did (copied into reason). */
+uint64_t sched_fresh_holds(sched *s, char *reason, size_t reason_cap);
 
 sched_status sched_submit(sched *s, sreq_params *p, sreq **out, ember_error *err);
 /* Waits up to timeout_ms for output past cur (or the finish); fills d and

@@ -1,4 +1,4 @@
-/* apc_disk_fp.c - the model fingerprint that names the SSD tier's namespace.
+/* engine_fingerprint.c - the model fingerprint that names the SSD tier's namespace.
  *
  * It must change whenever the weights could, and never because of a path:
  * the XXH3-128 over the file size, the GGUF version and alignment, every
@@ -11,7 +11,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "apc/apc.h"
+#include "engine/engine.h"
 
 static void feed(XXH3_state_t *st, const void *p, size_t n) { XXH3_128bits_update(st, p, n); }
 
@@ -26,7 +26,7 @@ static void feed_str(XXH3_state_t *st, const char *p, uint64_t len) {
     if (len) feed(st, p, (size_t)len);
 }
 
-void apc_model_fingerprint(const gguf_file *f, uint8_t out[16]) {
+void engine_model_fingerprint(const gguf_file *f, uint8_t out[16]) {
     memset(out, 0, 16);
     XXH3_state_t *st = XXH3_createState();
     if (st == NULL) return;

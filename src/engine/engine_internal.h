@@ -1,0 +1,32 @@
+/* engine_internal.h - what engine_req.c needs of the engine (engine.c).
+ *
+ * The predictor thread: one per engine, started on the first job, runs
+ * render predictions (chat_turn_predict) in submission order so that no
+ * forward pass waits on a template. A job is owned by its submitter; the
+ * thread only writes its result and then sets done. engine__predict_cancel
+ * returns once the thread no longer touches the job (it was removed from
+ * the queue, or it finished). */
+#ifndef EMBER_ENGINE_INTERNAL_H
+#define EMBER_ENGINE_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "chat/chat_plan.h"
+#include "engine/engine.h"
+
+typedef struct engine_predict_job {
+    chat_turn_predictor *predictor;
+    int32_t *tokens;     /* (n) a copy of the sequence's tokens */
+    int64_t n;
+    int64_t result;      /* chat_turn_predict's answer */
+    atomic_bool done;
+    struct engine_predict_job *next_queued;  /* the engine's queue */
+    struct engine_predict_job *next_pending; /* the request's own FIFO */
+} engine_predict_job;
+
+void engine__predict_submit(engine *e, engine_predict_job *j);
+void engine__predict_cancel(engine *e, engine_predict_job *j);
+int engine__prefill_step(const engine *e);
+
+#endif

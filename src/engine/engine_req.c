@@ -1,0 +1,385 @@
+/* engine_req.c - one request's driver (see engine_req.h).
+ *
+ * A request owns its kv_seq, its model_state (recurrent layers), its
+ * apc_req and the tokens so far (prompt + reply). The runner asks for rows,
+ * forwards them with other requests' rows, and reports back; the driver
+ * keeps the order that invariant 1 needs (grid chunks, N-1 alone) and that
+ * the cache protocol needs (lookup, stops, prefilled, decode, retire), so
+ * neither runner can get it wrong.
+ *
+ * Retirement stores the tokens whose K/V exist: the prompt and every
+ * generated token but the last (sampled, never forwarded). When the cache
+ * says one more forward makes the stored sequence more useful, the driver
+ * spends it (RETIRE), so that the next turn warm-starts past the whole
+ * reply. A retirement on the checkpoint tier is keyed where the next turn's
+ * render diverges; that prediction, like the decode ring's, is computed
+ * off the engine thread (engine_internal.h) and delivered by
+ * engine_req_poll, in the order asked. */
+#include "engine/engine_req.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/clock.h"
+#include "engine/engine_internal.h"
+
+struct engine_req {
+    engine *e;
+    apc *cache;
+    engine_req_phase phase;
+    int step;
+    int64_t N;
+    int max_tokens;
+    int64_t n_ctx;
+    int64_t need_blocks;
+    uint64_t salt;
+    kv_seq seq;
+    model_state *state;          /* recurrent layers; else NULL */
+    apc_req *ar;
+    int32_t *all;                /* (N + max_tokens + 1) prompt + reply */
+    int n_gen;
+    int64_t cached;
+    apc_source source;
+    int64_t forwarded;
+    int64_t last_rows;           /* rows added by the last engine_req_add_rows */
+    double cache_s;
+    chat_turn_predictor *predictor;
+    bool async_predict;
+    /* predictions in flight, oldest first; the last one may be the retirement's */
+    engine_predict_job *pending_head, *pending_tail;
+    engine_predict_job *retire_job;
+};
+
+/* ---- Lifetime ---- */
+
+engine_req *engine_req_create(engine *e, const engine_req_params *p, ember_error *err) {
+    const model *m = engine_model(e);
+    const int V = model_get_hparams(m)->n_vocab;
+    const int64_t N = p->n_prompt;
+    const int n_ctx = engine_n_ctx(e);
+    if (N < 1 || p->prompt == NULL) {
+        ember_fail(err, "the prompt has no tokens");
+        return NULL;
+    }
+    if (N > n_ctx) {
+        ember_fail(err, "This model's maximum context length is %d tokens. However, your prompt has %lld tokens.",
+                   n_ctx, (long long)N);
+        return NULL;
+    }
+    for (int64_t i = 0; i < N; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= V) {
+            ember_fail(err, "prompt token %lld is %d, outside the vocabulary of %d", (long long)i, p->prompt[i], V);
+            return NULL;
+        }
+    int max_tokens = p->max_tokens > 0 ? p->max_tokens : 0;
+    int64_t longest = N + max_tokens < n_ctx ? N + max_tokens : n_ctx;
+    int64_t need = (longest + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS + 1;
+    int32_t pool_blocks = kv_pool_n_blocks(engine_pool(e));
+    if (need > pool_blocks) {
+        ember_fail(err,
+                   "the request needs up to %lld KV blocks (%lld prompt + %d new tokens) but the pool has %d "
+                   "(cache.num_blocks); lower max_tokens",
+                   (long long)need, (long long)N, max_tokens, pool_blocks);
+        return NULL;
+    }
+    engine_req *q = calloc(1, sizeof *q);
+    if (q == NULL) {
+        ember_fail(err, "out of memory for a request of %lld tokens", (long long)N);
+        return NULL;
+    }
+    q->e = e;
+    q->cache = engine_cache(e);
+    q->phase = ENGINE_REQ_ADMITTED;
+    q->step = p->prefill_step > 0 ? p->prefill_step : engine__prefill_step(e);
+    q->N = N;
+    q->max_tokens = max_tokens;
+    q->n_ctx = n_ctx;
+    q->need_blocks = need;
+    q->salt = p->salt;
+    q->predictor = p->plan.predictor;
+    q->async_predict = p->async_predict;
+    kv_seq_init(&q->seq);
+    q->all = malloc((size_t)(N + max_tokens + 1) * sizeof(int32_t));
+    if (q->all == NULL) goto oom;
+    memcpy(q->all, p->prompt, (size_t)N * sizeof(int32_t));
+    if (model_has_state(m)) {
+        q->state = model_state_create(m, err);
+        if (q->state == NULL) goto fail;
+    }
+    apc_req_params ap;
+    memset(&ap, 0, sizeof ap);
+    ap.prompt = q->all;
+    ap.n_prompt = N;
+    ap.salt = p->salt;
+    ap.prefill_step = q->step;
+    ap.lookup = p->cache == ENGINE_CACHE_ON || p->cache == ENGINE_CACHE_LOOKUP;
+    ap.store = p->cache == ENGINE_CACHE_ON || p->cache == ENGINE_CACHE_STORE;
+    ap.hints.turn_pos = p->plan.turn_pos;
+    ap.hints.anchor_pos = p->plan.anchor_pos;
+    ap.hints.predicts = p->plan.predictor != NULL;
+    q->ar = apc_req_create(q->cache, &ap); /* NULL (out of memory): the cache ignores the request */
+    return q;
+oom:
+    ember_fail(err, "out of memory for a request of %lld tokens", (long long)N);
+fail:
+    engine_req_free(q);
+    return NULL;
+}
+
+static void drop_pending(engine_req *q) {
+    while (q->pending_head) {
+        engine_predict_job *j = q->pending_head;
+        q->pending_head = j->next_pending;
+        engine__predict_cancel(q->e, j);
+        free(j->tokens);
+        free(j);
+    }
+    q->pending_tail = NULL;
+    q->retire_job = NULL;
+}
+
+void engine_req_free(engine_req *q) {
+    if (q == NULL) return;
+    drop_pending(q);
+    apc_req_free(q->ar);
+    model_state_free(q->state);
+    apc_seq_release(q->cache, &q->seq);
+    free(q->all);
+    free(q);
+}
+
+/* ---- Admission ---- */
+
+int64_t engine_req_need_blocks(const engine_req *q) { return q->need_blocks; }
+
+bool engine_req_serial(const engine_req *q) { return apc_req_serial(q->ar); }
+
+static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
+    int64_t i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    return i;
+}
+
+bool engine_req_fresh_hold(const engine_req *q, engine_req *const *earlier, int n, int fresh_min, char *reason,
+                           size_t reason_cap) {
+    if (fresh_min < 1 || q->ar == NULL || apc_req_serial(q->ar)) return false;
+    int64_t shared = 0;
+    for (int i = 0; i < n; i++) {
+        const engine_req *o = earlier[i];
+        if (o == q || o->phase > ENGINE_REQ_FIRST) continue; /* its prompt is stored */
+        int64_t l = common_prefix(q->all, q->N - 1, o->all, o->N);
+        if (l > shared) shared = l;
+    }
+    if (shared < fresh_min) return false;
+    int64_t covered = apc_peek(q->cache, q->all, q->N, q->salt);
+    if (shared - covered < fresh_min) return false;
+    snprintf(reason, reason_cap, "shares %lld uncached prompt tokens with an earlier request (%lld cached)",
+             (long long)(shared - covered), (long long)covered);
+    return true;
+}
+
+static void to_prompt_phase(engine_req *q) {
+    q->phase = q->seq.n_tokens < q->N - 1 ? ENGINE_REQ_PROMPT : ENGINE_REQ_FIRST;
+}
+
+apc_hit engine_req_lookup(engine_req *q) {
+    assert(q->phase == ENGINE_REQ_ADMITTED);
+    double t = ember_now();
+    apc_hit hit = apc_req_lookup(q->ar, &q->seq, q->state);
+    q->cache_s += ember_now() - t;
+    q->cached = hit.n_tokens;
+    q->source = hit.source;
+    to_prompt_phase(q);
+    return hit;
+}
+
+/* ---- Rows ---- */
+
+engine_req_phase engine_req_get_phase(const engine_req *q) { return q->phase; }
+
+int64_t engine_req_prompt_chunk(const engine_req *q, int step, int64_t allow) {
+    if (q->phase != ENGINE_REQ_PROMPT) return 0;
+    int64_t p = q->seq.n_tokens, end = (p / step + 1) * step;
+    if (end > q->N - 1) end = q->N - 1;
+    int64_t stop = apc_req_next_stop(q->ar, p); /* a scheduled store */
+    if (stop < end) end = stop;
+    if (end - p > allow) end = (p + allow) / KV_BLOCK_TOKENS * KV_BLOCK_TOKENS;
+    return end > p ? end - p : 0;
+}
+
+int engine_req_add_rows(engine_req *q, engine_batch *b, int64_t n, ember_error *err) {
+    assert(q->phase == ENGINE_REQ_PROMPT || n == 1);
+    assert(q->phase == ENGINE_REQ_PROMPT || q->phase == ENGINE_REQ_FIRST || q->phase == ENGINE_REQ_DECODE ||
+           q->phase == ENGINE_REQ_RETIRE);
+    assert(b->n + n <= b->cap);
+    if (apc_seq_prepare_append(q->cache, &q->seq, n, err) < 0) return -1;
+    int64_t p = q->seq.n_tokens;
+    for (int64_t j = 0; j < n; j++) {
+        int i = b->n++;
+        b->tok[i] = q->all[p + j];
+        b->pos[i] = p + j;
+        b->seq[i] = &q->seq;
+        b->want[i] = q->phase == ENGINE_REQ_FIRST || q->phase == ENGINE_REQ_DECODE;
+        if (b->state) b->state[i] = q->state;
+    }
+    q->last_rows = n;
+    return 0;
+}
+
+static void submit_prediction(engine_req *q, int64_t n, bool for_retire) {
+    engine_predict_job *j = calloc(1, sizeof *j);
+    int32_t *copy = j ? malloc((size_t)n * sizeof(int32_t)) : NULL;
+    if (j == NULL || copy == NULL) {
+        /* No prediction is a valid answer (the cache stores less). */
+        free(j);
+        if (for_retire) {
+            apc_req_retire(q->ar, q->all, q->seq.n_tokens, -1, &q->seq, q->state);
+            q->phase = ENGINE_REQ_DONE;
+        } else {
+            apc_req_predicted(q->ar, n, -1);
+        }
+        return;
+    }
+    memcpy(copy, q->all, (size_t)n * sizeof(int32_t));
+    j->predictor = q->predictor;
+    j->tokens = copy;
+    j->n = n;
+    atomic_init(&j->done, false);
+    if (q->pending_tail) q->pending_tail->next_pending = j;
+    else q->pending_head = j;
+    q->pending_tail = j;
+    if (for_retire) q->retire_job = j;
+    if (q->async_predict) {
+        engine__predict_submit(q->e, j);
+    } else {
+        j->result = chat_turn_predict(j->predictor, j->tokens, j->n);
+        atomic_store(&j->done, true);
+    }
+}
+
+/* The retirement store, once every prediction it depends on has landed. */
+static void retire_now(engine_req *q) {
+    if (q->predictor && apc_req_retire_wants_prediction(q->ar)) {
+        submit_prediction(q, q->seq.n_tokens, true);
+        q->phase = ENGINE_REQ_PREDICT;
+        engine_req_poll(q);
+        return;
+    }
+    double t = ember_now();
+    apc_req_retire(q->ar, q->all, q->seq.n_tokens, -1, &q->seq, q->state);
+    q->cache_s += ember_now() - t;
+    q->phase = ENGINE_REQ_DONE;
+}
+
+void engine_req_forwarded(engine_req *q, int64_t n) {
+    assert(n == q->last_rows);
+    q->seq.n_tokens += n;
+    q->forwarded += n;
+    double t = ember_now();
+    switch (q->phase) {
+    case ENGINE_REQ_PROMPT:
+        apc_req_at(q->ar, &q->seq, q->state); /* also the N-1 pause */
+        to_prompt_phase(q);
+        break;
+    case ENGINE_REQ_FIRST:
+        apc_req_prefilled(q->ar, &q->seq, q->state);
+        q->phase = ENGINE_REQ_SAMPLE;
+        break;
+    case ENGINE_REQ_DECODE: {
+        int64_t p = apc_req_decode(q->ar, q->all, &q->seq, q->state);
+        if (p > 0 && q->predictor) submit_prediction(q, p, false);
+        else if (p > 0) apc_req_predicted(q->ar, p, -1);
+        q->phase = ENGINE_REQ_SAMPLE;
+        break;
+    }
+    case ENGINE_REQ_RETIRE:
+        q->cache_s += ember_now() - t;
+        retire_now(q);
+        return;
+    default: assert(!"rows forwarded in a phase that has none"); break;
+    }
+    q->cache_s += ember_now() - t;
+    engine_req_poll(q);
+}
+
+/* ---- Generation ---- */
+
+void engine_req_accept(engine_req *q, int32_t token) {
+    assert(q->phase == ENGINE_REQ_SAMPLE && q->n_gen < q->max_tokens);
+    q->all[q->N + q->n_gen++] = token;
+    q->phase = ENGINE_REQ_DECODE;
+}
+
+void engine_req_finish(engine_req *q) {
+    assert(q->phase == ENGINE_REQ_SAMPLE || q->phase == ENGINE_REQ_DECODE);
+    int64_t have = q->seq.n_tokens, total = q->N + q->n_gen;
+    if (have == total - 1 && have < q->n_ctx && apc_req_retire_wants_last_token(q->ar, have)) {
+        q->phase = ENGINE_REQ_RETIRE; /* one more row: the last generated token */
+        return;
+    }
+    retire_now(q);
+}
+
+void engine_req_retire_row_failed(engine_req *q, bool state_intact) {
+    assert(q->phase == ENGINE_REQ_RETIRE);
+    apc_seq_truncate(q->cache, &q->seq, q->seq.n_tokens); /* blocks a failed pass allocated */
+    if (state_intact || q->state == NULL) retire_now(q);
+    else q->phase = ENGINE_REQ_DONE;
+}
+
+void engine_req_poll(engine_req *q) {
+    while (q->pending_head && atomic_load(&q->pending_head->done)) {
+        engine_predict_job *j = q->pending_head;
+        q->pending_head = j->next_pending;
+        if (q->pending_head == NULL) q->pending_tail = NULL;
+        double t = ember_now();
+        if (j == q->retire_job) {
+            apc_req_retire(q->ar, q->all, j->n, j->result, &q->seq, q->state);
+            q->retire_job = NULL;
+            q->phase = ENGINE_REQ_DONE;
+        } else {
+            apc_req_predicted(q->ar, j->n, j->result);
+        }
+        q->cache_s += ember_now() - t;
+        free(j->tokens);
+        free(j);
+    }
+}
+
+/* ---- Reading ---- */
+
+const int32_t *engine_req_tokens(const engine_req *q) { return q->all; }
+int engine_req_n_generated(const engine_req *q) { return q->n_gen; }
+int64_t engine_req_n_kv(const engine_req *q) { return q->seq.n_tokens; }
+int64_t engine_req_cached(const engine_req *q) { return q->cached; }
+apc_source engine_req_cache_source(const engine_req *q) { return q->source; }
+int64_t engine_req_forwarded_total(const engine_req *q) { return q->forwarded; }
+double engine_req_cache_seconds(const engine_req *q) { return q->cache_s; }
+
+/* ---- Batches ---- */
+
+int engine_batch_init(engine_batch *b, int cap, bool with_states) {
+    memset(b, 0, sizeof *b);
+    b->cap = cap;
+    b->tok = malloc((size_t)cap * sizeof *b->tok);
+    b->pos = malloc((size_t)cap * sizeof *b->pos);
+    b->seq = malloc((size_t)cap * sizeof *b->seq);
+    b->want = malloc((size_t)cap * sizeof *b->want);
+    if (with_states) b->state = malloc((size_t)cap * sizeof *b->state);
+    if (!b->tok || !b->pos || !b->seq || !b->want || (with_states && !b->state)) {
+        engine_batch_free(b);
+        return -1;
+    }
+    return 0;
+}
+
+void engine_batch_free(engine_batch *b) {
+    free(b->tok);
+    free(b->pos);
+    free(b->seq);
+    free(b->want);
+    free(b->state);
+    memset(b, 0, sizeof *b);
+}

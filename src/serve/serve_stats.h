@@ -1,0 +1,17 @@
+/* serve_stats.h - the prompt cache's counters as the JSON object of
+ * GET /v1/cache/stats.
+ *
+ * Contract: serve_cache_stats_json(c) takes one consistent snapshot of the
+ * cache's counters (apc_get_stats) and returns a new object the caller
+ * frees with cJSON_Delete; NULL only when out of memory. A cache whose
+ * tier is none renders as {"enabled": false}. */
+#ifndef EMBER_SERVE_STATS_H
+#define EMBER_SERVE_STATS_H
+
+#include <cjson/cJSON.h>
+
+#include "apc/apc.h"
+
+cJSON *serve_cache_stats_json(apc *c);
+
+#endif
