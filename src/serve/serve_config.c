@@ -52,6 +52,8 @@ static const key_desc keys[] = {
     {"cache.num_blocks", "APC_NUM_BLOCKS", K_INT, F(num_blocks), 0, 0, INT_MAX},
     {"cache.exact_entries", "APC_EXACT_CACHE_ENTRIES", K_INT, F(exact_entries), 0, 0, 1 << 20},
     {"cache.hash", "APC_HASH", K_HASH, F(hash_xxh3), 0, 0, 0},
+    {"cache.fresh_wait_ms", "APC_FRESH_WAIT_MS", K_INT, F(fresh_wait_ms), 0, 0, 60000},
+    {"cache.fresh_min", "APC_FRESH_MIN", K_INT, F(fresh_min), 0, 1, 1 << 24},
     {"cache.disk.path", "APC_DISK_PATH", K_STR, F(disk_path), S(disk_path), 0, 0},
     {"cache.disk.max_gb", "APC_DISK_MAX_GB", K_DOUBLE, F(disk_max_gb), 0, 0, 0},
     {"cache.disk.workers", "APC_DISK_WORKERS", K_INT, F(disk_workers), 0, 1, 256},
@@ -74,6 +76,8 @@ void serve_config_defaults(serve_config *c) {
     c->cache_enabled = true;
     c->block_size = 16;
     c->exact_entries = 4;
+    c->fresh_wait_ms = 500;
+    c->fresh_min = 256;
     c->disk_workers = 1;
     snprintf(c->disk_read_mode, sizeof c->disk_read_mode, "direct");
 }

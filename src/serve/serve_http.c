@@ -206,7 +206,15 @@ static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool 
     }
     apc *cache = engine_cache(srv->e);
     bool on = apc_get_tier(cache) != APC_TIER_NONE;
-    if (!reset) return send_cjson(srv, c, label, 200, serve_cache_stats_json(cache));
+    if (!reset) {
+        cJSON *o = serve_cache_stats_json(cache);
+        if (o && on) { /* the scheduler's freshness gate (reference §14.1) */
+            char why[160];
+            cJSON_AddNumberToObject(o, "fresh_holds", (double)sched_fresh_holds(srv->s, why, sizeof why));
+            cJSON_AddStringToObject(o, "fresh_last_hold_reason", why);
+        }
+        return send_cjson(srv, c, label, 200, o);
+    }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddBoolToObject(o, "enabled", on);
     if (on) {
@@ -690,7 +698,8 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
     srv->chat = serve_chat_create(srv->m, err);
     srv->metrics = serve_metrics_create();
     if (srv->chat == NULL || srv->metrics == NULL) goto fail;
-    sched_config sc = {cfg->n_threads, cfg->prefill_step, cfg->max_running, cfg->queue_size};
+    sched_config sc = {cfg->n_threads, cfg->prefill_step, cfg->max_running, cfg->queue_size, cfg->fresh_wait_ms,
+                       cfg->fresh_min};
     srv->s = sched_create(srv->e, &sc, srv->metrics, err);
     if (srv->s == NULL) goto fail;
     srv->api.tok = model_get_tokenizer(srv->m);
