@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 PROMPT ?= Once upon a time
 PORT ?= 8080
 
-.PHONY: all build build-asan run generate test test-release test-asan bench bench-serve bench-multiturn load-test clean
+.PHONY: all build build-asan run generate test test-release test-asan bench bench-serve bench-multiturn bench-predict load-test clean
 
 all: build
 
@@ -67,6 +67,15 @@ bench-multiturn: build
 	  [ -f $$f ] || ./build/ember mkmodel --arch $$a --preset small --type q8_0 --seed 1 --out $$f || exit 1; \
 	  ./build/bench_multiturn --model $$f --turns $(TURNS) --turn-tokens $(TURN_TOKENS) --threads 2 $(MT_ARGS) || exit 1; \
 	done
+
+# The cost of one next-turn render prediction (the engine-thread stall each
+# one caused before predictions moved to the predictor thread): an ~8k-token
+# conversation, the model's template, a GPT-2-sized BPE vocabulary.
+bench-predict: build
+	mkdir -p $(BENCH_MODELS)
+	[ -f $(BENCH_MODELS)/qwen3-tiny-gpt2.gguf ] || ./build/ember mkmodel --arch qwen3 --preset tiny --seed 1 \
+	  --vocab ../shared/fixtures/models/vocab/ggml-vocab-gpt-2.gguf --out $(BENCH_MODELS)/qwen3-tiny-gpt2.gguf
+	./build/bench_predict $(BENCH_MODELS)/qwen3-tiny-gpt2.gguf --tokens 8192 --reps 20
 
 # Load test (not CI): 32 concurrent streaming clients for 60 s against ember
 # serve on loopback; fails on any failed or malformed response, or when the
