@@ -142,6 +142,13 @@ const apc_tier_ops *apc__tier_ops(apc *c) { return c->ops; }
 int64_t apc__state_pos(apc *c, const model_state *s) { return c->state.pos(s); }
 void apc__state_snapshot(apc *c, const model_state *s, void *out) { c->state.snapshot(s, out); }
 void apc__state_reset(apc *c, model_state *s) { c->state.reset(s); }
+model_state *apc__state_scratch(apc *c) {
+    ember_error err;
+    return c->state.create ? c->state.create(c->state.owner, &err) : NULL;
+}
+void apc__state_drop(apc *c, model_state *s) {
+    if (s) c->state.destroy(s);
+}
 bool apc__state_restore(apc *c, model_state *s, const void *buf, int64_t pos) {
     ember_error err;
     if (c->state.restore(s, buf, c->state_bytes, &err) == 0 && c->state.pos(s) == pos) return true;
@@ -391,8 +398,12 @@ static bool block_matches(const apc *c, int32_t b, const apc_key *parent, uint64
            memcmp(m->tokens, tokens, (size_t)n_rows * sizeof(int32_t)) == 0;
 }
 
-apc_hit apc__lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq) {
+/* The chain walk: memory, then (with_disk) the disk where memory stopped.
+ * count: a lookup's counters (a prefetch counts nothing but disk hits). */
+static apc_hit lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq, bool with_disk,
+                             bool count) {
     apc_hit hit = {0, APC_SOURCE_NONE};
+    apc_disk *disk = with_disk ? c->disk : NULL;
     int64_t n_blocks = n / KV_BLOCK_TOKENS;
     apc_key *keys = NULL;
     if (n_blocks > 0) {
@@ -422,8 +433,8 @@ apc_hit apc__lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t sa
     }
     /* The disk continues the chain where memory stopped. */
     int64_t from_disk = 0;
-    if (c->disk && (size_t)seq->n_blocks == (size_t)matched)
-        from_disk = apc_disk_chain_count(c->disk, keys, matched, n_blocks);
+    if (disk && (size_t)seq->n_blocks == (size_t)matched)
+        from_disk = apc_disk_chain_count(disk, keys, matched, n_blocks);
     /* A partial tail block after the full ones: the longest one whose rows
      * are all in the query, of which at most n-1 tokens in all are used;
      * from memory (pinned now), or from disk when that one is longer. */
@@ -449,7 +460,7 @@ apc_hit apc__lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t sa
                 tail_rows = m;
                 break;
             }
-            if (c->disk && apc_disk_has_block(c->disk, &k)) {
+            if (disk && apc_disk_has_block(disk, &k)) {
                 disk_tail = true;
                 tail_key = k;
                 tail_rows = m;
@@ -482,7 +493,7 @@ apc_hit apc__lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t sa
     int64_t loaded = 0;
     if (n_fresh > 0) {
         pthread_mutex_unlock(&c->lock);
-        loaded = apc_disk_load_blocks(c->disk, matched > 0 ? &keys[matched - 1] : &zero, salt, want, n_fresh);
+        loaded = apc_disk_load_blocks(disk, matched > 0 ? &keys[matched - 1] : &zero, salt, want, n_fresh);
         pthread_mutex_lock(&c->lock);
     }
     bool grew = true; /* the sequence is still contiguous */
@@ -522,14 +533,16 @@ apc_hit apc__lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t sa
     }
     if (got_blocks == 0 || adopted == 0) {
         if (seq->n_blocks > 0) kv_seq_release(c->pool, seq);
-        c->lookups_miss++;
+        if (count) c->lookups_miss++;
     } else {
         if (adopted > n - 1) adopted = n - 1;
         /* A last block left partial stays shared; the pool copies it on append. */
         seq->n_tokens = (int64_t)seq->n_blocks * KV_BLOCK_TOKENS;
         if (seq->n_tokens > adopted) kv_seq_truncate(c->pool, seq, adopted);
-        c->lookups_hit++;
-        c->matched_tokens += (uint64_t)adopted;
+        if (count) {
+            c->lookups_hit++;
+            c->matched_tokens += (uint64_t)adopted;
+        }
         hit.n_tokens = adopted;
         hit.source = APC_SOURCE_BLOCK;
     }
@@ -537,6 +550,21 @@ apc_hit apc__lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t sa
     free(want);
     free(keys);
     return hit;
+}
+
+apc_hit apc__lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq) {
+    return lookup_blocks(c, tokens, n, salt, seq, false, true);
+}
+
+/* The walk into a private sequence: what the disk adds is loaded into
+ * fresh pool blocks and indexed; the sequence is then let go, so the
+ * blocks stay findable (unreferenced, in the pool's LRU). */
+int64_t apc__prefetch_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
+    kv_seq seq;
+    kv_seq_init(&seq);
+    apc_hit hit = lookup_blocks(c, tokens, n, salt, &seq, true, false);
+    apc_seq_release(c, &seq);
+    return hit.n_tokens;
 }
 
 /* A snapshot on disk longer than memory's best joins the LRU. */
@@ -561,7 +589,6 @@ static apc_hit lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t s
                             model_state *state) {
     apc_hit hit = {0, APC_SOURCE_NONE};
     if (c->state_bytes && state == NULL) return hit;
-    if (c->disk) promote_from_disk(c, tokens, n, salt);
     pthread_mutex_lock(&c->lock);
     apc_exact_entry *e = apc_exact_find_prefix(&c->exact, tokens, n - 1, salt);
     /* On a recurrent stack only entries with their state restore. */
@@ -619,6 +646,18 @@ apc_hit apc__lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t sal
     apc_hit none = {0, APC_SOURCE_NONE};
     if (n < 2 || (c->state_bytes && (state == NULL || apc__state_pos(c, state) != 0))) return none;
     return lookup_exact(c, tokens, n, salt, seq, state);
+}
+
+int64_t apc__prefetch_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
+    if (n < 2) return 0;
+    promote_from_disk(c, tokens, n, salt);
+    return apc__peek_exact(c, tokens, n, salt);
+}
+
+bool apc_has_disk(const apc *c) { return c->disk != NULL; }
+
+int64_t apc_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
+    return c->disk && n >= 2 ? c->ops->prefetch(c, tokens, n, salt) : 0;
 }
 
 int64_t apc__peek_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
@@ -815,6 +854,7 @@ void apc_get_stats(apc *c, apc_stats *s) {
         s->disk_write_drops = ds.write_drops;
         s->disk_write_errors = ds.write_errors;
         s->disk_corrupt = ds.corrupt;
+        s->disk_read_errors = ds.read_errors;
         s->ckpt_skeleton_writes = ds.skeleton_writes;
         memcpy(s->disk_namespace, ds.ns_hex, sizeof s->disk_namespace);
     }

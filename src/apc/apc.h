@@ -87,6 +87,10 @@ typedef struct apc_disk_config {
     int queue_jobs;               /* bounded write queue: jobs (default 64) */
     size_t queue_bytes;           /* and bytes (default 1 GiB) */
     int backoff_ms;               /* writes off after ENOSPC/EIO (default 30000) */
+    /* Tests only: called before every file read, off the engine thread;
+     * may block (a slow disk) or return < 0 (a read error). */
+    int (*read_hook)(void *user, const char *path);
+    void *read_hook_user;
 } apc_disk_config;
 
 /* The checkpoint tier and the exact-tier anchors (reference §7, §6.4).
@@ -159,6 +163,7 @@ typedef struct apc_stats {
     bool disk_enabled;
     uint64_t disk_bytes, disk_max_bytes, disk_evictions, disk_files, disk_blocks_indexed, disk_exact_indexed;
     uint64_t disk_write_drops, disk_write_errors, disk_corrupt;
+    uint64_t disk_read_errors; /* reads that failed without proving the file bad */
     char disk_namespace[33];
     /* Checkpoint family (reference §11.1; live on ckpt-tier models, anchors
      * on exact-tier models). ckpt_declines by apc_ckpt_decline. ember's
@@ -190,6 +195,10 @@ typedef struct apc_state_ops {
     void (*snapshot)(const model_state *s, void *out);
     int (*restore)(model_state *s, const void *buf, size_t n, ember_error *err);
     void (*reset)(model_state *s);                 /* back to empty */
+    /* A scratch state, for checking that a snapshot read from disk restores. */
+    model_state *(*create)(const void *owner, ember_error *err);
+    void (*destroy)(model_state *s);
+    const void *owner;                             /* create's argument (the model) */
 } apc_state_ops;
 
 /* ---- Routing (pure; no logging) ---- */
@@ -228,6 +237,18 @@ void apc_seq_truncate(apc *c, kv_seq *seq, int64_t n_tokens);
 void apc_seq_release(apc *c, kv_seq *seq);
 
 /* ---- One request: apc_req.h ---- */
+
+/* ---- The SSD tier, off the engine thread ---- */
+/* Lookups read memory only. apc_prefetch does the disk part of a lookup of
+ * tokens[0, n) under salt: whatever the SSD tier holds beyond memory's
+ * longest match (a block chain's continuation, a longer snapshot, a deeper
+ * checkpoint skeleton) is verified and brought into memory, where the
+ * request's lookup then finds it. Thread-safe, touches no live sequence,
+ * may block on the disk: the request driver runs it on its fetch threads
+ * with a deadline. Returns the tokens memory now holds for the prompt
+ * (at most n-1). A cache without a disk tier returns 0 at once. */
+bool apc_has_disk(const apc *c);
+int64_t apc_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
 
 /* ---- Peeking (the admission gate) ---- */
 /* How many tokens of tokens[0, n) a lookup under salt would find in memory

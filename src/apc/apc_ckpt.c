@@ -384,8 +384,14 @@ static void rec_insert(apc_ckpt *k, ck_rec *R) {
 
 /* Stores a record of tokens[0, p) from seq's blocks and, on arr stacks,
  * the live state (at p) or a snapshot buffer. Returns whether it landed. */
+/* Where a record comes from: a store that writes its skeleton to the SSD
+ * tier or not, or a skeleton read back from it (not counted as a store). */
+typedef enum ck_origin { CK_MEMORY_ONLY = 0, CK_WITH_SKELETON = 1, CK_FROM_DISK = 2 } ck_origin;
+
 static bool ck_store(apc_ckpt *k, apc_ckpt_kind kind, const int32_t *tokens, int64_t p, uint64_t salt,
-                     const kv_seq *seq, const model_state *live, const void *snap, bool grid_truncate, bool skeleton) {
+                     const kv_seq *seq, const model_state *live, const void *snap, bool grid_truncate,
+                     ck_origin origin) {
+    bool skeleton = origin == CK_WITH_SKELETON;
     apc *c = k->c;
     size_t sb = apc__state_bytes(c);
     if (p < 2) {
@@ -443,7 +449,7 @@ static bool ck_store(apc_ckpt *k, apc_ckpt_kind kind, const int32_t *tokens, int
     }
     r->n_blocks = nb;
     rec_insert(k, r);
-    k->stores++;
+    if (origin != CK_FROM_DISK) k->stores++;
     apc__unlock(c);
     ember_log(EMBER_LOG_DEBUG, "APC ckpt store: tokens=%lld kind=%s main=%d states=%d", (long long)p,
               apc_ckpt_kind_name(kind), (int)nb, sb ? 1 : 0);
@@ -470,30 +476,6 @@ static apc_hit ck_lookup(apc_ckpt *k, const int32_t *tokens, int64_t n, uint64_t
     apc *c = k->c;
     size_t sb = apc__state_bytes(c);
     if (n < 2 || (sb && state == NULL)) return hit;
-    apc_disk *disk = apc__disk(c);
-    if (disk) {
-        /* Restart repair first when the disk has something deeper. */
-        int64_t mem = 0;
-        apc__lock(c);
-        for (ck_rec *r = k->newest; r; r = r->older) {
-            if (r->salt != salt || r->p >= n || r->p <= mem || r->tokens[r->p - 1] != tokens[r->p - 1]) continue;
-            if (r->kind == APC_CKPT_REPLAY && k->has_arr && r->p != n - 1) continue;
-            if (memcmp(r->tokens, tokens, (size_t)r->p * sizeof(int32_t)) == 0) mem = r->p;
-        }
-        apc__unlock(c);
-        int64_t p = apc_disk_restore_skeleton(c, disk, tokens, n, salt, mem, k->has_arr, seq, state);
-        if (p > 0) {
-            apc__lock(c);
-            k->hits++;
-            k->matched += (uint64_t)p;
-            apc__count_hit_locked(c, p);
-            apc__unlock(c);
-            ember_log(EMBER_LOG_DEBUG, "APC ckpt hit: prefix=%lld (disk skeleton)", (long long)p);
-            hit.n_tokens = p;
-            hit.source = APC_SOURCE_CKPT;
-            return hit;
-        }
-    }
     apc__lock(c);
     bool matched = false, gated = false;
     ck_rec *best = NULL;
@@ -739,6 +721,7 @@ const apc_tier_ops apc_exact_ops = {
     .retire_wants_prediction = apc__no_prediction,
     .retire = exact_retire,
     .peek = exact_peek,
+    .prefetch = apc__prefetch_exact,
     .serial = false,
 };
 
@@ -806,7 +789,7 @@ static void ckpt_at(apc_req *r, const kv_seq *seq, const model_state *state) {
         apc_ckpt_point pt = r->sched[r->head++];
         bool skel = !k->has_arr || pt.kind == APC_CKPT_REPLAY || pt.kind == APC_CKPT_ANCHOR ||
                     p >= floor_to(r->N - 1, r->unit);
-        if (ck_store(k, pt.kind, r->prompt, p, r->salt, seq, state, NULL, false, skel))
+        if (ck_store(k, pt.kind, r->prompt, p, r->salt, seq, state, NULL, false, skel ? CK_WITH_SKELETON : CK_MEMORY_ONLY))
             for (int i = 0; i < r->n_bounds; i++)
                 if (r->bounds[i] == p) r->bound_landed = true;
     }
@@ -819,7 +802,8 @@ static void ckpt_prefilled(apc_req *r, const kv_seq *seq, const model_state *sta
         return;
     }
     if (r->N > r->restored)
-        ck_store(apc__ckpt(r->c), APC_CKPT_BOUNDARY, r->prompt, r->N, r->salt, seq, state, NULL, false, true);
+        ck_store(apc__ckpt(r->c), APC_CKPT_BOUNDARY, r->prompt, r->N, r->salt, seq, state, NULL, false,
+                 CK_WITH_SKELETON);
 }
 
 static void ring_drop(apc_req *r, int i) {
@@ -907,13 +891,13 @@ static void ckpt_retire(apc_req *r, const int32_t *all, int64_t n, int64_t commo
     int64_t cap = common >= 0 && common < n ? common : n;
     /* 1. The whole sequence when the next turn replays it verbatim. */
     if (cap == n) {
-        if (ck_store(k, APC_CKPT_RETIRE, all, n, r->salt, seq, state, NULL, true, true)) return;
+        if (ck_store(k, APC_CKPT_RETIRE, all, n, r->salt, seq, state, NULL, true, CK_WITH_SKELETON)) return;
     }
     /* 2. The newest confirmed decode snapshot at or below the cap. */
     for (int i = r->n_snaps - 1; i >= 0; i--) {
         int64_t p = r->snaps[i].p;
         if (!r->snaps[i].confirmed || p < 2 || p > cap) continue;
-        if (ck_store(k, APC_CKPT_RETIRE, all, p, r->salt, seq, NULL, r->snaps[i].state, false, true)) {
+        if (ck_store(k, APC_CKPT_RETIRE, all, p, r->salt, seq, NULL, r->snaps[i].state, false, CK_WITH_SKELETON)) {
             ember_log(EMBER_LOG_DEBUG, "APC retirement: decode ckpt stored at %lld", (long long)p);
             return;
         }
@@ -926,7 +910,7 @@ static void ckpt_retire(apc_req *r, const int32_t *all, int64_t n, int64_t commo
         apc__unlock(r->c);
         if (suppress) return;
         /* 3. The full sequence under its verbatim key. */
-        if (ck_store(k, APC_CKPT_RETIRE, all, n, r->salt, seq, state, NULL, true, true)) {
+        if (ck_store(k, APC_CKPT_RETIRE, all, n, r->salt, seq, state, NULL, true, CK_WITH_SKELETON)) {
             apc__lock(r->c);
             k->fallback_full++;
             apc__unlock(r->c);
@@ -949,6 +933,30 @@ static int64_t ckpt_peek(apc *c, const int32_t *tokens, int64_t n, uint64_t salt
     return best;
 }
 
+/* Restart repair (reference §10.5), off the engine thread: a skeleton on
+ * disk deeper than memory's best record is restored into a private
+ * sequence and a scratch state (which checks that its state restores at its
+ * length) and becomes a record, which the lookup then adopts. */
+static int64_t ckpt_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
+    apc_ckpt *k = apc__ckpt(c);
+    apc_disk *disk = apc__disk(c);
+    int64_t mem = ckpt_peek(c, tokens, n, salt);
+    size_t sb = apc__state_bytes(c);
+    model_state *scratch = NULL;
+    if (disk == NULL || n < 3 || (sb && (scratch = apc__state_scratch(c)) == NULL)) return mem;
+    kv_seq seq;
+    kv_seq_init(&seq);
+    int kind = APC_CKPT_BOUNDARY;
+    int64_t p = apc_disk_restore_skeleton(c, disk, tokens, n, salt, mem, k->has_arr, &seq, scratch, &kind);
+    if (p > 0 && ck_store(k, (apc_ckpt_kind)kind, tokens, p, salt, &seq, scratch, NULL, false, CK_FROM_DISK)) {
+        ember_log(EMBER_LOG_DEBUG, "APC ckpt disk skeleton restored: prefix=%lld", (long long)p);
+        mem = p;
+    }
+    apc_seq_release(c, &seq);
+    apc__state_drop(c, scratch);
+    return mem;
+}
+
 const apc_tier_ops apc_ckpt_ops = {
     .lookup = ckpt_lookup,
     .plan = ckpt_plan,
@@ -961,5 +969,6 @@ const apc_tier_ops apc_ckpt_ops = {
     .retire_wants_prediction = ckpt_wants_prediction,
     .retire = ckpt_retire,
     .peek = ckpt_peek,
+    .prefetch = ckpt_prefetch,
     .serial = true,
 };

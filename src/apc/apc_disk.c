@@ -191,7 +191,9 @@ struct apc_disk {
     uint64_t backoff_until;
     bool backoff_warned, error_warned;
 
-    uint64_t hits, writes, evictions, write_drops, write_errors, corrupt, skel_writes;
+    uint64_t hits, writes, evictions, write_drops, write_errors, corrupt, skel_writes, read_errors;
+    int (*read_hook)(void *user, const char *path); /* apc_disk_config.read_hook */
+    void *read_hook_user;
 };
 
 static uint64_t now_ns(void) {
@@ -430,7 +432,7 @@ static void scan(apc_disk *d) {
             unlink(path);
             continue;
         }
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         apc_disk_header h;
         uint64_t size = 0;
         ember_error err;
@@ -681,6 +683,8 @@ apc_disk *apc_disk_open(const apc_disk_config *cfg, const apc_layout *lay, apc_h
     d->ex.layout = lay;
     d->pool = pool;
     d->mode = cfg->read_mode;
+    d->read_hook = cfg->read_hook;
+    d->read_hook_user = cfg->read_hook_user;
     d->max_bytes = cfg->max_bytes;
     d->queue_jobs = cfg->queue_jobs > 0 ? cfg->queue_jobs : 64;
     d->queue_bytes = cfg->queue_bytes > 0 ? cfg->queue_bytes : (size_t)1 << 30;
@@ -757,13 +761,14 @@ void apc_disk_get_stats(apc_disk *d, apc_disk_stats *s) {
     s->write_drops = d->write_drops;
     s->write_errors = d->write_errors;
     s->corrupt = d->corrupt;
+    s->read_errors = d->read_errors;
     memcpy(s->ns_hex, d->ns_hex, sizeof s->ns_hex);
     pthread_mutex_unlock(&d->lock);
 }
 
 void apc_disk_reset_counters(apc_disk *d) {
     pthread_mutex_lock(&d->lock);
-    d->hits = d->writes = d->evictions = d->write_drops = d->write_errors = d->corrupt = d->skel_writes = 0;
+    d->hits = d->writes = d->evictions = d->write_drops = d->write_errors = d->corrupt = d->skel_writes = d->read_errors = 0;
     pthread_mutex_unlock(&d->lock);
 }
 
@@ -801,13 +806,36 @@ typedef struct open_file {
     apc_disk_src src;
 } open_file;
 
+/* Never blocks on what is not a regular file: O_NONBLOCK makes opening a
+ * FIFO return at once (a FIFO or device would otherwise hang the reader),
+ * O_NOFOLLOW refuses a symlink, and fstat refuses anything but a regular
+ * file (errno EFTYPE_REFUSED, and the caller counts and removes it). The
+ * test hook (apc_disk_config.read_hook) runs first and can delay or fail
+ * the read like a slow or dying disk. */
+#define EFTYPE_REFUSED EMEDIUMTYPE
 static int open_for_read(apc_disk *d, const char *path, open_file *of) {
     memset(of, 0, sizeof *of);
-    of->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (of->fd < 0) return -1;
+    of->fd = -1;
+    if (d->read_hook && d->read_hook(d->read_hook_user, path) < 0) {
+        pthread_mutex_lock(&d->lock);
+        d->read_errors++;
+        pthread_mutex_unlock(&d->lock);
+        errno = EIO;
+        return -1;
+    }
+    of->fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (of->fd < 0) {
+        if (errno == ELOOP) errno = EFTYPE_REFUSED;
+        return -1;
+    }
     struct stat st;
     if (fstat(of->fd, &st) < 0) {
         close(of->fd);
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(of->fd);
+        errno = EFTYPE_REFUSED;
         return -1;
     }
     of->size = (uint64_t)st.st_size;
@@ -864,6 +892,14 @@ static void vanished(apc_disk *d, uint32_t kind, const apc_key *name) {
     pthread_mutex_unlock(&d->lock);
 }
 
+/* open_for_read failed: a file that is gone is forgotten, one that is not
+ * a regular file is refused like a corrupt one; any other error (EIO, a
+ * hook's injected failure) is a miss that leaves the file alone. */
+static void read_failed(apc_disk *d, uint32_t kind, const apc_key *name) {
+    if (errno == ENOENT) vanished(d, kind, name);
+    else if (errno == EFTYPE_REFUSED) corrupt_file(d, kind, name, "not a regular file");
+}
+
 typedef struct block_dst {
     kv_pool *pool;
     const apc_disk_want *want; /* want[0] is piece first */
@@ -894,11 +930,10 @@ int64_t apc_disk_load_blocks(apc_disk *d, const apc_key *parent, uint64_t salt, 
         if ((int32_t)(v >> 16) == last) continue;
         last = (int32_t)(v >> 16);
         file_path(d, rec.kind, &rec.name, path, sizeof path);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
-            close(fd);
-        }
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+        if (fd >= 0) close(fd);
     }
     while (i < n_want) {
         pthread_mutex_lock(&d->lock);
@@ -913,7 +948,7 @@ int64_t apc_disk_load_blocks(apc_disk *d, const apc_key *parent, uint64_t salt, 
         file_path(d, rec.kind, &rec.name, path, sizeof path);
         open_file of;
         if (open_for_read(d, path, &of) < 0) {
-            if (errno == ENOENT) vanished(d, rec.kind, &rec.name);
+            read_failed(d, rec.kind, &rec.name);
             break;
         }
         apc_disk_header h;
@@ -1145,6 +1180,7 @@ static float *exact_dst_fn(void *user, int layer, int kv, uint32_t piece) {
 typedef struct cand {
     apc_key name;
     int64_t n;
+    int kind; /* skeletons: the checkpoint kind */
 } cand;
 
 static int cand_cmp(const void *a, const void *b) {
@@ -1177,7 +1213,7 @@ apc_exact_entry *apc_disk_load_exact(apc_disk *d, const int32_t *tokens, int64_t
         file_path(d, APC_DISK_KIND_EXACT, &c[k].name, path, sizeof path);
         open_file of;
         if (open_for_read(d, path, &of) < 0) {
-            if (errno == ENOENT) vanished(d, APC_DISK_KIND_EXACT, &c[k].name);
+            read_failed(d, APC_DISK_KIND_EXACT, &c[k].name);
             continue;
         }
         apc_disk_header h;
@@ -1327,7 +1363,7 @@ static float *skel_dst_fn(void *user, int layer, int kv, uint32_t piece) {
 }
 
 int64_t apc_disk_find_skeleton(apc_disk *d, const int32_t *tokens, int64_t max_p, int64_t min_p, int64_t replay_at,
-                               uint64_t salt, void *state_out, apc_key *name_out) {
+                               uint64_t salt, void *state_out, apc_key *name_out, int *kind_out) {
     pthread_mutex_lock(&d->lock);
     cand *c = malloc((size_t)(d->n_files ? d->n_files : 1) * sizeof *c);
     int nc = 0;
@@ -1339,6 +1375,7 @@ int64_t apc_disk_find_skeleton(apc_disk *d, const int32_t *tokens, int64_t max_p
         if (r->first_block == 2 /* APC_CKPT_REPLAY */ && replay_at >= 0 && p != replay_at) continue;
         c[nc].name = r->name;
         c[nc].n = p;
+        c[nc].kind = (int)r->first_block;
         nc++;
     }
     pthread_mutex_unlock(&d->lock);
@@ -1353,7 +1390,7 @@ int64_t apc_disk_find_skeleton(apc_disk *d, const int32_t *tokens, int64_t max_p
         file_path(d, APC_DISK_KIND_SKEL, &c[k].name, path, sizeof path);
         open_file of;
         if (open_for_read(d, path, &of) < 0) {
-            if (errno == ENOENT) vanished(d, APC_DISK_KIND_SKEL, &c[k].name);
+            read_failed(d, APC_DISK_KIND_SKEL, &c[k].name);
             continue;
         }
         apc_disk_header h;
@@ -1382,6 +1419,7 @@ int64_t apc_disk_find_skeleton(apc_disk *d, const int32_t *tokens, int64_t max_p
         if (memcmp(tok, tokens, (size_t)c[k].n * sizeof(int32_t)) != 0) continue;
         got = c[k].n;
         *name_out = c[k].name;
+        if (kind_out) *kind_out = c[k].kind;
     }
     free(tok);
     free(c);

@@ -195,6 +195,7 @@ typedef struct apc_disk_stats {
     uint64_t hits, writes, bytes, max_bytes, evictions, files, blocks_indexed, exact_indexed;
     uint64_t skeletons_indexed, skeleton_writes;
     uint64_t write_drops, write_errors, corrupt;
+    uint64_t read_errors; /* reads that failed without proving the file bad (EIO, the test hook) */
     char ns_hex[33];
 } apc_disk_stats;
 
@@ -282,10 +283,12 @@ bool apc_disk_store_skeleton(apc_disk *d, const int32_t *tokens, int64_t p, uint
  * 0 if none. Then: _used counts the hit and marks the file used; _bad
  * counts a skeleton whose state did not restore and deletes it. */
 int64_t apc_disk_find_skeleton(apc_disk *d, const int32_t *tokens, int64_t max_p, int64_t min_p, int64_t replay_at,
-                               uint64_t salt, void *state_out, apc_key *name_out);
+                               uint64_t salt, void *state_out, apc_key *name_out, int *kind_out);
 void apc_disk_skeleton_used(apc_disk *d, const apc_key *name);
 void apc_disk_skeleton_bad(apc_disk *d, const apc_key *name, const char *why);
+/* Restores the deepest skeleton in (min_p, n-1] into the empty seq and the
+ * state (at 0); its position, 0 if none, and its checkpoint kind. */
 int64_t apc_disk_restore_skeleton(apc *c, apc_disk *d, const int32_t *tokens, int64_t n, uint64_t salt, int64_t min_p,
-                                  bool replay_gate, kv_seq *seq, struct model_state *state);
+                                  bool replay_gate, kv_seq *seq, model_state *state, int *kind_out);
 
 #endif

@@ -81,7 +81,7 @@ static bool load_chain(apc *c, apc_disk *d, const int32_t *tokens, int64_t p, ui
 }
 
 int64_t apc_disk_restore_skeleton(apc *c, apc_disk *d, const int32_t *tokens, int64_t n, uint64_t salt, int64_t min_p,
-                                  bool replay_gate, kv_seq *seq, model_state *state) {
+                                  bool replay_gate, kv_seq *seq, model_state *state, int *kind_out) {
     const apc_layout *lay = apc__layout(c);
     size_t sb = lay->state_bytes;
     if (n < 3 || min_p >= n - 1 || seq->n_tokens != 0 || seq->n_blocks != 0 || (sb && state == NULL)) return 0;
@@ -91,7 +91,7 @@ int64_t apc_disk_restore_skeleton(apc *c, apc_disk *d, const int32_t *tokens, in
     int64_t max_p = n - 1, got = 0;
     while (max_p > min_p && got == 0) {
         apc_key name;
-        int64_t p = apc_disk_find_skeleton(d, tokens, max_p, min_p, replay_gate ? n - 1 : -1, salt, buf, &name);
+        int64_t p = apc_disk_find_skeleton(d, tokens, max_p, min_p, replay_gate ? n - 1 : -1, salt, buf, &name, kind_out);
         if (p <= 0) break;
         max_p = p - 1;
         if (sb) {

@@ -160,6 +160,7 @@ typedef struct apc_tier_ops {
     void (*retire)(apc_req *r, const int32_t *all, int64_t n, int64_t common, const kv_seq *seq,
                    const model_state *state);
     int64_t (*peek)(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
+    int64_t (*prefetch)(apc *c, const int32_t *tokens, int64_t n, uint64_t salt); /* the disk part of a lookup */
     bool serial; /* prompts prefill one request at a time */
 } apc_tier_ops;
 
@@ -188,6 +189,8 @@ apc_hit apc__lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t sa
 void apc__store_blocks(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
                        const kv_seq *seq);
 int64_t apc__peek_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
+int64_t apc__prefetch_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
+int64_t apc__prefetch_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
 apc_hit apc__lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq,
                           model_state *state);
 void apc__store_exact(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
@@ -211,6 +214,9 @@ void apc__state_snapshot(apc *c, const model_state *s, void *out);
 /* Restores buf into s and checks it stands at pos; on failure s is reset. */
 bool apc__state_restore(apc *c, model_state *s, const void *buf, int64_t pos);
 void apc__state_reset(apc *c, model_state *s);
+/* A scratch state at position 0 (NULL: out of memory), and its end. */
+model_state *apc__state_scratch(apc *c);
+void apc__state_drop(apc *c, model_state *s);
 /* The SSD tier (NULL: none); apc_disk.h. */
 struct apc_disk *apc__disk(apc *c);
 apc_hash_kind apc__hash(apc *c);

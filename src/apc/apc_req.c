@@ -194,6 +194,7 @@ const apc_tier_ops apc_none_ops = {
     .retire_wants_prediction = apc__no_prediction,
     .retire = none_retire,
     .peek = none_peek,
+    .prefetch = none_peek,
     .serial = false,
 };
 
@@ -233,5 +234,6 @@ const apc_tier_ops apc_block_ops = {
     .retire_wants_prediction = apc__no_prediction,
     .retire = block_retire,
     .peek = apc__peek_blocks,
+    .prefetch = apc__prefetch_blocks,
     .serial = false,
 };

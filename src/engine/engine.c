@@ -29,6 +29,7 @@
 #include "core/log.h"
 
 #define ENGINE_MAX_IDLE_CTX 64
+#define ENGINE_FETCH_THREADS 2 /* one read that hangs must not hold up the others */
 
 struct engine {
     const model *m;
@@ -47,6 +48,13 @@ struct engine {
     engine_predict_job *predict_head, *predict_tail, *predicting;
     bool predict_started, predict_stop;
     pthread_t predict_thread;
+    /* the fetch threads (SSD reads) */
+    pthread_mutex_t fetch_lock;
+    pthread_cond_t fetch_wake;
+    engine_fetch_job *fetch_head, *fetch_tail;
+    int n_fetch_threads;
+    bool fetch_stop;
+    pthread_t fetch_threads[ENGINE_FETCH_THREADS];
 };
 
 engine_config engine_default_config(void) {
@@ -84,6 +92,8 @@ int32_t engine_default_blocks(const model *m, int n_ctx) {
     return (int32_t)want;
 }
 
+static model_state *state_create(const void *owner, ember_error *err) { return model_state_create(owner, err); }
+
 engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *err) {
     engine_config cfg = cfg_in ? *cfg_in : engine_default_config();
     const model_hparams *hp = model_get_hparams(m);
@@ -100,6 +110,8 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
     pthread_mutex_init(&e->predict_lock, NULL);
     pthread_cond_init(&e->predict_wake, NULL);
     pthread_cond_init(&e->predict_idle, NULL);
+    pthread_mutex_init(&e->fetch_lock, NULL);
+    pthread_cond_init(&e->fetch_wake, NULL);
     e->m = m;
     e->stateful = model_has_state(m);
     e->cfg = cfg;
@@ -116,7 +128,8 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
         engine_model_fingerprint(model_get_gguf(m), cfg.cache.disk.fingerprint);
         cfg.cache.disk.has_fingerprint = true;
     }
-    apc_state_ops state_ops = {0, model_state_pos, model_state_snapshot, model_state_restore, model_state_reset};
+    apc_state_ops state_ops = {0, model_state_pos, model_state_snapshot, model_state_restore, model_state_reset,
+                               state_create, model_state_free, m};
     if (e->stateful) state_ops.bytes = model_state_bytes(m);
     e->cache = apc_create(e->pool, &kc, model_cache_stack(m), &state_ops, &cfg.cache, err);
     if (e->cache == NULL) goto fail;
@@ -135,6 +148,18 @@ void engine_free(engine *e) {
         pthread_mutex_unlock(&e->predict_lock);
         pthread_join(e->predict_thread, NULL);
     }
+    if (e->n_fetch_threads > 0) {
+        pthread_mutex_lock(&e->fetch_lock);
+        e->fetch_stop = true;
+        pthread_cond_broadcast(&e->fetch_wake);
+        pthread_mutex_unlock(&e->fetch_lock);
+        for (int i = 0; i < e->n_fetch_threads; i++) pthread_join(e->fetch_threads[i], NULL);
+    }
+    while (e->fetch_head) { /* queued, never started: the thread's reference */
+        engine_fetch_job *j = e->fetch_head;
+        e->fetch_head = j->next_queued;
+        engine__fetch_unref(j);
+    }
     for (int i = 0; i < e->n_idle; i++) model_ctx_free(e->idle[i]);
     apc_free(e->cache);
     kv_pool_free(e->pool);
@@ -143,6 +168,8 @@ void engine_free(engine *e) {
     pthread_mutex_destroy(&e->predict_lock);
     pthread_cond_destroy(&e->predict_wake);
     pthread_cond_destroy(&e->predict_idle);
+    pthread_mutex_destroy(&e->fetch_lock);
+    pthread_cond_destroy(&e->fetch_wake);
     free(e);
 }
 
@@ -193,6 +220,55 @@ void engine__predict_submit(engine *e, engine_predict_job *j) {
     e->predict_tail = j;
     pthread_cond_signal(&e->predict_wake);
     pthread_mutex_unlock(&e->predict_lock);
+}
+
+/* ---- The fetch threads ---- */
+
+void engine__fetch_unref(engine_fetch_job *j) {
+    if (j && atomic_fetch_sub(&j->refs, 1) == 1) {
+        free(j->tokens);
+        free(j);
+    }
+}
+
+static void *fetch_main(void *arg) {
+    engine *e = arg;
+    pthread_mutex_lock(&e->fetch_lock);
+    for (;;) {
+        while (e->fetch_head == NULL && !e->fetch_stop) pthread_cond_wait(&e->fetch_wake, &e->fetch_lock);
+        if (e->fetch_head == NULL) break;
+        engine_fetch_job *j = e->fetch_head;
+        e->fetch_head = j->next_queued;
+        if (e->fetch_head == NULL) e->fetch_tail = NULL;
+        pthread_mutex_unlock(&e->fetch_lock);
+        j->in_memory = apc_prefetch(j->cache, j->tokens, j->n, j->salt);
+        atomic_store(&j->done, true);
+        engine__fetch_unref(j);
+        pthread_mutex_lock(&e->fetch_lock);
+    }
+    pthread_mutex_unlock(&e->fetch_lock);
+    return NULL;
+}
+
+void engine__fetch_submit(engine *e, engine_fetch_job *j) {
+    atomic_fetch_add(&j->refs, 1);
+    pthread_mutex_lock(&e->fetch_lock);
+    while (e->n_fetch_threads < ENGINE_FETCH_THREADS &&
+           pthread_create(&e->fetch_threads[e->n_fetch_threads], NULL, fetch_main, e) == 0)
+        e->n_fetch_threads++;
+    if (e->n_fetch_threads == 0) { /* no thread: read inline rather than never */
+        pthread_mutex_unlock(&e->fetch_lock);
+        j->in_memory = apc_prefetch(j->cache, j->tokens, j->n, j->salt);
+        atomic_store(&j->done, true);
+        engine__fetch_unref(j);
+        return;
+    }
+    j->next_queued = NULL;
+    if (e->fetch_tail) e->fetch_tail->next_queued = j;
+    else e->fetch_head = j;
+    e->fetch_tail = j;
+    pthread_cond_signal(&e->fetch_wake);
+    pthread_mutex_unlock(&e->fetch_lock);
 }
 
 void engine__predict_cancel(engine *e, engine_predict_job *j) {
@@ -258,7 +334,7 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
     rp.cache = req->cache;
     rp.prefill_step = step;
     rp.plan = req->plan;
-    rp.async_predict = false; /* a scheduler of one stalls nobody */
+    rp.async = false; /* a scheduler of one stalls nobody */
     engine_req *q = engine_req_create(e, &rp, err);
     if (q == NULL) return -1;
     const int64_t N = req->n_prompt;
@@ -285,6 +361,7 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
         prefill_locked = true;
     }
 
+    engine_req_fetch(q); /* the SSD tier's reads, inline */
     apc_hit hit = engine_req_lookup(q);
     out->cached_tokens = hit.n_tokens;
     out->cache_source = hit.source;

@@ -25,6 +25,24 @@ typedef struct engine_predict_job {
     struct engine_predict_job *next_pending; /* the request's own FIFO */
 } engine_predict_job;
 
+/* The fetch threads: the SSD tier's part of a lookup (apc_prefetch) runs
+ * there, never on the engine thread. A job is shared by its request and
+ * the thread (refs); whoever lets go last frees it, so a request never
+ * waits for a read that hangs. */
+typedef struct engine_fetch_job {
+    apc *cache;
+    int32_t *tokens;     /* (n) a copy of the prompt */
+    int64_t n;
+    uint64_t salt;
+    int64_t in_memory;   /* apc_prefetch's answer */
+    atomic_bool done;
+    atomic_int refs;
+    struct engine_fetch_job *next_queued;
+} engine_fetch_job;
+
+void engine__fetch_submit(engine *e, engine_fetch_job *j); /* takes a reference for the thread */
+void engine__fetch_unref(engine_fetch_job *j);
+
 void engine__predict_submit(engine *e, engine_predict_job *j);
 void engine__predict_cancel(engine *e, engine_predict_job *j);
 int engine__prefill_step(const engine *e);

@@ -35,6 +35,7 @@ struct engine_req {
     int64_t n_ctx;
     int64_t need_blocks;
     uint64_t salt;
+    bool lookup;                 /* the request's cache mode looks up */
     kv_seq seq;
     model_state *state;          /* recurrent layers; else NULL */
     apc_req *ar;
@@ -46,7 +47,10 @@ struct engine_req {
     int64_t last_rows;           /* rows added by the last engine_req_add_rows */
     double cache_s;
     chat_turn_predictor *predictor;
-    bool async_predict;
+    bool async;
+    int disk_wait_ms;
+    engine_fetch_job *fetch;     /* FETCH: shared with a fetch thread */
+    double fetch_deadline;
     /* predictions in flight, oldest first; the last one may be the retirement's */
     engine_predict_job *pending_head, *pending_tail;
     engine_predict_job *retire_job;
@@ -99,7 +103,9 @@ engine_req *engine_req_create(engine *e, const engine_req_params *p, ember_error
     q->need_blocks = need;
     q->salt = p->salt;
     q->predictor = p->plan.predictor;
-    q->async_predict = p->async_predict;
+    q->async = p->async;
+    q->disk_wait_ms = p->disk_wait_ms > 0 ? p->disk_wait_ms : 1000;
+    q->lookup = p->cache == ENGINE_CACHE_ON || p->cache == ENGINE_CACHE_LOOKUP;
     kv_seq_init(&q->seq);
     q->all = malloc((size_t)(N + max_tokens + 1) * sizeof(int32_t));
     if (q->all == NULL) goto oom;
@@ -143,6 +149,7 @@ static void drop_pending(engine_req *q) {
 void engine_req_free(engine_req *q) {
     if (q == NULL) return;
     drop_pending(q);
+    engine__fetch_unref(q->fetch); /* a read still running finishes on its own */
     apc_req_free(q->ar);
     model_state_free(q->state);
     apc_seq_release(q->cache, &q->seq);
@@ -184,7 +191,52 @@ static void to_prompt_phase(engine_req *q) {
     q->phase = q->seq.n_tokens < q->N - 1 ? ENGINE_REQ_PROMPT : ENGINE_REQ_FIRST;
 }
 
+void engine_req_fetch(engine_req *q) {
+    assert(q->phase == ENGINE_REQ_ADMITTED);
+    if (!q->lookup || !apc_has_disk(q->cache) || q->N < 2) return;
+    if (!q->async) {
+        double t = ember_now();
+        apc_prefetch(q->cache, q->all, q->N, q->salt);
+        q->cache_s += ember_now() - t;
+        return;
+    }
+    engine_fetch_job *j = calloc(1, sizeof *j);
+    int32_t *copy = j ? malloc((size_t)q->N * sizeof(int32_t)) : NULL;
+    if (copy == NULL) { /* no read: the lookup finds what memory holds */
+        free(j);
+        return;
+    }
+    memcpy(copy, q->all, (size_t)q->N * sizeof(int32_t));
+    j->cache = q->cache;
+    j->tokens = copy;
+    j->n = q->N;
+    j->salt = q->salt;
+    atomic_init(&j->done, false);
+    atomic_init(&j->refs, 1);
+    q->fetch = j;
+    q->fetch_deadline = ember_now() + q->disk_wait_ms / 1000.0;
+    q->phase = ENGINE_REQ_FETCH;
+    engine__fetch_submit(q->e, j);
+}
+
+bool engine_req_fetch_ready(engine_req *q, bool *expired) {
+    if (expired) *expired = false;
+    if (q->phase != ENGINE_REQ_FETCH) return true;
+    bool done = atomic_load(&q->fetch->done);
+    if (!done && ember_now() < q->fetch_deadline) return false;
+    if (expired) *expired = !done;
+    engine__fetch_unref(q->fetch);
+    q->fetch = NULL;
+    q->phase = ENGINE_REQ_ADMITTED;
+    return true;
+}
+
 apc_hit engine_req_lookup(engine_req *q) {
+    if (q->phase == ENGINE_REQ_FETCH) {
+        bool ready = engine_req_fetch_ready(q, NULL);
+        assert(ready);
+        (void)ready;
+    }
     assert(q->phase == ENGINE_REQ_ADMITTED);
     double t = ember_now();
     apc_hit hit = apc_req_lookup(q->ar, &q->seq, q->state);
@@ -251,7 +303,7 @@ static void submit_prediction(engine_req *q, int64_t n, bool for_retire) {
     else q->pending_head = j;
     q->pending_tail = j;
     if (for_retire) q->retire_job = j;
-    if (q->async_predict) {
+    if (q->async) {
         engine__predict_submit(q->e, j);
     } else {
         j->result = chat_turn_predict(j->predictor, j->tokens, j->n);

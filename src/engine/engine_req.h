@@ -11,7 +11,8 @@
  *
  * Phases, and the function that moves a request between them:
  *
- *   ADMITTED --engine_req_lookup--> PROMPT --engine_req_forwarded--> FIRST
+ *   ADMITTED --engine_req_fetch--> FETCH (the SSD reads, off the engine thread)
+ *   ADMITTED | FETCH --engine_req_lookup--> PROMPT --engine_req_forwarded--> FIRST
  *   (PROMPT while prompt[0, N-1) is not all in; FIRST is one row: prompt[N-1])
  *   FIRST --engine_req_forwarded--> SAMPLE (the runner samples from the logits)
  *   SAMPLE --engine_req_accept--> DECODE --engine_req_forwarded--> SAMPLE
@@ -25,6 +26,13 @@
  * end at min(grid end, N-1, the cache's next stop); the last prompt token
  * is always one row of its own (its result does not depend on the others);
  * every cache call goes through apc_req (apc_req.h) in its order.
+ *
+ * Disk reads never run on the engine thread either: a lookup reads memory
+ * only, and engine_req_fetch first brings what the SSD tier holds for the
+ * prompt into memory (apc_prefetch) on the engine's fetch threads. The
+ * request waits in FETCH, without rows, until the reads land or its
+ * deadline passes; then it looks up what was verified by then. A read that
+ * hangs costs that request its disk hit, never another request anything.
  *
  * Render predictions (chat_plan.h) run off the engine thread on the
  * engine's predictor thread when the request was created with
@@ -45,6 +53,7 @@
 
 typedef enum engine_req_phase {
     ENGINE_REQ_ADMITTED = 0,
+    ENGINE_REQ_FETCH,         /* the SSD tier's reads run on a fetch thread */
     ENGINE_REQ_PROMPT,
     ENGINE_REQ_FIRST,
     ENGINE_REQ_SAMPLE,
@@ -62,7 +71,9 @@ typedef struct engine_req_params {
     engine_cache_mode cache;
     int prefill_step;        /* the runner's grid step (chunks never cross k*step) */
     chat_cache_plan plan;    /* borrowed: its predictor must outlive the request */
-    bool async_predict;      /* predictions on the engine's predictor thread */
+    bool async;              /* predictions and disk reads on the engine's threads
+                              * (the server); else inline (engine_generate) */
+    int disk_wait_ms;        /* async: longest wait for the SSD reads; <= 0: 1000 */
 } engine_req_params;
 
 /* The arrays of one forward (model_batch), filled by engine_req_add_rows. */
@@ -96,7 +107,15 @@ bool engine_req_serial(const engine_req *q);
  * not hold yet (reference §14.1). reason gets why. */
 bool engine_req_fresh_hold(const engine_req *q, engine_req *const *earlier, int n, int fresh_min, char *reason,
                            size_t reason_cap);
-/* ADMITTED -> PROMPT or FIRST: the cache lookup. */
+/* ADMITTED -> FETCH when the cache has an SSD tier and the request looks
+ * up (async: the reads start on a fetch thread; inline: they are done on
+ * return, and the request stays ADMITTED). */
+void engine_req_fetch(engine_req *q);
+/* Whether the lookup may run now: not in FETCH, or its reads landed, or
+ * their deadline passed (*expired says which; the reads go on and whatever
+ * they bring serves later requests). */
+bool engine_req_fetch_ready(engine_req *q, bool *expired);
+/* ADMITTED or a ready FETCH -> PROMPT or FIRST: the cache lookup. */
 apc_hit engine_req_lookup(engine_req *q);
 
 /* ---- Rows ---- */

@@ -56,6 +56,7 @@ static const key_desc keys[] = {
     {"cache.fresh_min", "APC_FRESH_MIN", K_INT, F(fresh_min), 0, 1, 1 << 24},
     {"cache.disk.path", "APC_DISK_PATH", K_STR, F(disk_path), S(disk_path), 0, 0},
     {"cache.disk.max_gb", "APC_DISK_MAX_GB", K_DOUBLE, F(disk_max_gb), 0, 0, 0},
+    {"cache.disk.read_wait_ms", "APC_DISK_READ_WAIT_MS", K_INT, F(disk_wait_ms), 0, 1, 600000},
     {"cache.disk.workers", "APC_DISK_WORKERS", K_INT, F(disk_workers), 0, 1, 256},
     {"cache.disk.read_mode", "APC_DISK_READ_MODE", K_STR, F(disk_read_mode), S(disk_read_mode), 0, 0},
     {"cache.disk.namespace", "APC_DISK_NAMESPACE", K_STR, F(disk_namespace), S(disk_namespace), 0, 0},
@@ -78,6 +79,7 @@ void serve_config_defaults(serve_config *c) {
     c->exact_entries = 4;
     c->fresh_wait_ms = 500;
     c->fresh_min = 256;
+    c->disk_wait_ms = 1000;
     c->disk_workers = 1;
     snprintf(c->disk_read_mode, sizeof c->disk_read_mode, "direct");
 }

@@ -44,6 +44,7 @@ typedef struct serve_config {
     int queue_size;           /* waiting requests before 503, default 64 */
     int fresh_wait_ms;        /* freshness gate hold ceiling, default 500; 0: off (reference §14.1) */
     int fresh_min;            /* least shared uncached tokens to hold a sibling, default 256 */
+    int disk_wait_ms;         /* longest wait of a request for its SSD reads, default 1000 */
     size_t max_body_bytes;    /* larger bodies get 413, default 4 MiB */
     int connection_limit;     /* concurrent HTTP connections, default 256 */
     /* cache: */

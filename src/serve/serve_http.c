@@ -212,6 +212,8 @@ static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool 
             char why[160];
             cJSON_AddNumberToObject(o, "fresh_holds", (double)sched_fresh_holds(srv->s, why, sizeof why));
             cJSON_AddStringToObject(o, "fresh_last_hold_reason", why);
+            if (apc_has_disk(cache))
+                cJSON_AddNumberToObject(o, "disk_read_deadline_misses", (double)sched_disk_deadline_misses(srv->s));
         }
         return send_cjson(srv, c, label, 200, o);
     }
@@ -699,7 +701,7 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
     srv->metrics = serve_metrics_create();
     if (srv->chat == NULL || srv->metrics == NULL) goto fail;
     sched_config sc = {cfg->n_threads, cfg->prefill_step, cfg->max_running, cfg->queue_size, cfg->fresh_wait_ms,
-                       cfg->fresh_min};
+                       cfg->fresh_min,   cfg->disk_wait_ms};
     srv->s = sched_create(srv->e, &sc, srv->metrics, err);
     if (srv->s == NULL) goto fail;
     srv->api.tok = model_get_tokenizer(srv->m);

@@ -98,6 +98,7 @@ struct sched {
     int32_t pool_blocks;
     bool stateful;               /* model_has_state: per-request model_state */
     uint64_t fresh_holds;        /* under lock */
+    uint64_t disk_deadline_misses; /* under lock */
     char fresh_reason[160];
     /* queue, under lock */
     pthread_mutex_t lock;
@@ -376,10 +377,22 @@ static void finish_generation(sched *s, sreq *r, sreq_finish f, bool stop_matche
 
 /* ---- the engine thread ---- */
 
-static void lookup_now(sreq *r) {
+/* The lookup, once the request's SSD reads are in (or their deadline
+ * passed); false while they are still running. */
+static bool lookup_when_ready(sched *s, sreq *r) {
+    bool expired = false;
+    if (!engine_req_fetch_ready(r->q, &expired)) return false;
+    if (expired) {
+        pthread_mutex_lock(&s->lock);
+        s->disk_deadline_misses++;
+        pthread_mutex_unlock(&s->lock);
+        ember_log(EMBER_LOG_DEBUG, "APC disk: reads missed their deadline (%d ms); looking up memory only",
+                  s->cfg.disk_wait_ms);
+    }
     apc_hit hit = engine_req_lookup(r->q);
     r->cached = hit.n_tokens;
     r->looked_up = true;
+    return true;
 }
 
 static void admit(sched *s, sreq *r) {
@@ -388,7 +401,8 @@ static void admit(sched *s, sreq *r) {
     r->state = ST_RUNNING;
     r->cached = 0;
     s->running[s->n_running++] = r;
-    if (!engine_req_serial(r->q)) lookup_now(r);
+    engine_req_fetch(r->q);
+    if (!engine_req_serial(r->q)) lookup_when_ready(s, r);
 }
 
 /* Whether r's prompt phase is over (its PREFILL store ran). */
@@ -420,7 +434,11 @@ static void prefill_step(sched *s) {
     sreq *members[64];
     int64_t lens[64], full[64];
     sreq *head = serial_head(s);
-    if (head && !head->looked_up) lookup_now(head);
+    if (head && !head->looked_up) lookup_when_ready(s, head);
+    for (int i = 0; i < s->n_running; i++) { /* reads that landed since */
+        sreq *r = s->running[i];
+        if (r->state == ST_RUNNING && !r->looked_up && !engine_req_serial(r->q)) lookup_when_ready(s, r);
+    }
     for (int i = 0; i < s->n_running && nreq < 64; i++) {
         sreq *r = s->running[i];
         if (r->state != ST_RUNNING || !r->looked_up) continue;
@@ -767,6 +785,13 @@ uint64_t sched_fresh_holds(sched *s, char *reason, size_t reason_cap) {
     return n;
 }
 
+uint64_t sched_disk_deadline_misses(sched *s) {
+    pthread_mutex_lock(&s->lock);
+    uint64_t n = s->disk_deadline_misses;
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
 static void params_free(sreq_params *p) {
     free(p->prompt);
     p->prompt = NULL;
@@ -788,7 +813,8 @@ sched_status sched_submit(sched *s, sreq_params *p, sreq **out, ember_error *err
     ep.cache = ENGINE_CACHE_ON;
     ep.prefill_step = s->cfg.prefill_step;
     ep.plan = p->plan;
-    ep.async_predict = true;
+    ep.async = true;
+    ep.disk_wait_ms = s->cfg.disk_wait_ms;
     engine_req *q = engine_req_create(s->e, &ep, err);
     if (q == NULL) {
         bool too_long = p->n_prompt > s->n_ctx || strstr(err->msg, "KV blocks") != NULL;

@@ -31,6 +31,9 @@
  *    reply sees the stored prefix. On a ckpt-tier cache the prompt phase
  *    (lookup through the PREFILL store) runs one request at a time, in
  *    admission order, while decode rows of the others still batch.
+ *  - The SSD tier's reads for a request run on the engine's fetch threads
+ *    from its admission; it takes no rows until they land or disk_wait_ms
+ *    passes, then looks up what memory holds. Others keep decoding.
  *  - Freshness gate: a queued request that shares at least fresh_min
  *    uncached prompt tokens with a request still in its prompt phase (or
  *    admitted before it in the same round) waits, up to fresh_wait_ms, for
@@ -69,6 +72,7 @@ typedef struct sched_config {
     int queue_size;
     int fresh_wait_ms;        /* freshness gate: longest hold of a sibling; <= 0: gate off */
     int fresh_min;            /* ... when it shares at least this many uncached tokens */
+    int disk_wait_ms;         /* longest wait of a request for its SSD reads; <= 0: 1000 */
 } sched_config;
 
 typedef struct sreq_params {
@@ -147,6 +151,8 @@ void sched_counts(sched *s, int *running, int *waiting);
 /* The freshness gate (reference §14.1): requests that entered the held
  * state, and why the last one did (copied into reason). */
 uint64_t sched_fresh_holds(sched *s, char *reason, size_t reason_cap);
+/* Requests whose SSD reads missed their deadline (they looked up without). */
+uint64_t sched_disk_deadline_misses(sched *s);
 
 sched_status sched_submit(sched *s, sreq_params *p, sreq **out, ember_error *err);
 /* Waits up to timeout_ms for output past cur (or the finish); fills d and

@@ -89,6 +89,7 @@ cJSON *serve_cache_stats_json(apc *c) {
         cJSON_AddNumberToObject(o, "disk_write_drops", (double)s.disk_write_drops);
         cJSON_AddNumberToObject(o, "disk_write_errors", (double)s.disk_write_errors);
         cJSON_AddNumberToObject(o, "disk_corrupt", (double)s.disk_corrupt);
+        cJSON_AddNumberToObject(o, "disk_read_errors", (double)s.disk_read_errors);
         cJSON_AddStringToObject(o, "disk_namespace", s.disk_namespace);
     }
     cJSON_AddBoolToObject(o, "enabled", true);
