@@ -260,15 +260,7 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
     }
 
     c->route = apc_route_stack(stack, layout->n_layer, cfg.ckpt_enabled);
-    apc_force force = cfg.force_tier;
-    if (force == APC_FORCE_NONE) {
-        const char *env = getenv("EMBER_APC_FORCE_TIER");
-        if (apc_parse_force(env, &force) < 0) {
-            ember_log(EMBER_LOG_WARN, "EMBER_APC_FORCE_TIER=%s is not exact|block|off; ignored", env);
-            force = APC_FORCE_NONE;
-        }
-    }
-    if (force != APC_FORCE_NONE) apc_route_force(&c->route, force);
+    if (cfg.force_tier != APC_FORCE_NONE) apc_route_force(&c->route, cfg.force_tier);
     if (!cfg.enabled) {
         c->route.tier = APC_TIER_NONE;
         snprintf(c->route.reason, sizeof c->route.reason, "the prompt cache is disabled by configuration");
