@@ -114,22 +114,50 @@ int cli_next(cli_args *a) {
     return end_with(a, cli_usage_error(a->cmd, "unknown option '%s'", arg));
 }
 
+/* Words of text, wrapped at width columns; an explicit newline breaks too. */
+static void put_wrapped(FILE *out, const char *text, int width) {
+    int col = 0;
+    for (const char *p = text; *p;) {
+        if (*p == '\n' || *p == ' ') {
+            if (*p == '\n') {
+                fputc('\n', out);
+                col = 0;
+            }
+            p++;
+            continue;
+        }
+        size_t len = strcspn(p, " \n");
+        if (col > 0 && col + 1 + (int)len > width) {
+            fputc('\n', out);
+            col = 0;
+        } else if (col > 0) {
+            fputc(' ', out);
+            col++;
+        }
+        fwrite(p, 1, len, out);
+        col += (int)len;
+        p += len;
+    }
+    if (col > 0) fputc('\n', out);
+}
+
 void cli_print_help(FILE *out, const cli_command *cmd) {
     cli_print_usage(out, cmd);
-    fprintf(out, "\n%s.\n", cmd->summary);
-    if (cmd->description) fprintf(out, "%s\n", cmd->description);
+    fprintf(out, "\n%c%s.\n", cmd->summary[0] >= 'a' && cmd->summary[0] <= 'z' ? cmd->summary[0] - 'a' + 'A' : cmd->summary[0],
+            cmd->summary + 1);
+    if (cmd->description) put_wrapped(out, cmd->description, 78);
     fprintf(out, "\noptions:\n");
     for (const cli_option *o = cmd->options; o && o->name; o++) {
         char left[96];
         snprintf(left, sizeof left, "%s%s%s%s%s", o->alias ? o->alias : "", o->alias ? ", " : "", o->name,
                  o->metavar ? " " : "", o->metavar ? o->metavar : "");
-        fprintf(out, "  %-28s %s", left, o->help);
-        if (o->values) fprintf(out, " (%s)", o->values());
-        fprintf(out, "\n");
+        fprintf(out, "  %-28s %s\n", left, o->help);
+        if (o->values) fprintf(out, "  %-28s one of: %s\n", "", o->values());
     }
     fprintf(out, "  %-28s %s\n", "-h, --help", "show this help and exit");
     if (cmd->settings) {
-        fprintf(out, "\nsettings (%s;\nevery one also as a config-file key and an environment variable, shown below each):\n",
+        fprintf(out, "\nsettings, each also a config-file key and an environment variable (below it, with its\n"
+                     "default); precedence: %s:\n",
                 serve_settings_precedence);
         serve_settings_write_help(out);
     }
@@ -162,12 +190,12 @@ void cli_write_troff(FILE *out, const cli_command *cmd) {
         }
         fputc('\n', out);
         serve_settings_troff_text(out, o->help);
-        if (o->values) {
-            fputs(" (", out);
-            serve_settings_troff_text(out, o->values());
-            fputc(')', out);
-        }
         fputs(".\n", out);
+        if (o->values) {
+            fputs("One of: ", out);
+            serve_settings_troff_text(out, o->values());
+            fputs(".\n", out);
+        }
     }
     if (cmd->settings) fputs(".PP\nAlso takes the flag of every setting (see\n.BR SETTINGS ).\n", out);
 }

@@ -53,7 +53,7 @@ static const cli_option mkmodel_options[] = {
 const cli_command cmd_mkmodel_command = {
     "mkmodel", cmd_mkmodel, "--arch ARCH [--preset NAME] [--type TYPE] [--vocab GGUF | --tokenizer-dir DIR] --out FILE",
     "write a random-weight GGUF model of any supported architecture",
-    "Writes a GGUF model with deterministic random weights. The tokenizer decides the vocabulary: ember's "
+    "The weights are deterministic: the same seed gives the same bytes. The tokenizer decides the vocabulary: ember's "
     "built-in byte vocabulary by default, another GGUF's with --vocab, or a Hugging Face directory with "
     "--tokenizer-dir.",
     mkmodel_options, false, false,

@@ -80,7 +80,8 @@ static void write_yaml(FILE *out, const serve_config *cfg) {
         setting_source src = (setting_source)cfg->source[serve_setting_index(s)];
         char from[128];
         if (src == SETTING_FROM_ENV) snprintf(from, sizeof from, "environment %s", s->env);
-        else if (src == SETTING_FROM_FLAG) snprintf(from, sizeof from, "flag --%s", s->flag);
+        else if (src == SETTING_FROM_FLAG)
+            snprintf(from, sizeof from, "flag --%s%s", s->type == SETTING_BOOL ? "[no-]" : "", s->flag);
         else snprintf(from, sizeof from, "%s", setting_source_name(src));
         int indent = 2 * (n_parts - 1);
         if (s->secret && value[0]) {

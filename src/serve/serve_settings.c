@@ -157,8 +157,7 @@ static const serve_setting table[] = {
 #define N_SETTINGS (sizeof table / sizeof table[0])
 _Static_assert(N_SETTINGS <= SERVE_SETTINGS_MAX, "raise SERVE_SETTINGS_MAX");
 
-const char serve_settings_precedence[] =
-    "defaults < config file (--config) < environment < flags; each layer overrides only what it names";
+const char serve_settings_precedence[] = "defaults < config file (--config) < environment < flags";
 
 /* ---- The table ---- */
 
