@@ -9,6 +9,7 @@
  * see the settings table's flags through the same iterator. */
 #include "cli/cli_opts.h"
 
+#include <ctype.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -143,8 +144,7 @@ static void put_wrapped(FILE *out, const char *text, int width) {
 
 void cli_print_help(FILE *out, const cli_command *cmd) {
     cli_print_usage(out, cmd);
-    fprintf(out, "\n%c%s.\n", cmd->summary[0] >= 'a' && cmd->summary[0] <= 'z' ? cmd->summary[0] - 'a' + 'A' : cmd->summary[0],
-            cmd->summary + 1);
+    fprintf(out, "\n%c%s.\n", toupper((unsigned char)cmd->summary[0]), cmd->summary + 1);
     if (cmd->description) put_wrapped(out, cmd->description, 78);
     fprintf(out, "\noptions:\n");
     for (const cli_option *o = cmd->options; o && o->name; o++) {
@@ -167,7 +167,8 @@ void cli_write_troff(FILE *out, const cli_command *cmd) {
     fprintf(out, ".SS %s\n.B ember %s\n", cmd->name, cmd->name);
     serve_settings_troff_text(out, cmd->synopsis);
     fputs("\n.PP\n", out);
-    serve_settings_troff_text(out, cmd->summary);
+    fputc(toupper((unsigned char)cmd->summary[0]), out);
+    serve_settings_troff_text(out, cmd->summary + 1);
     fputs(".\n", out);
     if (cmd->description) {
         serve_settings_troff_text(out, cmd->description);
