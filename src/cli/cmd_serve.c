@@ -2,9 +2,10 @@
  *
  * Settings are layered defaults < ember.yaml < environment < flags; every
  * flag is a row of the settings table (serve_settings.c), resolved here by
- * serve_resolve_settings, which `ember settings` shares. SIGINT and SIGTERM are blocked in every thread and
- * taken here with sigwait, so the drain runs on the main thread, outside
- * any signal handler: stop accepting, finish in-flight requests, exit 0. */
+ * serve_resolve_settings, which `ember settings` shares. SIGINT and SIGTERM
+ * are blocked in every thread and taken here with sigwait, so the drain runs
+ * on the main thread, outside any signal handler: stop accepting, finish
+ * in-flight requests, exit 0. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -11,8 +11,6 @@
 #include "serve/serve_config.h"
 
 #include <errno.h>
-#include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,16 +20,6 @@
 #include "core/log.h"
 
 void serve_config_defaults(serve_config *c) { serve_settings_defaults(c); }
-
-/* 1, 0, or -1 when text is not a boolean (the `disk: true` shorthand). */
-static int parse_bool(const char *text) {
-    if (!strcasecmp(text, "1") || !strcasecmp(text, "true") || !strcasecmp(text, "yes") || !strcasecmp(text, "on"))
-        return 1;
-    if (!strcasecmp(text, "0") || !strcasecmp(text, "false") || !strcasecmp(text, "no") ||
-        !strcasecmp(text, "off") || text[0] == 0)
-        return 0;
-    return -1;
-}
 
 /* ---- a small YAML tree ---- */
 
@@ -171,7 +159,7 @@ static int apply_map(serve_config *c, const ynode *map, const char *prefix, cons
         if (is_block(path)) {
             /* disk: true|false is shorthand (reference §2.1). */
             if (!strcmp(path, "cache.disk") && v->kind == Y_SCALAR && v->value[0]) {
-                int on = parse_bool(v->value);
+                int on = serve_settings_parse_bool(v->value);
                 if (on < 0)
                     return ember_fail(err, "%s:%d: cache.disk: expected a mapping or a boolean, got '%s'", name,
                                       v->line, v->value);

@@ -213,8 +213,7 @@ static void *field_of(serve_config *c, apc_config *cache, const serve_setting *s
     return s->home == SETTING_IN_CACHE ? (char *)cache + s->off : (char *)c + s->off;
 }
 
-/* 1, 0, or -1 when text is not a boolean. */
-static int parse_bool(const char *text) {
+int serve_settings_parse_bool(const char *text) {
     if (!strcasecmp(text, "1") || !strcasecmp(text, "true") || !strcasecmp(text, "yes") || !strcasecmp(text, "on"))
         return 1;
     if (!strcasecmp(text, "0") || !strcasecmp(text, "false") || !strcasecmp(text, "no") ||
@@ -283,7 +282,7 @@ static int parse_into(const serve_setting *s, void *p, const char *text, char *w
         return 0;
     }
     case SETTING_BOOL: {
-        int b = parse_bool(text);
+        int b = serve_settings_parse_bool(text);
         if (b < 0) {
             snprintf(why, why_cap, "expected a boolean (true/false), got '%s'", text);
             return -1;

@@ -92,6 +92,8 @@ const char *serve_setting_metavar(const serve_setting *s);
 const char *setting_source_name(setting_source src);
 
 /* ---- Applying values ---- */
+/* 1 for 1/true/yes/on, 0 for 0/false/no/off/"", -1 for anything else. */
+int serve_settings_parse_bool(const char *text);
 /* Parses text into the setting's field of c and records src. -1 with
  * "expected ..., got '...'" in why (no key or source: the caller adds them). */
 int serve_setting_set(struct serve_config *c, const serve_setting *s, const char *text, setting_source src, char *why,
