@@ -46,8 +46,8 @@
  *    the 16-token grid, else exact); any `list`, or only `arr` -> exact;
  *    an `other` layer or an empty stack -> none. apc_create logs the choice
  *    once: "APC tier: block (layers: 28 kv / 0 rot / 0 arr)" at info, or
- *    "APC OFF for this model: <reason>" at warning. EMBER_APC_FORCE_TIER=
- *    exact|block|off (read once, at creation) overrides it for A/B tests;
+ *    "APC OFF for this model: <reason>" at warning. cfg.force_tier
+ *    (exact|block|off; EMBER_APC_FORCE_TIER in the settings table) overrides it for A/B tests;
  *    block is only honoured on an all-kv stack.
  *  - Block tier. The kv_pool that holds live K/V is the cache: a full
  *    16-token block of a stored sequence is indexed by a chained key

@@ -71,7 +71,7 @@ static const serve_setting table[] = {
     {"cache.fresh_wait_ms", "APC_FRESH_WAIT_MS", "fresh-wait-ms", SETTING_INT, "500", 0, 60000, NULL, "MS",
      "freshness gate: longest a queued request waits for a sibling's store of their shared prefix; 0: off",
      "A request that shares at least `cache.fresh_min` uncached prompt tokens with a request still in its "
-     "prompt phase waits for that request's store instead of prefilling the prefix cold (reference §14.1); "
+     "prompt phase waits for that request's store instead of prefilling the prefix cold (reference section 14.1); "
      "`fresh_holds` and `fresh_last_hold_reason` in /v1/cache/stats.",
      false, SRV(fresh_wait_ms)},
     {"cache.fresh_min", "APC_FRESH_MIN", "fresh-min", SETTING_INT, "256", 1, 1 << 24, NULL, NULL,
@@ -140,7 +140,8 @@ static const serve_setting table[] = {
     {"cache.ckpt.decode_interval", "EMBER_APC_DECODE_CKPT", "decode-ckpt", SETTING_INT, "512", 0, INT_MAX, NULL, NULL,
      "decode-time snapshot interval in generated tokens; 0: off",
      "Widens to length/64 on long sequences; the newest two are kept, frozen when the predicted render diverges. "
-     "Needs a render prediction.",
+     "Needs a render prediction (a chat request's predictor, `chat_plan.h`, computed on the engine's predictor "
+     "thread).",
      false, APC(ckpt.decode_interval)},
 
     /* ---- cache.anchor: the exact tier's system-prompt anchors ---- */
