@@ -1,12 +1,16 @@
 # Thin wrapper over CMake. `make run` builds ember and serves its built-in
 # default model over the OpenAI API (ember's main job); `make generate` runs
 # one prompt through it instead; `make test` builds twice (optimized, and
-# with ASan+UBSan) and runs every test in both builds.
+# with ASan+UBSan) and runs every test in both builds; `make install
+# PREFIX=/opt/ember` installs the binary and its man page; `make docs`
+# regenerates docs/cache-switches.md from the settings table.
 JOBS ?= $(shell nproc)
 PROMPT ?= Once upon a time
 PORT ?= 8080
 
-.PHONY: all build build-asan run generate test test-release test-asan bench bench-serve bench-multiturn bench-predict load-test clean
+PREFIX ?= /usr/local
+
+.PHONY: all build build-asan run generate test test-release test-asan bench bench-serve bench-multiturn bench-predict load-test install docs clean
 
 all: build
 
@@ -82,6 +86,15 @@ bench-predict: build
 # server's RSS after the run is not within 10% of before.
 load-test: build
 	./build/bench_load --ember build/ember --model build/models/default.gguf --clients 32 --seconds 60
+
+# Installs bin/ember and share/man/man1/ember.1 under PREFIX.
+install: build
+	cmake --install build --prefix $(PREFIX)
+
+# Regenerates docs/cache-switches.md from the settings table (test_settings
+# fails while the committed file differs).
+docs: build
+	./build/ember settings --markdown --out docs/cache-switches.md
 
 clean:
 	rm -rf build build-asan

@@ -19,6 +19,7 @@
 
 #include "core/log.h"
 #include "engine/engine.h"
+#include "serve/serve_settings.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -90,7 +91,8 @@ int main(int argc, char **argv) {
     cfg.n_ctx = (int)largest + 64;
     /* Room for the stored prompt and a live request beside it. */
     cfg.num_blocks = (int32_t)(2 * (largest / KV_BLOCK_TOKENS) + 16);
-    engine *e = engine_create(m, &cfg, &err);
+    /* EMBER_APC_FORCE_TIER=exact and the other cache switches */
+    engine *e = serve_settings_apply_env_cache(&cfg.cache, &err) < 0 ? NULL : engine_create(m, &cfg, &err);
     if (e == NULL) {
         fprintf(stderr, "bench_cache: %s\n", err.msg);
         return 1;

@@ -28,6 +28,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "engine/engine.h"
+#include "serve/serve_settings.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void) {
@@ -40,6 +41,12 @@ static uint32_t rnd(void) {
 static engine *open_engine(const model *m, int threads, const char *dir, apc_disk_read mode, apc_force tier,
                            int n_ctx) {
     engine_config cfg = engine_default_config();
+    ember_error err;
+    /* The EMBER_APC_* switches first: what the bench sets below wins. */
+    if (serve_settings_apply_env_cache(&cfg.cache, &err) < 0) {
+        fprintf(stderr, "bench_disk: %s\n", err.msg);
+        return NULL;
+    }
     cfg.n_threads = threads;
     cfg.n_ctx = n_ctx;
     cfg.num_blocks = (int32_t)(n_ctx / KV_BLOCK_TOKENS + 8);
@@ -47,7 +54,6 @@ static engine *open_engine(const model *m, int threads, const char *dir, apc_dis
     cfg.cache.disk.path = dir;
     cfg.cache.disk.read_mode = mode;
     cfg.cache.exact_max_bytes = (size_t)64 << 30;
-    ember_error err;
     engine *e = engine_create(m, &cfg, &err);
     if (e == NULL) fprintf(stderr, "engine_create: %s\n", err.msg);
     return e;

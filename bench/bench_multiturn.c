@@ -54,6 +54,7 @@
 #include "core/log.h"
 #include "engine/engine.h"
 #include "model/cache_stack.h"
+#include "serve/serve_settings.h"
 #include "tokenizer/tokenizer.h"
 
 typedef struct opts {
@@ -226,7 +227,8 @@ static int bench_model(const char *path, const opts *o) {
      * of the next turn needs (the default pool, capped at 2 GiB, may not). */
     cfg.num_blocks =
         o->blocks > 0 ? o->blocks : (int32_t)(2 * ((cfg.n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS) + 64);
-    engine *e = engine_create(m, &cfg, &err);
+    /* the EMBER_APC_* switches (the cache itself reads no environment) */
+    engine *e = serve_settings_apply_env_cache(&cfg.cache, &err) < 0 ? NULL : engine_create(m, &cfg, &err);
     if (e == NULL) {
         fprintf(stderr, "bench_multiturn: %s\n", err.msg);
         model_free(m);

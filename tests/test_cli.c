@@ -10,23 +10,6 @@
 #include "model/model.h"
 #include "test_util.h"
 
-/* Runs a shell command, returns its exit status and stdout (malloc'd). */
-static int run_capture(const char *cmd, char **out) {
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += got;
-        if (n + 1 >= cap) buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = '\0';
-    int status = pclose(p);
-    *out = buf;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 static const char *bin_or_skip(void) {
     const char *bin = ember_binary();
     if (bin == NULL) print_message("skipping: EMBER_BIN is not set (run under ctest)\n");

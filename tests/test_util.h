@@ -32,6 +32,10 @@ void *read_whole_file(const char *path, size_t *size);
 char *make_temp_dir(void);
 void remove_tree(const char *path);
 
+/* Runs a shell command; returns its exit status (-1: killed) and its stdout
+ * in *out (malloc'd). */
+int run_capture(const char *cmd, char **out);
+
 /* Path of the ember binary and of the build directory (from the environment
  * set by CTest), or NULL. */
 const char *ember_binary(void);

@@ -46,8 +46,8 @@
  *    the 16-token grid, else exact); any `list`, or only `arr` -> exact;
  *    an `other` layer or an empty stack -> none. apc_create logs the choice
  *    once: "APC tier: block (layers: 28 kv / 0 rot / 0 arr)" at info, or
- *    "APC OFF for this model: <reason>" at warning. EMBER_APC_FORCE_TIER=
- *    exact|block|off (read once, at creation) overrides it for A/B tests;
+ *    "APC OFF for this model: <reason>" at warning. cfg.force_tier
+ *    (exact|block|off; EMBER_APC_FORCE_TIER in the settings table) overrides it for A/B tests;
  *    block is only honoured on an all-kv stack.
  *  - Block tier. The kv_pool that holds live K/V is the cache: a full
  *    16-token block of a stored sequence is indexed by a chained key
@@ -267,15 +267,7 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
     }
 
     c->route = apc_route_stack(stack, layout->n_layer, cfg.ckpt_enabled);
-    apc_force force = cfg.force_tier;
-    if (force == APC_FORCE_NONE) {
-        const char *env = getenv("EMBER_APC_FORCE_TIER");
-        if (apc_parse_force(env, &force) < 0) {
-            ember_log(EMBER_LOG_WARN, "EMBER_APC_FORCE_TIER=%s is not exact|block|off; ignored", env);
-            force = APC_FORCE_NONE;
-        }
-    }
-    if (force != APC_FORCE_NONE) apc_route_force(&c->route, force);
+    if (cfg.force_tier != APC_FORCE_NONE) apc_route_force(&c->route, cfg.force_tier);
     if (!cfg.enabled) {
         c->route.tier = APC_TIER_NONE;
         snprintf(c->route.reason, sizeof c->route.reason, "the prompt cache is disabled by configuration");

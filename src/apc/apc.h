@@ -94,8 +94,8 @@ typedef struct apc_disk_config {
 } apc_disk_config;
 
 /* The checkpoint tier and the exact-tier anchors (reference §7, §6.4).
- * apc_default_config() fills these from the EMBER_APC_* environment
- * (docs/cache-switches.md); after that they are plain per-cache values. */
+ * Plain per-cache values; the names are their environment variables in the
+ * settings table (serve_settings.c, docs/cache-switches.md). */
 typedef struct apc_ckpt_config {
     int interval;            /* EMBER_APC_CKPT_INTERVAL 4096: prefill checkpoint spacing, floored to the
                               * prefill unit, at least one unit; <= 0: terminal point only */
@@ -113,7 +113,7 @@ typedef struct apc_ckpt_config {
     size_t anchor_budget_bytes; /* EMBER_APC_ANCHOR_BUDGET_MB 4096 */
 } apc_ckpt_config;
 
-/* Defaults overridden by the environment (read at every call). */
+/* Compiled-in defaults (the cache reads no environment). */
 apc_ckpt_config apc_ckpt_default_config(void);
 
 typedef struct apc_config {
@@ -121,7 +121,7 @@ typedef struct apc_config {
     apc_hash_kind hash;
     int exact_entries;        /* default 4 */
     size_t exact_max_bytes;   /* default 4 GiB */
-    apc_force force_tier;     /* EMBER_APC_FORCE_TIER; APC_FORCE_NONE: routing */
+    apc_force force_tier;     /* APC_FORCE_NONE: routing decides */
     bool ckpt_enabled;        /* false: stacks that would go ckpt go exact */
     apc_disk_config disk;     /* off by default */
     apc_ckpt_config ckpt;     /* checkpoint tier and exact anchors */

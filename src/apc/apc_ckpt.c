@@ -55,39 +55,23 @@
 
 /* ---- Configuration ---- */
 
-static long env_long(const char *name, long def) {
-    const char *v = getenv(name);
-    if (v == NULL || v[0] == '\0') return def;
-    char *end;
-    long x = strtol(v, &end, 10);
-    return *end == '\0' ? x : def;
-}
-
-static bool env_bool(const char *name, bool def) {
-    const char *v = getenv(name);
-    if (v == NULL) return def;
-    if (!strcmp(v, "1") || !strcmp(v, "true") || !strcmp(v, "yes") || !strcmp(v, "on")) return true;
-    if (!strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "no") || !strcmp(v, "off") || !v[0]) return false;
-    return def;
-}
-
+/* Compiled-in defaults; the settings table (serve_settings.c) documents
+ * them and lets the file, the environment and flags override them. */
 apc_ckpt_config apc_ckpt_default_config(void) {
     apc_ckpt_config c;
-    c.interval = (int)env_long("EMBER_APC_CKPT_INTERVAL", 4096);
-    c.replay = env_bool("EMBER_APC_CKPT_REPLAY", true);
-    c.replay_min = (int)env_long("EMBER_APC_CKPT_REPLAY_MIN", 1024);
-    c.turn = env_bool("EMBER_APC_CKPT_TURN", true);
-    c.sys = env_bool("EMBER_APC_CKPT_SYS", true);
-    c.sys_min = (int)env_long("EMBER_APC_CKPT_SYS_MIN", 256);
-    c.tripwire = (int)env_long("EMBER_APC_CKPT_TRIPWIRE", 5);
-    c.records = (int)env_long("EMBER_APC_CKPT_RECORDS", 32);
-    c.heavy = (int)env_long("EMBER_APC_CKPT_HEAVY", 2);
-    long mb = env_long("EMBER_APC_CKPT_BUDGET_MB", 4096);
-    c.budget_bytes = (size_t)(mb > 0 ? mb : 0) << 20;
-    c.decode_interval = (int)env_long("EMBER_APC_DECODE_CKPT", 512);
-    c.anchor_entries = (int)env_long("EMBER_APC_ANCHOR_ENTRIES", 4);
-    mb = env_long("EMBER_APC_ANCHOR_BUDGET_MB", 4096);
-    c.anchor_budget_bytes = (size_t)(mb > 0 ? mb : 0) << 20;
+    c.interval = 4096;
+    c.replay = true;
+    c.replay_min = 1024;
+    c.turn = true;
+    c.sys = true;
+    c.sys_min = 256;
+    c.tripwire = 5;
+    c.records = 32;
+    c.heavy = 2;
+    c.budget_bytes = (size_t)4096 << 20;
+    c.decode_interval = 512;
+    c.anchor_entries = 4;
+    c.anchor_budget_bytes = (size_t)4096 << 20;
     return c;
 }
 

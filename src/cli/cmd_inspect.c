@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/cli_opts.h"
 #include "cli/commands.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
@@ -42,18 +43,35 @@ static void print_value(const gguf_file *f, int64_t i) {
     }
 }
 
+static const cli_option inspect_options[] = {
+    {0, NULL, NULL, NULL, NULL, NULL},
+};
+
+const cli_command cmd_inspect_command = {
+    "inspect", cmd_inspect, "MODEL", "show metadata, tensors, tokenizer and cache stack",
+    "The GGUF listing needs only the reader, so a file whose architecture ember cannot run can still be "
+    "inspected; the model, tokenizer and cache-stack sections follow when the model loads (exit 1 when it "
+    "does not).",
+    inspect_options, false, false,
+};
+
 int cmd_inspect(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: ember inspect MODEL\n");
-        return 2;
+    const char *path = NULL;
+    cli_args args;
+    cli_args_init(&args, &cmd_inspect_command, argc, argv);
+    while (cli_next(&args) != CLI_END) {
+        if (path) return cli_usage_error(&cmd_inspect_command, "one model only ('%s' and '%s')", path, args.value);
+        path = args.value;
     }
+    if (args.status >= 0) return args.status;
+    if (path == NULL) return cli_usage_error(&cmd_inspect_command, "no model file");
     ember_error err;
-    gguf_file *f = gguf_open(argv[1], &err);
+    gguf_file *f = gguf_open(path, &err);
     if (f == NULL) {
         fprintf(stderr, "ember: %s\n", err.msg);
         return 1;
     }
-    printf("file: %s\nGGUF v%u, alignment %u, data at offset %" PRIu64 ", %" PRIu64 " bytes\n\n", argv[1],
+    printf("file: %s\nGGUF v%u, alignment %u, data at offset %" PRIu64 ", %" PRIu64 " bytes\n\n", path,
            gguf_version(f), gguf_alignment(f), gguf_data_offset(f), gguf_file_size(f));
     printf("metadata (%" PRId64 " keys):\n", gguf_kv_count(f));
     for (int64_t i = 0; i < gguf_kv_count(f); i++) {
@@ -76,7 +94,7 @@ int cmd_inspect(int argc, char **argv) {
     printf("  total %" PRIu64 " bytes\n", total);
     gguf_close(f);
 
-    model *m = model_load(argv[1], &err);
+    model *m = model_load(path, &err);
     if (m == NULL) {
         printf("\nmodel: not loadable by ember: %s\n", err.msg);
         return 1;

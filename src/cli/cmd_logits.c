@@ -9,28 +9,52 @@
 #include <string.h>
 
 #include "cli/cli_common.h"
+#include "cli/cli_opts.h"
 #include "cli/commands.h"
 
-static int usage(void) {
-    fprintf(stderr, "usage: ember logits MODEL (--tokens 1,2,3 | -p TEXT) --out FILE [--threads K] [--batch B]\n");
-    return 2;
-}
+enum { OPT_PROMPT, OPT_TOKENS, OPT_OUT, OPT_THREADS, OPT_BATCH };
+
+static const cli_option logits_options[] = {
+    {OPT_TOKENS, "--tokens", NULL, "1,2,3", "the prompt as comma-separated token ids", NULL},
+    {OPT_PROMPT, "--prompt", "-p", "TEXT", "the prompt as text (tokenized with BOS when the vocabulary adds it)", NULL},
+    {OPT_OUT, "--out", "-o", "FILE", "output file (required)", NULL},
+    {OPT_THREADS, "--threads", NULL, "K", "threads per forward pass (default: all CPUs)", NULL},
+    {OPT_BATCH, "--batch", NULL, "B", "largest forward batch (default 512)", NULL},
+    {0, NULL, NULL, NULL, NULL, NULL},
+};
+
+const cli_command cmd_logits_command = {
+    "logits", cmd_logits, "MODEL (--tokens 1,2,3 | -p TEXT) --out FILE [options]",
+    "write float32 logits for every prompt position",
+    "The file holds n_positions x n_vocab little-endian floats, row-major: the layout of the llama.cpp "
+    "reference fixtures.",
+    logits_options, false, false,
+};
 
 int cmd_logits(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *token_list = NULL, *out_path = NULL;
     int threads = 0, batch = 512;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "-p") == 0 && val) { prompt = val; i++; }
-        else if (strcmp(a, "--tokens") == 0 && val) { token_list = val; i++; }
-        else if (strcmp(a, "--out") == 0 && val) { out_path = val; i++; }
-        else if (strcmp(a, "--threads") == 0) { threads = (int)cli_parse_long(a, val, 1, 1024); i++; }
-        else if (strcmp(a, "--batch") == 0) { batch = (int)cli_parse_long(a, val, 1, 1 << 16); i++; }
-        else if (a[0] != '-' && model_path == NULL) model_path = a;
-        else return usage();
+    cli_args args;
+    cli_args_init(&args, &cmd_logits_command, argc, argv);
+    for (int id; (id = cli_next(&args)) != CLI_END;) {
+        switch (id) {
+        case OPT_PROMPT: prompt = args.value; break;
+        case OPT_TOKENS: token_list = args.value; break;
+        case OPT_OUT: out_path = args.value; break;
+        case OPT_THREADS: threads = (int)cli_parse_long(args.opt, args.value, 1, 1024); break;
+        case OPT_BATCH: batch = (int)cli_parse_long(args.opt, args.value, 1, 1 << 16); break;
+        case CLI_ARG:
+            if (model_path)
+                return cli_usage_error(&cmd_logits_command, "one model only ('%s' and '%s')", model_path, args.value);
+            model_path = args.value;
+            break;
+        }
     }
-    if (model_path == NULL || out_path == NULL || (prompt == NULL) == (token_list == NULL)) return usage();
+    if (args.status >= 0) return args.status;
+    if (model_path == NULL) return cli_usage_error(&cmd_logits_command, "no model file");
+    if (out_path == NULL) return cli_usage_error(&cmd_logits_command, "no output file (--out FILE)");
+    if ((prompt == NULL) == (token_list == NULL))
+        return cli_usage_error(&cmd_logits_command, "give the prompt as exactly one of --tokens and -p");
 
     cli_engine e;
     if (cli_engine_open(&e, model_path, threads, 0, batch) < 0) return 1;

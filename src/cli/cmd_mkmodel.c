@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "cli/cli_opts.h"
 #include "cli/commands.h"
 #include "cli/mkmodel.h"
 #include "tokenizer/tokenizer.h"
@@ -33,69 +34,67 @@ typedef struct mk_options {
     int threads;
 } mk_options;
 
-static void usage(FILE *out) {
-    fprintf(out,
-            "usage: ember mkmodel --arch ARCH [--preset NAME] [--type TYPE] [--vocab GGUF | --tokenizer-dir DIR]\n"
-            "                     --out FILE [--seed S] [--threads N]\n"
-            "\n"
-            "Writes a GGUF model with deterministic random weights.\n"
-            "  --arch ARCH          %s (implied by --preset qwen3-0.6b)\n"
-            "  --preset NAME        %s (default tiny)\n"
-            "  --type TYPE          weight type of the matrices: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1\n"
-            "                       q2_k q3_k q4_k q5_k q6_k (default f32; norms stay f32)\n"
-            "  --vocab GGUF         copy the tokenizer.* keys of this GGUF\n"
-            "  --tokenizer-dir DIR  import a Hugging Face byte-level BPE tokenizer directory\n"
-            "  --out FILE           output path (written via FILE.tmp and renamed)\n"
-            "  --seed S             weight seed (default 1); same seed, same bytes\n"
-            "  --threads N          worker threads (default: all CPUs)\n",
-            mk_arch_names(), mk_preset_names());
-}
+enum { OPT_ARCH, OPT_PRESET, OPT_TYPE, OPT_VOCAB, OPT_TOKENIZER_DIR, OPT_OUT, OPT_SEED, OPT_THREADS };
+
+static const char *weight_types(void) { return "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k"; }
+
+static const cli_option mkmodel_options[] = {
+    {OPT_ARCH, "--arch", NULL, "ARCH", "architecture (implied by --preset qwen3-0.6b)", mk_arch_names},
+    {OPT_PRESET, "--preset", NULL, "NAME", "size preset (default tiny)", mk_preset_names},
+    {OPT_TYPE, "--type", NULL, "TYPE", "weight type of the matrices; norms stay f32 (default f32)", weight_types},
+    {OPT_VOCAB, "--vocab", NULL, "GGUF", "copy the tokenizer.* keys of this GGUF", NULL},
+    {OPT_TOKENIZER_DIR, "--tokenizer-dir", NULL, "DIR", "import a Hugging Face byte-level BPE tokenizer directory", NULL},
+    {OPT_OUT, "--out", "-o", "FILE", "output path, written via FILE.tmp and renamed (required)", NULL},
+    {OPT_SEED, "--seed", NULL, "S", "weight seed (default 1); same seed, same bytes", NULL},
+    {OPT_THREADS, "--threads", NULL, "N", "worker threads (default: all CPUs)", NULL},
+    {0, NULL, NULL, NULL, NULL, NULL},
+};
+
+const cli_command cmd_mkmodel_command = {
+    "mkmodel", cmd_mkmodel, "--arch ARCH [--preset NAME] [--type TYPE] [--vocab GGUF | --tokenizer-dir DIR] --out FILE",
+    "write a random-weight GGUF model of any supported architecture",
+    "The weights are deterministic: the same seed gives the same bytes. The tokenizer decides the vocabulary: ember's "
+    "built-in byte vocabulary by default, another GGUF's with --vocab, or a Hugging Face directory with "
+    "--tokenizer-dir.",
+    mkmodel_options, false, false,
+};
 
 static int usage_error(const char *fmt, const char *arg) {
-    fprintf(stderr, "ember mkmodel: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n\n");
-    usage(stderr);
-    return 2;
+    char msg[512];
+    snprintf(msg, sizeof msg, fmt, arg);
+    return cli_usage_error(&cmd_mkmodel_command, "%s", msg);
 }
 
 /* Returns 0, or the exit status for a usage problem / help (-1 = help shown). */
 static int parse_options(int argc, char **argv, mk_options *o) {
     *o = (mk_options){.preset = "tiny", .type = "f32", .seed = 1, .threads = 0};
-    for (int i = 1; i < argc; i++) {
-        const char *opt = argv[i];
-        if (strcmp(opt, "-h") == 0 || strcmp(opt, "--help") == 0) {
-            usage(stdout);
-            return -1;
-        }
-        const char **slot = NULL;
-        if (strcmp(opt, "--arch") == 0) slot = &o->arch;
-        else if (strcmp(opt, "--preset") == 0) slot = &o->preset;
-        else if (strcmp(opt, "--type") == 0) slot = &o->type;
-        else if (strcmp(opt, "--vocab") == 0) slot = &o->vocab;
-        else if (strcmp(opt, "--tokenizer-dir") == 0) slot = &o->tokenizer_dir;
-        else if (strcmp(opt, "--out") == 0 || strcmp(opt, "-o") == 0) slot = &o->out;
-        else if (strcmp(opt, "--seed") != 0 && strcmp(opt, "--threads") != 0)
-            return usage_error("unknown option '%s'", opt);
-        if (i + 1 >= argc) return usage_error("option '%s' needs a value", opt);
-        const char *value = argv[++i];
-        if (slot) {
-            *slot = value;
-            continue;
+    cli_args args;
+    cli_args_init(&args, &cmd_mkmodel_command, argc, argv);
+    for (int id; (id = cli_next(&args)) != CLI_END;) {
+        const char *value = args.value;
+        switch (id) {
+        case OPT_ARCH: o->arch = value; continue;
+        case OPT_PRESET: o->preset = value; continue;
+        case OPT_TYPE: o->type = value; continue;
+        case OPT_VOCAB: o->vocab = value; continue;
+        case OPT_TOKENIZER_DIR: o->tokenizer_dir = value; continue;
+        case OPT_OUT: o->out = value; continue;
+        case CLI_ARG: return usage_error("unexpected argument '%s'", value);
+        default: break;
         }
         char *end;
         errno = 0;
         unsigned long long v = strtoull(value, &end, 10);
         if (errno != 0 || end == value || *end != '\0' || value[0] == '-')
             return usage_error("'%s' is not a non-negative integer", value);
-        if (strcmp(opt, "--seed") == 0) {
+        if (id == OPT_SEED) {
             o->seed = v;
         } else {
             if (v > 1024) return usage_error("--threads %s is out of range (0..1024)", value);
             o->threads = (int)v;
         }
     }
-    return 0;
+    return args.status == 0 ? -1 : args.status > 0 ? args.status : 0;
 }
 
 /* ---- tokenizer ---- */

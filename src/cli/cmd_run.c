@@ -10,15 +10,33 @@
 #include <string.h>
 
 #include "cli/cli_common.h"
+#include "cli/cli_opts.h"
 #include "cli/commands.h"
 #include "engine/engine.h"
 
-static int usage(void) {
-    fprintf(stderr,
-            "usage: ember run MODEL -p TEXT [-n N] [--temp T] [--seed S] [--threads K]\n"
-            "                 [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--ctx N] [--batch B]\n");
-    return 2;
-}
+enum { OPT_PROMPT, OPT_N, OPT_TEMP, OPT_SEED, OPT_THREADS, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_CTX, OPT_BATCH };
+
+static const cli_option run_options[] = {
+    {OPT_PROMPT, "--prompt", "-p", "TEXT", "the prompt (required)", NULL},
+    {OPT_N, "--n-predict", "-n", "N", "tokens to generate (default 128)", NULL},
+    {OPT_TEMP, "--temp", NULL, "T", "sampling temperature; 0: greedy (default 0)", NULL},
+    {OPT_SEED, "--seed", NULL, "S", "sampling seed", NULL},
+    {OPT_THREADS, "--threads", NULL, "K", "threads per forward pass (default: all CPUs)", NULL},
+    {OPT_TOP_K, "--top-k", NULL, "K", "keep the K most likely tokens; 0: all", NULL},
+    {OPT_TOP_P, "--top-p", NULL, "P", "nucleus sampling threshold", NULL},
+    {OPT_MIN_P, "--min-p", NULL, "P", "drop tokens below P times the most likely one", NULL},
+    {OPT_REPEAT, "--repeat-penalty", NULL, "R", "penalty of tokens already seen", NULL},
+    {OPT_CTX, "--ctx", NULL, "N", "context in tokens (default: prompt + N, at most the training context)", NULL},
+    {OPT_BATCH, "--batch", NULL, "B", "prefill chunk in tokens (default 512)", NULL},
+    {0, NULL, NULL, NULL, NULL, NULL},
+};
+
+const cli_command cmd_run_command = {
+    "run", cmd_run, "MODEL -p TEXT [options]", "generate text from a prompt",
+    "Streams the continuation to stdout and reports prefill and decode speed on stderr.\n"
+    "The request goes through the engine the server uses, with the cache bypassed.",
+    run_options, false, false,
+};
 
 static bool print_token(void *user, int32_t token) {
     size_t len;
@@ -34,23 +52,31 @@ int cmd_run(int argc, char **argv) {
     engine_request req = engine_default_request();
     req.sampling = sampler_default_params();
     req.sampling.temperature = 0.0f; /* greedy unless asked otherwise: reproducible by default */
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "-p") == 0 && val) { prompt = val; i++; }
-        else if (strcmp(a, "-n") == 0) { n_predict = (int)cli_parse_long(a, val, 0, 1 << 24); i++; }
-        else if (strcmp(a, "--temp") == 0) { req.sampling.temperature = (float)cli_parse_double(a, val); i++; }
-        else if (strcmp(a, "--seed") == 0) { req.sampling.seed = (uint64_t)cli_parse_long(a, val, 0, __LONG_MAX__); i++; }
-        else if (strcmp(a, "--threads") == 0) { threads = (int)cli_parse_long(a, val, 1, 1024); i++; }
-        else if (strcmp(a, "--top-k") == 0) { req.sampling.top_k = (int32_t)cli_parse_long(a, val, 0, 1 << 30); i++; }
-        else if (strcmp(a, "--top-p") == 0) { req.sampling.top_p = (float)cli_parse_double(a, val); i++; }
-        else if (strcmp(a, "--min-p") == 0) { req.sampling.min_p = (float)cli_parse_double(a, val); i++; }
-        else if (strcmp(a, "--repeat-penalty") == 0) { req.sampling.repeat_penalty = (float)cli_parse_double(a, val); i++; }
-        else if (strcmp(a, "--ctx") == 0) { n_ctx = (int)cli_parse_long(a, val, 16, 1 << 24); i++; }
-        else if (strcmp(a, "--batch") == 0) { batch = (int)cli_parse_long(a, val, 1, 1 << 16); i++; }
-        else if (a[0] != '-' && model_path == NULL) model_path = a;
-        else return usage();
+    cli_args args;
+    cli_args_init(&args, &cmd_run_command, argc, argv);
+    for (int id; (id = cli_next(&args)) != CLI_END;) {
+        const char *a = args.opt, *val = args.value;
+        switch (id) {
+        case OPT_PROMPT: prompt = val; break;
+        case OPT_N: n_predict = (int)cli_parse_long(a, val, 0, 1 << 24); break;
+        case OPT_TEMP: req.sampling.temperature = (float)cli_parse_double(a, val); break;
+        case OPT_SEED: req.sampling.seed = (uint64_t)cli_parse_long(a, val, 0, __LONG_MAX__); break;
+        case OPT_THREADS: threads = (int)cli_parse_long(a, val, 1, 1024); break;
+        case OPT_TOP_K: req.sampling.top_k = (int32_t)cli_parse_long(a, val, 0, 1 << 30); break;
+        case OPT_TOP_P: req.sampling.top_p = (float)cli_parse_double(a, val); break;
+        case OPT_MIN_P: req.sampling.min_p = (float)cli_parse_double(a, val); break;
+        case OPT_REPEAT: req.sampling.repeat_penalty = (float)cli_parse_double(a, val); break;
+        case OPT_CTX: n_ctx = (int)cli_parse_long(a, val, 16, 1 << 24); break;
+        case OPT_BATCH: batch = (int)cli_parse_long(a, val, 1, 1 << 16); break;
+        case CLI_ARG:
+            if (model_path) return cli_usage_error(&cmd_run_command, "one model only ('%s' and '%s')", model_path, val);
+            model_path = val;
+            break;
+        }
     }
-    if (model_path == NULL || prompt == NULL) return usage();
+    if (args.status >= 0) return args.status;
+    if (model_path == NULL) return cli_usage_error(&cmd_run_command, "no model file");
+    if (prompt == NULL) return cli_usage_error(&cmd_run_command, "no prompt (-p TEXT)");
 
     ember_error err;
     model *m = model_load(model_path, &err);

@@ -1,81 +1,108 @@
-/* cmd_serve.c - `ember serve MODEL [--host H] [--port P] [--config ember.yaml]
- * [--api-key KEY] ...`.
+/* cmd_serve.c - `ember serve MODEL [--config ember.yaml] [settings]`.
  *
- * Settings are layered defaults < ember.yaml < environment < flags
- * (serve_config.h). SIGINT and SIGTERM are blocked in every thread and
- * taken here with sigwait, so the drain runs on the main thread, outside
- * any signal handler: stop accepting, finish in-flight requests, exit 0. */
+ * Settings are layered defaults < ember.yaml < environment < flags; every
+ * flag is a row of the settings table (serve_settings.c), resolved here by
+ * serve_resolve_settings, which `ember settings` shares. SIGINT and SIGTERM
+ * are blocked in every thread and taken here with sigwait, so the drain runs
+ * on the main thread, outside any signal handler: stop accepting, finish
+ * in-flight requests, exit 0. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/cli_common.h"
+#include "cli/cli_opts.h"
 #include "cli/commands.h"
 #include "core/log.h"
 #include "serve/serve.h"
 #include "serve/serve_config.h"
 
-static int usage(void) {
-    fprintf(stderr,
-            "usage: ember serve MODEL [--host 127.0.0.1] [--port 8080] [--config ember.yaml] [--api-key KEY]\n"
-            "                   [--model-id NAME] [--ctx N] [--threads K] [--prefill-step N] [--max-running N]\n"
-            "                   [--queue-size N] [--num-blocks N] [--no-cache]\n"
-            "  settings: defaults < ember.yaml (server:, cache:) < APC_* / EMBER_* environment < flags\n");
-    return 2;
+enum { OPT_CONFIG };
+
+static const cli_option serve_options[] = {
+    {OPT_CONFIG, "--config", "-c", "FILE", "YAML config file with server: and cache: blocks", NULL},
+    {0, NULL, NULL, NULL, NULL, NULL},
+};
+
+const cli_command cmd_serve_command = {
+    "serve", cmd_serve, "MODEL [--config FILE] [settings]",
+    "serve a model over an OpenAI-compatible HTTP API",
+    "Runs until SIGINT or SIGTERM, then stops accepting, finishes the requests in flight and exits 0.",
+    serve_options, true, false,
+};
+
+_Static_assert(OPT_CONFIG == 0, "serve_resolve_settings expects --config as id 0");
+
+/* One --flag of the settings table, as written. */
+typedef struct flag_use {
+    const serve_setting *setting;
+    const char *value;
+    bool negated;
+} flag_use;
+
+int serve_resolve_settings(const cli_command *cmd, int argc, char **argv, serve_config *cfg, const char **model_path,
+                           int (*on_option)(void *user, int id, const char *value), void *user) {
+    /* The file comes before the environment and the flags whatever its
+     * position on the line, so the flags are collected first. */
+    const char *config_path = NULL;
+    if (model_path) *model_path = NULL;
+    flag_use *flags = calloc((size_t)argc, sizeof *flags);
+    int n_flags = 0, rc = -1;
+    if (flags == NULL) {
+        fprintf(stderr, "ember: out of memory\n");
+        return 1;
+    }
+    cli_args args;
+    cli_args_init(&args, cmd, argc, argv);
+    for (int id; (id = cli_next(&args)) != CLI_END;) {
+        if (id == OPT_CONFIG) config_path = args.value;
+        else if (id == CLI_SETTING) flags[n_flags++] = (flag_use){args.setting, args.value, args.negated};
+        else if (id >= 0) {
+            rc = on_option ? on_option(user, id, args.value) : 2;
+            if (rc >= 0) goto done;
+        } else if (model_path == NULL) {
+            rc = cli_usage_error(cmd, "unexpected argument '%s'", args.value);
+            goto done;
+        } else if (*model_path) {
+            rc = cli_usage_error(cmd, "one model only ('%s' and '%s')", *model_path, args.value);
+            goto done;
+        } else {
+            *model_path = args.value;
+        }
+    }
+    if (args.status >= 0) {
+        rc = args.status;
+        goto done;
+    }
+    serve_config_defaults(cfg);
+    ember_error err;
+    if ((config_path && serve_config_load_file(cfg, config_path, &err) < 0) || serve_config_apply_env(cfg, &err) < 0) {
+        fprintf(stderr, "ember: %s\n", err.msg);
+        rc = 1;
+        goto done;
+    }
+    for (int i = 0; i < n_flags; i++)
+        if (serve_settings_apply_flag(cfg, flags[i].setting, flags[i].value, flags[i].negated, &err) < 0) {
+            fprintf(stderr, "ember %s: %s\n", cmd->name, err.msg);
+            rc = 2;
+            goto done;
+        }
+    if (serve_config_validate(cfg, &err) < 0) {
+        fprintf(stderr, "ember: %s\n", err.msg);
+        rc = 1;
+    }
+done:
+    free(flags);
+    return rc;
 }
 
 int cmd_serve(int argc, char **argv) {
-    const char *model_path = NULL, *config_path = NULL;
-    /* The config file is applied before the flags, so find it first. */
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], "--config") == 0) config_path = argv[i + 1];
     serve_config cfg;
-    serve_config_defaults(&cfg);
+    const char *model_path;
+    int rc = serve_resolve_settings(&cmd_serve_command, argc, argv, &cfg, &model_path, NULL, NULL);
+    if (rc >= 0) return rc;
+    if (model_path == NULL) return cli_usage_error(&cmd_serve_command, "no model file");
     ember_error err;
-    if (config_path && serve_config_load_file(&cfg, config_path, &err) < 0) {
-        fprintf(stderr, "ember: %s\n", err.msg);
-        return 1;
-    }
-    if (serve_config_apply_env(&cfg, &err) < 0) {
-        fprintf(stderr, "ember: %s\n", err.msg);
-        return 1;
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            usage();
-            return 0;
-        }
-        if (a[0] != '-') {
-            if (model_path) return usage();
-            model_path = a;
-            continue;
-        }
-        if (strcmp(a, "--no-cache") == 0) {
-            cfg.cache_enabled = false;
-            continue;
-        }
-        if (val == NULL) return usage();
-        i++;
-        if (strcmp(a, "--config") == 0) continue;
-        else if (strcmp(a, "--host") == 0) snprintf(cfg.host, sizeof cfg.host, "%s", val);
-        else if (strcmp(a, "--port") == 0) cfg.port = (int)cli_parse_long(a, val, 0, 65535);
-        else if (strcmp(a, "--api-key") == 0) snprintf(cfg.api_key, sizeof cfg.api_key, "%s", val);
-        else if (strcmp(a, "--model-id") == 0) snprintf(cfg.model_id, sizeof cfg.model_id, "%s", val);
-        else if (strcmp(a, "--ctx") == 0) cfg.n_ctx = (int)cli_parse_long(a, val, 16, 1 << 24);
-        else if (strcmp(a, "--threads") == 0) cfg.n_threads = (int)cli_parse_long(a, val, 1, 1024);
-        else if (strcmp(a, "--prefill-step") == 0) cfg.prefill_step = (int)cli_parse_long(a, val, 1, 1 << 16);
-        else if (strcmp(a, "--max-running") == 0) cfg.max_running = (int)cli_parse_long(a, val, 1, 4096);
-        else if (strcmp(a, "--queue-size") == 0) cfg.queue_size = (int)cli_parse_long(a, val, 0, 1 << 20);
-        else if (strcmp(a, "--num-blocks") == 0) cfg.num_blocks = (int32_t)cli_parse_long(a, val, 0, 1 << 30);
-        else return usage();
-    }
-    if (model_path == NULL) return usage();
-    if (serve_config_validate(&cfg, &err) < 0) {
-        fprintf(stderr, "ember: %s\n", err.msg);
-        return 1;
-    }
     /* Every thread created from here on inherits the blocked signals. */
     sigset_t sigs;
     sigemptyset(&sigs);

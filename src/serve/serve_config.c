@@ -1,17 +1,16 @@
-/* serve_config.c - defaults, ember.yaml (libyaml), environment (see
- * serve_config.h).
+/* serve_config.c - ember.yaml (libyaml) over the settings table, and the
+ * step from serve_config to engine_config (see serve_config.h).
  *
  * The YAML file is first read into a small tree (mappings, sequences,
  * scalars, each with its line) by libyaml's event parser; anchors and
- * aliases are refused. A table of known keys then walks the tree: each entry
- * names the dotted key, its type and the field it sets, so the file, the
- * environment and the error messages share one description of every
- * setting. */
+ * aliases are refused. The tree is then walked against the settings table
+ * (serve_settings.c): a dotted path that some key starts with is a block, a
+ * path that is a key is a value parsed by the table's setter, anything else
+ * is an unknown key. So the file, the environment, the flags and the error
+ * messages share one description of every setting. */
 #include "serve/serve_config.h"
 
 #include <errno.h>
-#include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,141 +19,7 @@
 
 #include "core/log.h"
 
-/* ---- the settings table ---- */
-
-typedef enum { K_STR, K_INT, K_BOOL, K_SIZE, K_DOUBLE, K_HASH } key_type;
-
-typedef struct key_desc {
-    const char *path;     /* "server.port" */
-    const char *env;      /* "EMBER_PORT" */
-    key_type type;
-    size_t off;           /* offset in serve_config */
-    size_t cap;           /* K_STR: buffer size */
-    long lo, hi;          /* K_INT range */
-} key_desc;
-
-#define F(field) offsetof(serve_config, field)
-#define S(field) sizeof(((serve_config *)0)->field)
-static const key_desc keys[] = {
-    {"server.host", "EMBER_HOST", K_STR, F(host), S(host), 0, 0},
-    {"server.port", "EMBER_PORT", K_INT, F(port), 0, 0, 65535},
-    {"server.api_key", "EMBER_API_KEY", K_STR, F(api_key), S(api_key), 0, 0},
-    {"server.model_id", "EMBER_MODEL_ID", K_STR, F(model_id), S(model_id), 0, 0},
-    {"server.ctx", "EMBER_CTX", K_INT, F(n_ctx), 0, 0, 1 << 24},
-    {"server.threads", "EMBER_THREADS", K_INT, F(n_threads), 0, 0, 1024},
-    {"server.prefill_step", "EMBER_PREFILL_STEP", K_INT, F(prefill_step), 0, 1, 1 << 16},
-    {"server.max_running", "EMBER_MAX_RUNNING", K_INT, F(max_running), 0, 1, 4096},
-    {"server.queue_size", "EMBER_QUEUE_SIZE", K_INT, F(queue_size), 0, 0, 1 << 20},
-    {"server.max_body_bytes", "EMBER_MAX_BODY_BYTES", K_SIZE, F(max_body_bytes), 0, 0, 0},
-    {"server.connection_limit", "EMBER_CONNECTION_LIMIT", K_INT, F(connection_limit), 0, 1, 1 << 16},
-    {"cache.enabled", "APC_ENABLED", K_BOOL, F(cache_enabled), 0, 0, 0},
-    {"cache.block_size", "APC_BLOCK_SIZE", K_INT, F(block_size), 0, 1, 1 << 16},
-    {"cache.num_blocks", "APC_NUM_BLOCKS", K_INT, F(num_blocks), 0, 0, INT_MAX},
-    {"cache.exact_entries", "APC_EXACT_CACHE_ENTRIES", K_INT, F(exact_entries), 0, 0, 1 << 20},
-    {"cache.hash", "APC_HASH", K_HASH, F(hash_xxh3), 0, 0, 0},
-    {"cache.fresh_wait_ms", "APC_FRESH_WAIT_MS", K_INT, F(fresh_wait_ms), 0, 0, 60000},
-    {"cache.fresh_min", "APC_FRESH_MIN", K_INT, F(fresh_min), 0, 1, 1 << 24},
-    {"cache.disk.path", "APC_DISK_PATH", K_STR, F(disk_path), S(disk_path), 0, 0},
-    {"cache.disk.max_gb", "APC_DISK_MAX_GB", K_DOUBLE, F(disk_max_gb), 0, 0, 0},
-    {"cache.disk.read_wait_ms", "APC_DISK_READ_WAIT_MS", K_INT, F(disk_wait_ms), 0, 1, 600000},
-    {"cache.disk.workers", "APC_DISK_WORKERS", K_INT, F(disk_workers), 0, 1, 256},
-    {"cache.disk.read_mode", "APC_DISK_READ_MODE", K_STR, F(disk_read_mode), S(disk_read_mode), 0, 0},
-    {"cache.disk.namespace", "APC_DISK_NAMESPACE", K_STR, F(disk_namespace), S(disk_namespace), 0, 0},
-};
-#undef F
-#undef S
-#define N_KEYS (sizeof keys / sizeof keys[0])
-
-void serve_config_defaults(serve_config *c) {
-    memset(c, 0, sizeof *c);
-    snprintf(c->host, sizeof c->host, "127.0.0.1");
-    c->port = 8080;
-    c->prefill_step = 512;
-    c->max_running = 32;
-    c->queue_size = 64;
-    c->max_body_bytes = (size_t)4 << 20;
-    c->connection_limit = 256;
-    c->cache_enabled = true;
-    c->block_size = 16;
-    c->exact_entries = 4;
-    c->fresh_wait_ms = 500;
-    c->fresh_min = 256;
-    c->disk_wait_ms = 1000;
-    c->disk_workers = 1;
-    snprintf(c->disk_read_mode, sizeof c->disk_read_mode, "direct");
-}
-
-/* 1, 0, or -1 when text is not a boolean. */
-static int parse_bool(const char *text) {
-    if (!strcasecmp(text, "1") || !strcasecmp(text, "true") || !strcasecmp(text, "yes") || !strcasecmp(text, "on"))
-        return 1;
-    if (!strcasecmp(text, "0") || !strcasecmp(text, "false") || !strcasecmp(text, "no") ||
-        !strcasecmp(text, "off") || text[0] == 0)
-        return 0;
-    return -1;
-}
-
-/* Parses text as the key's type into the field. Returns 0, or -1 with a
- * message "expected ..., got '...'". */
-static int set_value(serve_config *c, const key_desc *k, const char *text, char *why, size_t why_cap) {
-    char *p = (char *)c + k->off;
-    char *end = NULL;
-    switch (k->type) {
-    case K_STR:
-        if (strlen(text) >= k->cap) {
-            snprintf(why, why_cap, "longer than %zu bytes", k->cap - 1);
-            return -1;
-        }
-        memcpy(p, text, strlen(text) + 1);
-        return 0;
-    case K_INT: {
-        errno = 0;
-        long v = strtol(text, &end, 10);
-        if (errno || end == text || *end || v < k->lo || v > k->hi) {
-            snprintf(why, why_cap, "expected an integer in [%ld, %ld], got '%s'", k->lo, k->hi, text);
-            return -1;
-        }
-        *(int *)p = (int)v;
-        return 0;
-    }
-    case K_SIZE: {
-        errno = 0;
-        unsigned long long v = strtoull(text, &end, 10);
-        if (errno || end == text || *end || text[0] == '-') {
-            snprintf(why, why_cap, "expected a byte count, got '%s'", text);
-            return -1;
-        }
-        *(size_t *)p = (size_t)v;
-        return 0;
-    }
-    case K_DOUBLE: {
-        errno = 0;
-        double v = strtod(text, &end);
-        if (errno || end == text || *end || !isfinite(v) || v < 0) {
-            snprintf(why, why_cap, "expected a non-negative number, got '%s'", text);
-            return -1;
-        }
-        *(double *)p = v;
-        return 0;
-    }
-    case K_BOOL:
-        if (parse_bool(text) >= 0) {
-            *(bool *)p = parse_bool(text) == 1;
-            return 0;
-        }
-        snprintf(why, why_cap, "expected a boolean (true/false), got '%s'", text);
-        return -1;
-    case K_HASH:
-        if (!strcasecmp(text, "sha256")) *(bool *)p = false;
-        else if (!strcasecmp(text, "xxh3") || !strcasecmp(text, "fast")) *(bool *)p = true;
-        else {
-            snprintf(why, why_cap, "expected sha256, xxh3 or fast, got '%s'", text);
-            return -1;
-        }
-        return 0;
-    }
-    return -1;
-}
+void serve_config_defaults(serve_config *c) { serve_settings_defaults(c); }
 
 /* ---- a small YAML tree ---- */
 
@@ -273,14 +138,13 @@ static int yaml_tree(const char *text, size_t len, const char *name, ynode **out
     return 0;
 }
 
-static const key_desc *find_key(const char *path) {
-    for (size_t i = 0; i < N_KEYS; i++)
-        if (strcmp(keys[i].path, path) == 0) return &keys[i];
-    return NULL;
-}
-
+/* A block is a path that some key continues: "cache" of "cache.disk.path". */
 static bool is_block(const char *path) {
-    return !strcmp(path, "server") || !strcmp(path, "cache") || !strcmp(path, "cache.disk");
+    size_t n, len = strlen(path);
+    const serve_setting *t = serve_settings(&n);
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(t[i].key, path, len) == 0 && t[i].key[len] == '.') return true;
+    return false;
 }
 
 static const char *kind_name(ynode_kind k) { return k == Y_MAP ? "a mapping" : k == Y_SEQ ? "a list" : "a scalar"; }
@@ -295,16 +159,17 @@ static int apply_map(serve_config *c, const ynode *map, const char *prefix, cons
         if (is_block(path)) {
             /* disk: true|false is shorthand (reference §2.1). */
             if (!strcmp(path, "cache.disk") && v->kind == Y_SCALAR && v->value[0]) {
-                int on = parse_bool(v->value);
+                int on = serve_settings_parse_bool(v->value);
                 if (on < 0)
                     return ember_fail(err, "%s:%d: cache.disk: expected a mapping or a boolean, got '%s'", name,
                                       v->line, v->value);
-                if (on) {
-                    const char *home = getenv("HOME");
-                    snprintf(c->disk_path, sizeof c->disk_path, "%s/.cache/ember/apc", home ? home : ".");
-                } else {
-                    c->disk_path[0] = 0;
-                }
+                const char *home = getenv("HOME");
+                char path_text[4096];
+                snprintf(path_text, sizeof path_text, "%s/.cache/ember/apc", home ? home : ".");
+                char why[300];
+                if (serve_setting_set(c, serve_setting_by_key("cache.disk.path"), on ? path_text : "",
+                                      SETTING_FROM_FILE, why, sizeof why) < 0)
+                    return ember_fail(err, "%s:%d: cache.disk: %s", name, v->line, why);
                 continue;
             }
             if (v->kind == Y_SCALAR && v->value[0] == 0 && !v->quoted) continue; /* "server:" with nothing under */
@@ -313,18 +178,19 @@ static int apply_map(serve_config *c, const ynode *map, const char *prefix, cons
             if (apply_map(c, v, path, name, err) < 0) return -1;
             continue;
         }
-        const key_desc *d = find_key(path);
+        const serve_setting *d = serve_setting_by_key(path);
         if (d == NULL) {
             ember_log(EMBER_LOG_WARN, "%s:%d: unknown key '%s' ignored (check the spelling)", name, k->line, path);
             continue;
         }
         if (v->kind != Y_SCALAR)
             return ember_fail(err, "%s:%d: %s: expected a value, got %s", name, v->line, path, kind_name(v->kind));
-        if (d->type != K_STR && v->quoted && d->type != K_HASH)
+        bool textual = d->type == SETTING_STR || d->type == SETTING_HASH || d->type == SETTING_FORCE;
+        if (!textual && v->quoted)
             return ember_fail(err, "%s:%d: %s: expected %s, got the string \"%s\"", name, v->line, path,
-                              d->type == K_BOOL ? "a boolean" : "a number", v->value);
+                              d->type == SETTING_BOOL ? "a boolean" : "a number", v->value);
         char why[300];
-        if (set_value(c, d, v->value, why, sizeof why) < 0)
+        if (serve_setting_set(c, d, v->value, SETTING_FROM_FILE, why, sizeof why) < 0)
             return ember_fail(err, "%s:%d: %s: %s", name, v->line, path, why);
     }
     return 0;
@@ -372,24 +238,31 @@ int serve_config_load_file(serve_config *c, const char *path, ember_error *err) 
     return rc;
 }
 
-int serve_config_apply_env(serve_config *c, ember_error *err) {
-    for (size_t i = 0; i < N_KEYS; i++) {
-        const char *v = getenv(keys[i].env);
-        if (v == NULL) continue;
-        char why[300];
-        if (set_value(c, &keys[i], v, why, sizeof why) < 0)
-            return ember_fail(err, "environment %s (%s): %s", keys[i].env, keys[i].path, why);
-    }
-    return 0;
-}
+int serve_config_apply_env(serve_config *c, ember_error *err) { return serve_settings_apply_env(c, err); }
 
 int serve_config_validate(const serve_config *c, ember_error *err) {
     if (c->block_size != 16)
         return ember_fail(err, "cache.block_size: %d is not supported; ember's KV blocks hold 16 tokens", c->block_size);
     if (c->host[0] == 0) return ember_fail(err, "server.host: empty");
     if (c->max_body_bytes < 1024) return ember_fail(err, "server.max_body_bytes: at least 1024");
-    if (strcmp(c->disk_read_mode, "direct") != 0 && strcmp(c->disk_read_mode, "mmap") != 0)
-        return ember_fail(err, "cache.disk.read_mode: '%s' is not one of direct, mmap", c->disk_read_mode);
-    if (c->disk_max_gb < 0) return ember_fail(err, "cache.disk.max_gb: must not be negative");
     return 0;
+}
+
+void serve_config_engine(const serve_config *c, engine_config *ec) {
+    *ec = engine_default_config();
+    ec->n_threads = c->n_threads;
+    ec->prefill_step = c->prefill_step;
+    ec->n_ctx = c->n_ctx;
+    ec->num_blocks = c->num_blocks;
+    apc_disk_config disk = ec->cache.disk;
+    ec->cache = c->cache;
+    ec->cache.disk = disk;
+    if (!c->cache.enabled) ec->cache.force_tier = APC_FORCE_OFF;
+    if (c->disk_path[0]) {
+        ec->cache.disk.path = c->disk_path;
+        ec->cache.disk.max_bytes = c->disk_max_gb > 0 ? (uint64_t)(c->disk_max_gb * 1e9) : 0;
+        ec->cache.disk.workers = c->disk_workers;
+        ec->cache.disk.read_mode = strcmp(c->disk_read_mode, "mmap") == 0 ? APC_DISK_READ_MMAP : APC_DISK_READ_DIRECT;
+        ec->cache.disk.namespace_override = c->disk_namespace[0] ? c->disk_namespace : NULL;
+    }
 }

@@ -1,27 +1,20 @@
 /* serve_config.h - the settings of `ember serve` and where they come from.
  *
  * Contract:
- *  - Precedence, lowest first: built-in defaults, the YAML file
+ *  - Every setting is a row of the table in serve_settings.c (key, variable,
+ *    flag, type, default, help); this struct holds their values.
+ *    Precedence, lowest first: the table's defaults, the YAML file
  *    (--config ember.yaml), the environment, command-line flags. Each layer
- *    only overrides the keys it names.
- *  - The file has two top-level blocks, `server:` and `cache:` (reference
- *    §2.1 for the cache keys: enabled, block_size, num_blocks, exact_entries,
- *    hash, disk.{path,max_gb,workers,read_mode,namespace}; `disk` may also be
- *    a boolean). An unknown key is a loud warning naming it and its line; a
- *    malformed file or a value of the wrong type is an error naming the key
+ *    only overrides the keys it names. docs/cache-switches.md lists them all.
+ *  - The file has two top-level blocks, `server:` and `cache:` (with
+ *    `cache.disk`, `cache.ckpt` and `cache.anchor` below it; `disk` may also
+ *    be a boolean). An unknown key is a loud warning naming it and its line;
+ *    a malformed file or a value of the wrong type is an error naming the key
  *    and the line ("ember.yaml:7: server.port: expected an integer, got
  *    'abc'").
- *  - Environment: the cache keys under their APC_* names (APC_ENABLED,
- *    APC_BLOCK_SIZE, APC_NUM_BLOCKS, APC_EXACT_CACHE_ENTRIES, APC_HASH,
- *    APC_DISK_PATH, APC_DISK_MAX_GB, APC_DISK_WORKERS, APC_DISK_READ_MODE,
- *    APC_DISK_NAMESPACE); the server keys as EMBER_<KEY> (EMBER_HOST,
- *    EMBER_PORT, EMBER_API_KEY, EMBER_MODEL_ID, EMBER_CTX, EMBER_THREADS,
- *    EMBER_PREFILL_STEP, EMBER_MAX_RUNNING, EMBER_QUEUE_SIZE,
- *    EMBER_MAX_BODY_BYTES, EMBER_CONNECTION_LIMIT). A malformed value is an
- *    error naming the variable.
  *  - The cache is on by default. The SSD tier is on when cache.disk.path is
- *    set (or `disk: true`, which picks ~/.cache/ember/apc); the server passes
- *    the disk keys to the cache's apc_disk_config. */
+ *    set (or `disk: true`, which picks ~/.cache/ember/apc);
+ *    serve_config_engine turns the whole struct into an engine_config. */
 #ifndef EMBER_SERVE_CONFIG_H
 #define EMBER_SERVE_CONFIG_H
 
@@ -29,7 +22,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "apc/apc.h"
 #include "core/error.h"
+#include "engine/engine.h"
+#include "serve/serve_settings.h"
 
 typedef struct serve_config {
     /* server: */
@@ -48,27 +44,31 @@ typedef struct serve_config {
     size_t max_body_bytes;    /* larger bodies get 413, default 4 MiB */
     int connection_limit;     /* concurrent HTTP connections, default 256 */
     /* cache: */
-    bool cache_enabled;
     int block_size;           /* only 16 is supported */
     int32_t num_blocks;       /* KV pool = cache; 0: engine default */
-    int exact_entries;
-    bool hash_xxh3;           /* hash: sha256 (default) | xxh3 | fast (= xxh3) */
+    apc_config cache;         /* enabled, hash, exact entries, forced tier, ckpt and anchors;
+                               * its disk part comes from the disk_* fields below */
     char disk_path[512];
     double disk_max_gb;
     int disk_workers;
     char disk_read_mode[16];
     char disk_namespace[256];
+    unsigned char source[SERVE_SETTINGS_MAX]; /* setting_source of each row of the table */
 } serve_config;
 
 /* ---- API ---- */
+/* The table's defaults (serve_settings_defaults). */
 void serve_config_defaults(serve_config *c);
 /* Reads a YAML file over c. Unknown keys warn; errors name file:line: key. */
 int serve_config_load_file(serve_config *c, const char *path, ember_error *err);
 /* Same, from a string (tests); name labels messages. */
 int serve_config_load_string(serve_config *c, const char *yaml, size_t len, const char *name, ember_error *err);
-/* Applies APC_* and EMBER_* environment variables. */
+/* Applies every variable of the table (serve_settings_apply_env). */
 int serve_config_apply_env(serve_config *c, ember_error *err);
-/* Checks ranges after every layer is applied. */
+/* Checks what no single row can check, after every layer is applied. */
 int serve_config_validate(const serve_config *c, ember_error *err);
+/* The engine's configuration: threads, prefill step, pool, cache and disk
+ * (disk strings point into c). n_ctx is copied as is (0: caller decides). */
+void serve_config_engine(const serve_config *c, engine_config *ec);
 
 #endif

@@ -679,22 +679,9 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
         if (n > 5 && strcmp(base + n - 5, ".gguf") == 0) n -= 5;
         snprintf(srv->model_id, sizeof srv->model_id, "%.*s", (int)n, base);
     }
-    engine_config ec = engine_default_config();
-    ec.n_threads = cfg->n_threads;
-    ec.prefill_step = cfg->prefill_step;
+    engine_config ec;
+    serve_config_engine(cfg, &ec);
     ec.n_ctx = cfg->n_ctx > 0 ? cfg->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
-    ec.num_blocks = cfg->num_blocks;
-    ec.cache.enabled = cfg->cache_enabled;
-    ec.cache.exact_entries = cfg->exact_entries;
-    ec.cache.hash = cfg->hash_xxh3 ? APC_HASH_XXH3 : APC_HASH_SHA256;
-    if (!cfg->cache_enabled) ec.cache.force_tier = APC_FORCE_OFF;
-    if (cfg->disk_path[0]) {
-        ec.cache.disk.path = cfg->disk_path;
-        ec.cache.disk.max_bytes = cfg->disk_max_gb > 0 ? (uint64_t)(cfg->disk_max_gb * 1e9) : 0;
-        ec.cache.disk.workers = cfg->disk_workers;
-        ec.cache.disk.read_mode = strcmp(cfg->disk_read_mode, "mmap") == 0 ? APC_DISK_READ_MMAP : APC_DISK_READ_DIRECT;
-        ec.cache.disk.namespace_override = cfg->disk_namespace[0] ? cfg->disk_namespace : NULL;
-    }
     srv->e = engine_create(srv->m, &ec, err);
     if (srv->e == NULL) goto fail;
     srv->chat = serve_chat_create(srv->m, err);
