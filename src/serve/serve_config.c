@@ -47,6 +47,10 @@ static const key_desc keys[] = {
     {"server.queue_size", "EMBER_QUEUE_SIZE", K_INT, F(queue_size), 0, 0, 1 << 20},
     {"server.max_body_bytes", "EMBER_MAX_BODY_BYTES", K_SIZE, F(max_body_bytes), 0, 0, 0},
     {"server.connection_limit", "EMBER_CONNECTION_LIMIT", K_INT, F(connection_limit), 0, 1, 1 << 16},
+    {"server.per_ip_connection_limit", "EMBER_PER_IP_CONNECTION_LIMIT", K_INT, F(per_ip_connection_limit), 0, 0, 1 << 16},
+    {"server.read_timeout", "EMBER_READ_TIMEOUT", K_INT, F(read_timeout), 0, 1, 3600},
+    {"server.idle_timeout", "EMBER_IDLE_TIMEOUT", K_INT, F(idle_timeout), 0, 1, 86400},
+    {"server.http_threads", "EMBER_HTTP_THREADS", K_INT, F(http_threads), 0, 1, 64},
     {"cache.enabled", "APC_ENABLED", K_BOOL, F(cache_enabled), 0, 0, 0},
     {"cache.block_size", "APC_BLOCK_SIZE", K_INT, F(block_size), 0, 1, 1 << 16},
     {"cache.num_blocks", "APC_NUM_BLOCKS", K_INT, F(num_blocks), 0, 0, INT_MAX},
@@ -72,7 +76,11 @@ void serve_config_defaults(serve_config *c) {
     c->max_running = 32;
     c->queue_size = 64;
     c->max_body_bytes = (size_t)4 << 20;
-    c->connection_limit = 256;
+    c->connection_limit = 1024;
+    c->per_ip_connection_limit = 256;
+    c->read_timeout = 30;
+    c->idle_timeout = 60;
+    c->http_threads = 4;
     c->cache_enabled = true;
     c->block_size = 16;
     c->exact_entries = 4;

@@ -17,7 +17,8 @@
  *    APC_DISK_NAMESPACE); the server keys as EMBER_<KEY> (EMBER_HOST,
  *    EMBER_PORT, EMBER_API_KEY, EMBER_MODEL_ID, EMBER_CTX, EMBER_THREADS,
  *    EMBER_PREFILL_STEP, EMBER_MAX_RUNNING, EMBER_QUEUE_SIZE,
- *    EMBER_MAX_BODY_BYTES, EMBER_CONNECTION_LIMIT). A malformed value is an
+ *    EMBER_MAX_BODY_BYTES, EMBER_CONNECTION_LIMIT, EMBER_PER_IP_CONNECTION_LIMIT,
+ *    EMBER_READ_TIMEOUT, EMBER_IDLE_TIMEOUT, EMBER_HTTP_THREADS). A malformed value is an
  *    error naming the variable.
  *  - The cache is on by default. The SSD tier is on when cache.disk.path is
  *    set (or `disk: true`, which picks ~/.cache/ember/apc); the server passes
@@ -45,7 +46,11 @@ typedef struct serve_config {
     int fresh_wait_ms;        /* freshness gate hold ceiling, default 500; 0: off (reference §14.1) */
     int fresh_min;            /* least shared uncached tokens to hold a sibling, default 256 */
     size_t max_body_bytes;    /* larger bodies get 413, default 4 MiB */
-    int connection_limit;     /* concurrent HTTP connections, default 256 */
+    int connection_limit;     /* open HTTP connections before 503, default 1024 */
+    int per_ip_connection_limit; /* open connections of one client address before 503; 0: none; default 256 */
+    int read_timeout;         /* seconds to deliver a whole request (head + body) after connecting, default 30 */
+    int idle_timeout;         /* seconds of silence before a connection is closed, default 60 */
+    int http_threads;         /* event-loop threads of the HTTP layer, default 4 */
     /* cache: */
     bool cache_enabled;
     int block_size;           /* only 16 is supported */
