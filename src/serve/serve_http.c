@@ -1035,7 +1035,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     (void)toe;
     conn_state *cs = *con_cls;
     if (cs) {
-        if (cs->wait) stream_free(cs->wait); /* cancels a generation nobody will read */
+        if (cs->wait) { /* a waiting non-streaming request whose client is gone */
+            serve_metrics_request(srv->metrics, routes[cs->route].label, 499);
+            stream_free(cs->wait);
+        }
         free(cs->body);
         free(cs);
         atomic_fetch_sub(&srv->in_flight, 1);
@@ -1135,17 +1138,24 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
             goto fail;
         }
     }
-    /* Every connection is a descriptor: make room for the limit when the
-     * hard limit allows, and say so when it does not. */
-    unsigned hard_limit = (unsigned)cfg->connection_limit + LIMIT_MARGIN;
+    /* libmicrohttpd splits its connection limit evenly between its threads,
+     * while a thread keeps whatever it accepts; so each thread's share is
+     * the whole limit plus the margin, and our own count enforces the limit.
+     * Every connection is a descriptor: raise the soft limit when the hard
+     * one allows, and shrink the backstop (and say so) when it does not. */
+    unsigned hard_limit = ((unsigned)cfg->connection_limit + LIMIT_MARGIN) * (unsigned)cfg->http_threads;
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < hard_limit + 256) {
-        rlim_t want = hard_limit + 256;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < (rlim_t)hard_limit + 256) {
+        rlim_t want = (rlim_t)hard_limit + 256;
         rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
-        if (rl.rlim_cur < want)
-            ember_log(EMBER_LOG_WARN, "open files limited to %llu: fewer than server.connection_limit %d connections "
-                      "may be accepted", (unsigned long long)rl.rlim_cur, cfg->connection_limit);
+        getrlimit(RLIMIT_NOFILE, &rl);
+        if (rl.rlim_cur < want) {
+            hard_limit = rl.rlim_cur > 512 ? (unsigned)rl.rlim_cur - 256 : 256;
+            if (hard_limit < (unsigned)cfg->connection_limit + LIMIT_MARGIN)
+                ember_log(EMBER_LOG_WARN, "open files limited to %llu: fewer than server.connection_limit %d "
+                          "connections may be accepted", (unsigned long long)rl.rlim_cur, cfg->connection_limit);
+        }
     }
     pthread_mutex_lock(&srv->lock);
     srv->pump_started = pthread_create(&srv->pump, NULL, pump_main, srv) == 0;
