@@ -80,7 +80,7 @@ void serve_config_defaults(serve_config *c) {
     c->per_ip_connection_limit = 256;
     c->read_timeout = 30;
     c->idle_timeout = 60;
-    c->http_threads = 4;
+    c->http_threads = 2;
     c->cache_enabled = true;
     c->block_size = 16;
     c->exact_entries = 4;

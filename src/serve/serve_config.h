@@ -50,7 +50,7 @@ typedef struct serve_config {
     int per_ip_connection_limit; /* open connections of one client address before 503; 0: none; default 256 */
     int read_timeout;         /* seconds to deliver a whole request (head + body) after connecting, default 30 */
     int idle_timeout;         /* seconds of silence before a connection is closed, default 60 */
-    int http_threads;         /* event-loop threads of the HTTP layer, default 4 */
+    int http_threads;         /* event-loop threads of the HTTP layer, default 2 */
     /* cache: */
     bool cache_enabled;
     int block_size;           /* only 16 is supported */
