@@ -466,7 +466,8 @@ static void test_limits_answer_503(void **state) {
 }
 
 /* A trickle of one byte every 300 ms keeps a connection active, but
- * read_timeout still ends it. */
+ * read_timeout still ends it; and it bounds the wait for the next request
+ * on a kept-alive connection. */
 static void test_trickled_header_is_cut(void **state) {
     (void)state;
     int fd = dial("127.0.0.3", g_narrow.port);
@@ -491,6 +492,37 @@ static void test_trickled_header_is_cut(void **state) {
     double dt = now_s() - t0;
     print_message("trickling client cut after %.1f s\n", dt);
     assert_true(cut);
+    assert_true(dt >= 1.5 && dt < 5);
+    close(fd);
+    /* a kept-alive connection is bounded the same way after its answer */
+    fd = dial("127.0.0.3", g_narrow.port);
+    const char *req = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    put(fd, req, strlen(req));
+    char buf[4096];
+    size_t n = 0;
+    const char *sep = NULL;
+    long clen = -1;
+    t0 = now_s();
+    while (now_s() - t0 < 5) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) != 1) continue;
+        ssize_t r = recv(fd, buf + n, sizeof buf - 1 - n, 0);
+        if (r <= 0) break;
+        n += (size_t)r;
+        buf[n] = 0;
+        sep = strstr(buf, "\r\n\r\n");
+        const char *cl = strcasestr(buf, "Content-Length:");
+        if (sep && cl) clen = strtol(cl + 15, NULL, 10);
+        if (sep && clen >= 0 && n >= (size_t)(sep + 4 - buf) + (size_t)clen) break;
+    }
+    assert_non_null(sep);
+    assert_int_equal(strncmp(buf, "HTTP/1.1 200", 12), 0);
+    t0 = now_s();
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 6000), 1);
+    assert_true(recv(fd, buf, sizeof buf, 0) <= 0);
+    dt = now_s() - t0;
+    print_message("unused kept-alive connection closed %.1f s after its answer\n", dt);
     assert_true(dt >= 1.5 && dt < 5);
     close(fd);
 }

@@ -18,8 +18,8 @@
  *    server.per_ip_connection_limit from one address, a request is answered
  *    503 (code too_many_connections) with Retry-After and its connection
  *    closed; a connection that has not delivered a whole request within
- *    server.read_timeout seconds is closed, and one silent for
- *    server.idle_timeout seconds too.
+ *    server.read_timeout seconds of connecting or of its previous answer is
+ *    closed, and one silent for server.idle_timeout seconds too.
  *  - A client that disconnects cancels its request; the scheduler frees its
  *    sequence at the next iteration. A half-close (shutdown of the
  *    client's write side) is not a disconnect: the answer is delivered, and

@@ -48,7 +48,8 @@ typedef struct serve_config {
     size_t max_body_bytes;    /* larger bodies get 413, default 4 MiB */
     int connection_limit;     /* open HTTP connections before 503, default 1024 */
     int per_ip_connection_limit; /* open connections of one client address before 503; 0: none; default 256 */
-    int read_timeout;         /* seconds to deliver a whole request (head + body) after connecting, default 30 */
+    int read_timeout;         /* seconds to deliver a whole request (head + body) after connecting or the
+                                 previous answer, default 30 */
     int idle_timeout;         /* seconds of silence before a connection is closed, default 60 */
     int http_threads;         /* event-loop threads of the HTTP layer, default 2 */
     /* cache: */

@@ -13,9 +13,11 @@
  *    per_ip_connection_limit from its address, is answered 503 with
  *    Retry-After and closed. libmicrohttpd's own limits sit a margin above
  *    ours, so the margin is answered 503 and only a flood beyond it is
- *    closed at accept. A client must deliver its whole request within
- *    read_timeout of connecting (a slowloris trickle is cut by shutting its
- *    socket down); idle_timeout closes silent connections;
+ *    closed at accept. A client must deliver each whole request within
+ *    read_timeout of connecting or of its previous answer (a slowloris
+ *    trickle, or a kept-alive connection left unused, is cut by shutting
+ *    its socket down); idle_timeout closes connections silent for longer
+ *    (a client that stops reading a response);
  *  - bodies accumulate up to max_body_bytes (a chunked upload that grows
  *    past it is discarded and answered 413 at the end);
  *  - a generation is a `gen` shared by the connection and one pump thread.
@@ -85,8 +87,8 @@ typedef struct conn_rec {
     struct conn_rec *prev, *next;
     int fd;
     struct sockaddr_storage addr;
-    double t_open;
-    bool read_done; /* a whole request arrived: read_timeout no longer applies */
+    double t_wait;  /* since when it waits for a request: connected, or the last one completed */
+    bool read_done; /* a whole request arrived: read_timeout does not apply until it completes */
 } conn_rec;
 
 typedef struct gen gen;
@@ -472,7 +474,7 @@ static void pump_gen(gen *g, double now) {
  * the same lock. */
 static void enforce_read_timeout(server *srv, double now) {
     for (conn_rec *r = srv->conns; r; r = r->next) {
-        if (r->read_done || now - r->t_open < srv->cfg.read_timeout) continue;
+        if (r->read_done || now - r->t_wait < srv->cfg.read_timeout) continue;
         r->read_done = true;
         shutdown(r->fd, SHUT_RDWR);
         ember_log(EMBER_LOG_DEBUG, "http: closed a connection that sent no whole request in %d s",
@@ -877,11 +879,14 @@ static conn_rec *rec_of(struct MHD_Connection *c) {
     return ci ? ci->socket_context : NULL;
 }
 
-static void mark_read_done(server *srv, struct MHD_Connection *c) {
+/* done: a whole request arrived; else one completed and the connection
+ * (kept alive) waits for the next, which read_timeout bounds again. */
+static void mark_read(server *srv, struct MHD_Connection *c, bool done) {
     conn_rec *rec = rec_of(c);
     if (rec == NULL) return;
     pthread_mutex_lock(&srv->lock);
-    rec->read_done = true;
+    rec->read_done = done;
+    if (!done) rec->t_wait = ember_now();
     pthread_mutex_unlock(&srv->lock);
 }
 
@@ -918,7 +923,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         *socket_context = rec;
         if (rec == NULL) return;
         rec->fd = conn_fd(c);
-        rec->t_open = ember_now();
+        rec->t_wait = ember_now();
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
         if (ci && ci->client_addr) {
             size_t n = ci->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
@@ -978,7 +983,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             api_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
                      "The request body is larger than %zu bytes.", srv->cfg.max_body_bytes);
         }
-        mark_read_done(srv, c);
+        mark_read(srv, c, true);
         return send_error(srv, c, label, &e, allow);
     }
     if (*upload_size > 0) {
@@ -1006,7 +1011,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     int ri = cs->route;
-    if (cs->wait == NULL) mark_read_done(srv, c);
+    if (cs->wait == NULL) mark_read(srv, c, true);
     if (cs->too_big) {
         api_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
                  "The request body is larger than %zu bytes.", srv->cfg.max_body_bytes);
@@ -1031,8 +1036,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     server *srv = cls;
-    (void)c;
     (void)toe;
+    mark_read(srv, c, false);
     conn_state *cs = *con_cls;
     if (cs) {
         if (cs->wait) { /* a waiting non-streaming request whose client is gone */
