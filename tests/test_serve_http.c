@@ -457,7 +457,7 @@ static void test_limits_answer_503(void **state) {
     hresp_free(&r);
     /* read_timeout (2 s) cuts the sockets that never sent a whole request:
      * the server serves again while their clients still hold them */
-    double took = wait_served(port, 8);
+    double took = wait_served(port, 15);
     print_message("served again %.1f s after the limit was reached (read_timeout 2 s)\n", took);
     assert_true(took >= 0);
     int closed = 0;
@@ -481,7 +481,7 @@ static void test_trickled_header_is_cut(void **state) {
     const char *head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaa";
     double t0 = now_s();
     bool cut = false;
-    for (size_t i = 0; i < strlen(head) && now_s() - t0 < 10; i++) {
+    for (size_t i = 0; i < strlen(head) && now_s() - t0 < 20; i++) {
         if (send(fd, head + i, 1, MSG_NOSIGNAL) < 0) {
             cut = true;
             break;
@@ -498,7 +498,7 @@ static void test_trickled_header_is_cut(void **state) {
     double dt = now_s() - t0;
     print_message("trickling client cut after %.1f s\n", dt);
     assert_true(cut);
-    assert_true(dt >= 1.5 && dt < 5);
+    assert_true(dt >= 1.5 && dt < 12); /* read_timeout 2 s, with slack for a loaded machine */
     close(fd);
     /* a kept-alive connection is bounded the same way after its answer */
     fd = dial("127.0.0.3", g_narrow.port);
@@ -525,11 +525,11 @@ static void test_trickled_header_is_cut(void **state) {
     assert_int_equal(strncmp(buf, "HTTP/1.1 200", 12), 0);
     t0 = now_s();
     struct pollfd p = {.fd = fd, .events = POLLIN};
-    assert_int_equal(poll(&p, 1, 6000), 1);
+    assert_int_equal(poll(&p, 1, 12000), 1);
     assert_true(recv(fd, buf, sizeof buf, 0) <= 0);
     dt = now_s() - t0;
     print_message("unused kept-alive connection closed %.1f s after its answer\n", dt);
-    assert_true(dt >= 1.5 && dt < 5);
+    assert_true(dt >= 1.5 && dt < 12);
     close(fd);
 }
 
