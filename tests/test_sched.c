@@ -135,8 +135,10 @@ static void agents_case(const char *arch, int64_t anchor, int64_t want_cached) {
            (long long)off[3].cached, (unsigned long long)holds_off, (long long)on[0].cached,
            (long long)on[1].cached, (long long)on[2].cached, (long long)on[3].cached,
            (unsigned long long)holds_on);
+    /* Gate off: never a hold. Gate on: usually one (the first follower);
+     * none when the store landed before a follower was queued, which the
+     * submitting thread cannot rule out; either way every follower adopts. */
     assert_int_equal(holds_off, 0);
-    assert_true(holds_on >= 1);
     for (int a = 0; a < AGENTS; a++) {
         /* warm or cold, every agent's output is the cold one */
         assert_string_equal(on[a].text, cold[a].text);

@@ -1,5 +1,6 @@
 /* serve.h - `ember serve`: one GGUF model behind an OpenAI-compatible HTTP
- * API (libmicrohttpd, one thread per connection).
+ * API (libmicrohttpd as an epoll event loop on server.http_threads threads;
+ * a connection costs no thread, a waiting request is suspended).
  *
  * Contract:
  *  - server_create loads the model, builds the engine bundle (KV pool +
@@ -13,8 +14,17 @@
  *    route but /health needs "Authorization: Bearer KEY" (401 otherwise).
  *    Unknown paths are 404, known paths with another method 405, bodies over
  *    server.max_body_bytes 413; every error has an OpenAI error body.
+ *  - Connections: past server.connection_limit open connections, or
+ *    server.per_ip_connection_limit from one address, a request is answered
+ *    503 (code too_many_connections) with Retry-After and its connection
+ *    closed; a connection that has not delivered a whole request within
+ *    server.read_timeout seconds of connecting or of its previous answer is
+ *    closed, and one silent for server.idle_timeout seconds too.
  *  - A client that disconnects cancels its request; the scheduler frees its
- *    sequence at the next iteration.
+ *    sequence at the next iteration. A half-close (shutdown of the
+ *    client's write side) is not a disconnect: the answer is delivered, and
+ *    a client is gone only when a write to it fails (a client that sent a
+ *    FIN is probed every second while its request waits).
  *  - server_shutdown is the graceful drain: stop accepting connections,
  *    refuse new requests on open ones (503), finish every queued and running
  *    request, then stop the daemon. server_free implies it. */

@@ -19,6 +19,7 @@
 
 int api_fail(api_error *e, int status, const char *type, const char *param, const char *code, const char *fmt, ...) {
     e->status = status;
+    e->retry_after = 0;
     snprintf(e->type, sizeof e->type, "%s", type);
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     snprintf(e->code, sizeof e->code, "%s", code ? code : "");
@@ -68,6 +69,97 @@ bool api_utf8_valid(const char *str, size_t len) {
         i += (size_t)n + 1;
     }
     return true;
+}
+
+bool api_model_known(const api_ctx *ctx, const char *name) {
+    if (ctx->n_model_names == 0) return strcmp(name, ctx->model_id) == 0;
+    for (int i = 0; i < ctx->n_model_names; i++)
+        if (strcmp(name, ctx->model_names[i]) == 0) return true;
+    return false;
+}
+
+/* What cJSON lets through and the JSON grammar does not, found by one pass
+ * over the raw body: a control character (the byte offset), and the
+ * escape \u0000, which would silently cut a C string (the top-level key it
+ * sits under). */
+typedef struct json_scan {
+    long ctrl_at;       /* -1: none */
+    unsigned ctrl;
+    bool nul;
+    char nul_key[64];
+} json_scan;
+
+static void scan_json(const char *b, size_t len, json_scan *sc) {
+    memset(sc, 0, sizeof *sc);
+    sc->ctrl_at = -1;
+    int depth = 0;
+    bool in_str = false, top_obj = false, expect_key = false, is_key = false;
+    size_t key_len = 0;
+    char key[64] = "";
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)b[i];
+        if (in_str) {
+            if (c < 0x20) {
+                sc->ctrl_at = (long)i;
+                sc->ctrl = c;
+                return;
+            }
+            if (c == '"') {
+                in_str = false;
+                if (is_key) {
+                    key[key_len] = 0;
+                    is_key = false;
+                }
+                continue;
+            }
+            if (c == '\\' && i + 1 < len) {
+                if (!sc->nul && i + 5 < len && memcmp(b + i + 1, "u0000", 5) == 0) {
+                    sc->nul = true;
+                    snprintf(sc->nul_key, sizeof sc->nul_key, "%s", depth >= 1 && top_obj && !is_key ? key : "");
+                }
+                if (is_key && key_len + 2 < sizeof key) {
+                    key[key_len++] = b[i];
+                    key[key_len++] = b[i + 1];
+                }
+                i++;
+                continue;
+            }
+            if (is_key && key_len + 1 < sizeof key) key[key_len++] = (char)c;
+            continue;
+        }
+        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') {
+            sc->ctrl_at = (long)i;
+            sc->ctrl = c;
+            return;
+        }
+        switch (c) {
+        case '"':
+            in_str = true;
+            if (depth == 1 && top_obj && expect_key) {
+                is_key = true;
+                key_len = 0;
+                expect_key = false;
+            }
+            break;
+        case '{':
+        case '[':
+            if (depth == 0) {
+                top_obj = c == '{';
+                expect_key = top_obj;
+            }
+            depth++;
+            break;
+        case '}':
+        case ']':
+            depth--;
+            break;
+        case ',':
+            if (depth == 1 && top_obj) expect_key = true;
+            break;
+        default:
+            break;
+        }
+    }
 }
 
 /* ---- field helpers ---- */
@@ -248,6 +340,13 @@ int api_parse(const api_ctx *ctx, bool chat, const char *body_text, size_t len, 
     if (!api_utf8_valid(body_text, len))
         return api_fail(e, 400, "invalid_request_error", NULL, "invalid_encoding",
                         "The request body is not valid UTF-8.");
+    json_scan scan;
+    scan_json(body_text, len, &scan);
+    if (scan.ctrl_at >= 0)
+        return api_fail(e, 400, "invalid_request_error", NULL, "invalid_json",
+                        "We could not parse the JSON body of your request: control character U+%04X at byte %ld "
+                        "(JSON strings must escape it, e.g. \\n or \\u%04x).",
+                        scan.ctrl, scan.ctrl_at, scan.ctrl);
     const char *end = NULL;
     cJSON *body = cJSON_ParseWithLengthOpts(body_text, len, &end, false);
     if (body != NULL && end != NULL) {
@@ -267,9 +366,21 @@ int api_parse(const api_ctx *ctx, bool chat, const char *body_text, size_t len, 
         api_fail(e, 400, "invalid_request_error", NULL, "invalid_type", "The request body must be a JSON object.");
         goto done;
     }
+    if (scan.nul) {
+        const char *field = scan.nul_key[0] ? scan.nul_key : NULL;
+        api_fail(e, 400, "invalid_request_error", field, "invalid_value",
+                 "Invalid value%s%s%s: strings must not contain U+0000 (\\u0000).", field ? " for '" : "",
+                 field ? field : "", field ? "'" : "");
+        goto done;
+    }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
     if (model && !cJSON_IsNull(model) && !cJSON_IsString(model)) {
         bad_type(e, "model", "a string", model);
+        goto done;
+    }
+    if (cJSON_IsString(model) && !api_model_known(ctx, model->valuestring)) {
+        api_fail(e, 404, "invalid_request_error", "model", "model_not_found",
+                 "The model '%.100s' does not exist; this server serves '%s'.", model->valuestring, ctx->model_id);
         goto done;
     }
     /* ---- sampling ---- */
@@ -447,7 +558,11 @@ int api_parse(const api_ctx *ctx, bool chat, const char *body_text, size_t len, 
         goto done;
     }
     /* ---- length ---- */
+    /* Unbounded (missing or null): what is left of the context, within what
+     * the KV pool can hold for one sequence (prompt + reply + 1 block). */
     long long mt = ctx->n_ctx - out->p.n_prompt;
+    if (ctx->max_seq_tokens > 0 && ctx->max_seq_tokens - out->p.n_prompt < mt)
+        mt = ctx->max_seq_tokens - out->p.n_prompt > 1 ? ctx->max_seq_tokens - out->p.n_prompt : 1;
     const char *mname = "max_tokens";
     if ((got = get_int(body, "max_tokens", 1, ctx->n_ctx, &ll, e)) < 0) goto done;
     if (got) mt = ll;

@@ -8,6 +8,18 @@
  *    roles, out-of-range sampling values, a prompt longer than the context.
  *    Sampling defaults are OpenAI's (temperature 1, top_p 1), plus top_k and
  *    min_p off; a missing seed draws one.
+ *  - The body is strict JSON: a raw control character (U+0000-U+001F)
+ *    inside a string, or any control character other than the four JSON
+ *    whitespace bytes outside one, is invalid_json; a string holding U+0000
+ *    (written \u0000) anywhere is 400 invalid_value naming the top-level
+ *    field, since every string ember takes is a C string.
+ *  - `model`, when present and not null, must be one of ctx->model_names
+ *    (the served name, the model file's name with and without .gguf):
+ *    otherwise 404 model_not_found. api_model_known checks a name.
+ *  - max_tokens / max_completion_tokens missing or null mean "up to the
+ *    context": the room left in the context, also bounded by what the KV
+ *    pool can hold for one request, so such a request is never refused for
+ *    the pool and never waits for more than the whole pool.
  *  - The tenant salt is the first present of: the X-APC-Tenant header, the
  *    X-Tenant-Id header, the body's cache_salt.
  *  - Responses are rendered with cJSON: whole objects (chat.completion,
@@ -48,8 +60,11 @@ typedef struct api_error {
 typedef struct api_ctx {
     const tokenizer *tok;
     const serve_chat *chat;
-    const char *model_id;
+    const char *model_id;                /* the served name, shown in responses */
+    const char *const *model_names;      /* every name a request may ask for */
+    int n_model_names;
     int n_ctx;
+    int64_t max_seq_tokens;              /* longest sequence the KV pool holds for one request; 0: no bound */
 } api_ctx;
 
 typedef struct api_req {
@@ -68,6 +83,7 @@ int api_fail(api_error *e, int status, const char *type, const char *param, cons
     __attribute__((format(printf, 6, 7)));
 char *api_error_json(const api_error *e);
 bool api_utf8_valid(const char *s, size_t len);
+bool api_model_known(const api_ctx *ctx, const char *name);
 
 int api_parse(const api_ctx *ctx, bool chat, const char *body, size_t len, const char *tenant, api_req *out,
               api_error *e);

@@ -42,7 +42,12 @@ typedef struct serve_config {
     int fresh_min;            /* least shared uncached tokens to hold a sibling, default 256 */
     int disk_wait_ms;         /* longest wait of a request for its SSD reads, default 1000 */
     size_t max_body_bytes;    /* larger bodies get 413, default 4 MiB */
-    int connection_limit;     /* concurrent HTTP connections, default 256 */
+    int connection_limit;     /* open HTTP connections before 503, default 1024 */
+    int per_ip_connection_limit; /* open connections of one client address before 503; 0: none; default 256 */
+    int read_timeout;         /* seconds to deliver a whole request (head + body) after connecting or the
+                                 previous answer, default 30 */
+    int idle_timeout;         /* seconds of silence before a connection is closed, default 60 */
+    int http_threads;         /* event-loop threads of the HTTP layer, default 2 */
     /* cache: */
     int block_size;           /* only 16 is supported */
     int32_t num_blocks;       /* KV pool = cache; 0: engine default */

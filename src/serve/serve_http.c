@@ -1,19 +1,44 @@
 /* serve_http.c - the HTTP server: libmicrohttpd daemon, routes, auth,
- * bodies, responses and SSE streaming (see serve.h).
+ * bodies, connection limits, responses and SSE streaming (see serve.h).
  *
- * libmicrohttpd runs one thread per connection, so handlers may block:
+ * libmicrohttpd runs as an event loop (epoll, a small pool of threads), so
+ * an open connection costs a socket and a little memory, never a thread,
+ * and no handler may block:
  *  - every header-level decision (route, method, API key, declared body
- *    size) is taken on the handler's first call, before any body is read;
+ *    size, connection limits) is taken on the handler's first call, before
+ *    any body is read;
+ *  - limits: each open connection is recorded (MHD's connection
+ *    notifications); a request that arrives while more than
+ *    connection_limit connections are open, or more than
+ *    per_ip_connection_limit from its address, is answered 503 with
+ *    Retry-After and closed. libmicrohttpd's own limits sit a margin above
+ *    ours, so the margin is answered 503 and only a flood beyond it is
+ *    closed at accept. A client must deliver each whole request within
+ *    read_timeout of connecting or of its previous answer (a slowloris
+ *    trickle, or a kept-alive connection left unused, is cut by shutting
+ *    its socket down); idle_timeout closes connections silent for longer
+ *    (a client that stops reading a response);
  *  - bodies accumulate up to max_body_bytes (a chunked upload that grows
  *    past it is discarded and answered 413 at the end);
- *  - a non-streaming generation waits in the handler for the scheduler,
- *    waking every 100 ms to check whether the client hung up (poll for
- *    POLLRDHUP on the connection's socket) and cancelling if so;
- *  - a streaming generation answers 200 at once with a content-reader
- *    callback that blocks (with the same 100 ms hang-up check) until the
- *    scheduler has new text, and frames it as OpenAI SSE:
- *    `data: {chunk}\n\n` ... `data: [DONE]\n\n`. When the client goes away
- *    libmicrohttpd frees the reader, which cancels the request.
+ *  - a generation is a `gen` shared by the connection and one pump thread.
+ *    The scheduler has no wake-up hook, so the pump polls every live
+ *    generation each millisecond (sreq_next without waiting), keeps the new
+ *    output in the gen, and resumes the connection that waits for it: a
+ *    stream on any new output, a non-streaming request when it finishes.
+ *    The connection side takes the output in the access handler or the
+ *    content reader and suspends itself (MHD_suspend_connection) when
+ *    there is nothing yet, so a waiting request holds no thread;
+ *  - streams answer 200 at once with a content reader framing OpenAI SSE:
+ *    `data: {chunk}\n\n` ... `data: [DONE]\n\n`;
+ *  - a client that half-closes (shutdown(SHUT_WR)) after its request still
+ *    gets its answer: a FIN cannot tell a half-close from a close, so only
+ *    a failed write counts as gone. To find a closed client early the pump
+ *    watches suspended connections for a FIN, and then writes a probe every
+ *    second: an SSE comment on streams; on a non-streaming request the
+ *    answer turns into a chunked 200 whose body is whitespace until the JSON
+ *    (JSON allows leading whitespace; a generation failure after that point
+ *    is an error object under the 200). A probe that fails closes the
+ *    connection, which cancels the request.
  * Chat streams split thinking text into reasoning_content deltas: from the
  * start when the prompt opened <think>, or when the reply opens with it,
  * until </think> (a tag split across tokens is held back, never shown).
@@ -26,24 +51,47 @@
 #include "serve/serve.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <microhttpd.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/clock.h"
 #include "core/log.h"
 #include "engine/engine.h"
+#include "kv/kv_pool.h"
 #include "model/model.h"
 #include "serve/serve_api.h"
 #include "serve/serve_chat.h"
 #include "serve/serve_stats.h"
 #include "serve/serve_metrics.h"
 #include "serve/serve_sched.h"
+
+/* libmicrohttpd's own limits sit this far above ours, so that requests over
+ * our limits can still be answered 503 before a flood is cut at accept. */
+#define LIMIT_MARGIN 64
+/* Seconds between probes of a client that sent a FIN. */
+#define PROBE_INTERVAL 1.0
+
+/* One open TCP connection (libmicrohttpd's socket context), for the limits. */
+typedef struct conn_rec {
+    struct conn_rec *prev, *next;
+    int fd;
+    struct sockaddr_storage addr;
+    double t_wait;  /* since when it waits for a request: connected, or the last one completed */
+    bool read_done; /* a whole request arrived: read_timeout does not apply until it completes */
+} conn_rec;
+
+typedef struct gen gen;
 
 struct server {
     serve_config cfg;
@@ -55,17 +103,52 @@ struct server {
     struct MHD_Daemon *d;
     api_ctx api;
     char model_id[128];
+    char file_name[2][256];  /* the model file's name without and with .gguf */
+    const char *model_names[3];
     long created;
     int port;
     bool shut;
     atomic_int in_flight;    /* requests between their first handler call and completion */
+    /* lock guards the connection records, the generations and the pump */
+    pthread_mutex_t lock;
+    pthread_cond_t pump_wake;
+    pthread_t pump;
+    bool lock_ready, pump_started, pump_stop;
+    conn_rec *conns;
+    int n_conns;
+    gen *gens;
+    double t_deadlines;      /* last read_timeout sweep */
 };
+
+/* A generation shared by its connection and the pump (fields under
+ * srv->lock, but cur, which only the pump touches). */
+struct gen {
+    gen *prev, *next;
+    bool listed;
+    struct MHD_Connection *conn;
+    int fd;
+    sreq *r;
+    bool stream;
+    sreq_cursor cur;
+    char *text;              /* output taken from the scheduler, not yet consumed */
+    size_t len, cap;
+    int lp_from, lp_to;
+    bool fresh;
+    sreq_finish finish;
+    bool suspended;
+    bool hup;                /* the client sent a FIN (half-closed, or gone) */
+    bool probe_due;
+    double t_check, t_out;   /* last FIN check, last output handed to the connection */
+};
+
+typedef struct stream_ctx stream_ctx;
 
 typedef struct conn_state {
     char *body;
     size_t len, cap;
     bool too_big;
     int route;
+    stream_ctx *wait;        /* a non-streaming generation this connection waits for */
 } conn_state;
 
 /* ---- responses ---- */
@@ -87,6 +170,7 @@ static enum MHD_Result send_buf(server *srv, struct MHD_Connection *c, const cha
     }
     if (allow) MHD_add_response_header(r, "Allow", allow);
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (status == 503) MHD_add_response_header(r, "Connection", "close"); /* frees the slot */
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     serve_metrics_request(srv->metrics, route, status);
@@ -110,12 +194,16 @@ static enum MHD_Result send_cjson(server *srv, struct MHD_Connection *c, const c
 
 /* ---- helpers ---- */
 
-static bool client_gone(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (ci == NULL) return false;
-    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+/* Whether the peer sent a FIN (or reset): a half-close looks the same. */
+static bool peer_hup(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
     if (poll(&p, 1, 0) <= 0) return false;
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
 }
 
 static void make_id(char *out, size_t cap, const char *prefix) {
@@ -130,10 +218,25 @@ static void make_id(char *out, size_t cap, const char *prefix) {
     snprintf(out, cap, "%s%016llx%06llx", prefix, x, n & 0xFFFFFF);
 }
 
-static const char *tenant_of(struct MHD_Connection *c) {
-    const char *t = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-APC-Tenant");
-    if (t == NULL || !t[0]) t = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Tenant-Id");
-    return t && t[0] ? t : NULL;
+/* The tenant header, or NULL; -1 with e filled when it holds a control
+ * character (an embedded NUL would cut the salt's string short). */
+static int tenant_of(struct MHD_Connection *c, const char **out, api_error *e) {
+    static const char *const names[] = {"X-APC-Tenant", "X-Tenant-Id"};
+    *out = NULL;
+    for (int i = 0; i < 2; i++) {
+        const char *t = NULL;
+        size_t n = 0;
+        if (MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, names[i], strlen(names[i]), &t, &n) != MHD_YES ||
+            t == NULL || n == 0)
+            continue;
+        for (size_t k = 0; k < n; k++)
+            if ((unsigned char)t[k] < 0x20 && t[k] != '\t')
+                return api_fail(e, 400, "invalid_request_error", names[i], "invalid_value",
+                                "Invalid value for header '%s': control characters are not allowed.", names[i]);
+        *out = t;
+        return 0;
+    }
+    return 0;
 }
 
 static bool auth_ok(server *srv, struct MHD_Connection *c) {
@@ -198,7 +301,7 @@ static enum MHD_Result handle_models(server *srv, struct MHD_Connection *c) {
 static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool reset) {
     const char *label = reset ? "/v1/cache/reset" : "/v1/cache/stats";
     const char *model = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
-    if (model && model[0] && strcmp(model, srv->model_id) != 0) {
+    if (model && model[0] && !api_model_known(&srv->api, model)) {
         api_error e;
         api_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
                  "The model '%.100s' does not exist; this server serves '%s'.", model, srv->model_id);
@@ -237,12 +340,11 @@ static enum MHD_Result handle_metrics(server *srv, struct MHD_Connection *c) {
 
 /* ---- generation ---- */
 
-typedef struct stream_ctx {
+struct stream_ctx {
     server *srv;
-    struct MHD_Connection *conn;
+    gen g;
     sreq *r;
     api_req q;
-    sreq_cursor cur;
     char id[48];
     long created;
     char *out;
@@ -255,7 +357,168 @@ typedef struct stream_ctx {
     size_t pend_len;
     tool_filter *tools;  /* requests with tools: content is parsed for calls */
     int n_calls;
-} stream_ctx;
+    /* non-streaming: the whole reply */
+    char *acc;
+    size_t acc_len;
+    int n_lp;
+    sreq_finish fin;
+};
+
+/* ---- generations and the pump ---- */
+
+static void gen_list(server *srv, gen *g) {
+    pthread_mutex_lock(&srv->lock);
+    g->next = srv->gens;
+    g->prev = NULL;
+    if (srv->gens) srv->gens->prev = g;
+    srv->gens = g;
+    g->listed = true;
+    g->t_out = g->t_check = ember_now();
+    pthread_cond_signal(&srv->pump_wake);
+    pthread_mutex_unlock(&srv->lock);
+}
+
+static void gen_unlist(server *srv, gen *g) {
+    pthread_mutex_lock(&srv->lock);
+    if (g->listed) {
+        if (g->prev) g->prev->next = g->next;
+        else srv->gens = g->next;
+        if (g->next) g->next->prev = g->prev;
+        g->listed = false;
+    }
+    pthread_mutex_unlock(&srv->lock);
+    free(g->text);
+    g->text = NULL;
+}
+
+typedef enum { TAKE_OUTPUT, TAKE_PROBE, TAKE_SUSPENDED, TAKE_STOPPED } take_result;
+
+/* Called from the connection's handler or content reader: moves the
+ * pending output into d, or asks for a probe write, or suspends the
+ * connection until the pump has something (never after shutdown began,
+ * since libmicrohttpd cannot stop with suspended connections). */
+static take_result gen_take(server *srv, gen *g, sreq_delta *d) {
+    memset(d, 0, sizeof *d);
+    take_result t;
+    pthread_mutex_lock(&srv->lock);
+    if (g->fresh) {
+        d->text = g->text;
+        d->len = g->len;
+        g->text = NULL;
+        g->len = g->cap = 0;
+        d->lp_from = g->lp_from;
+        d->lp_to = g->lp_to;
+        g->lp_from = g->lp_to;
+        d->finish = g->finish;
+        g->fresh = false;
+        g->t_out = ember_now();
+        t = TAKE_OUTPUT;
+    } else if (g->probe_due) {
+        g->probe_due = false;
+        g->t_out = ember_now();
+        t = TAKE_PROBE;
+    } else if (srv->pump_stop) {
+        t = TAKE_STOPPED;
+    } else {
+        g->suspended = true;
+        MHD_suspend_connection(g->conn);
+        t = TAKE_SUSPENDED;
+    }
+    pthread_mutex_unlock(&srv->lock);
+    if (t == TAKE_OUTPUT && d->text == NULL) d->text = calloc(1, 1);
+    return t;
+}
+
+/* One generation's turn in the pump (srv->lock held). */
+static void pump_gen(gen *g, double now) {
+    if (g->finish == SREQ_RUNNING) {
+        sreq_delta d;
+        if (sreq_next(g->r, &g->cur, 0, &d)) {
+            if (d.len > 0) {
+                if (g->len + d.len + 1 > g->cap) {
+                    size_t cap = g->cap ? g->cap : 256;
+                    while (cap < g->len + d.len + 1) cap *= 2;
+                    char *p = realloc(g->text, cap);
+                    if (p) {
+                        g->text = p;
+                        g->cap = cap;
+                    }
+                }
+                if (g->len + d.len + 1 <= g->cap) {
+                    memcpy(g->text + g->len, d.text, d.len);
+                    g->len += d.len;
+                    g->text[g->len] = 0;
+                }
+            }
+            g->lp_to = d.lp_to;
+            g->finish = d.finish;
+            g->fresh = true;
+        }
+        sreq_delta_free(&d);
+    }
+    if (!g->suspended) return;
+    if (!g->hup && now - g->t_check >= 0.1) {
+        g->t_check = now;
+        g->hup = peer_hup(g->fd);
+    }
+    bool wake = g->stream ? g->fresh : g->finish != SREQ_RUNNING;
+    if (!wake && g->hup && now - g->t_out >= PROBE_INTERVAL) wake = g->probe_due = true;
+    if (wake) {
+        g->suspended = false;
+        MHD_resume_connection(g->conn);
+    }
+}
+
+/* Cuts connections that have not delivered a whole request within
+ * read_timeout of connecting (srv->lock held). shutdown() makes
+ * libmicrohttpd see the end of the stream and close; the record, and so
+ * the descriptor, stays valid until its close notification, which takes
+ * the same lock. */
+static void enforce_read_timeout(server *srv, double now) {
+    for (conn_rec *r = srv->conns; r; r = r->next) {
+        if (r->read_done || now - r->t_wait < srv->cfg.read_timeout) continue;
+        r->read_done = true;
+        shutdown(r->fd, SHUT_RDWR);
+        ember_log(EMBER_LOG_DEBUG, "http: closed a connection that sent no whole request in %d s",
+                  srv->cfg.read_timeout);
+    }
+}
+
+static void *pump_main(void *arg) {
+    server *srv = arg;
+    pthread_mutex_lock(&srv->lock);
+    while (!srv->pump_stop) {
+        double now = ember_now();
+        for (gen *g = srv->gens; g; g = g->next) pump_gen(g, now);
+        if (now - srv->t_deadlines >= 0.1) {
+            srv->t_deadlines = now;
+            enforce_read_timeout(srv, now);
+        }
+        if (srv->gens) {
+            pthread_mutex_unlock(&srv->lock);
+            struct timespec ts = {0, 1000000L};
+            nanosleep(&ts, NULL);
+            pthread_mutex_lock(&srv->lock);
+        } else {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&srv->pump_wake, &srv->lock, &ts);
+        }
+    }
+    /* Shutdown: no connection may stay suspended. */
+    for (gen *g = srv->gens; g; g = g->next)
+        if (g->suspended) {
+            g->suspended = false;
+            MHD_resume_connection(g->conn);
+        }
+    pthread_mutex_unlock(&srv->lock);
+    return NULL;
+}
 
 static void out_append(stream_ctx *st, const char *s, size_t n) {
     if (st->out_len + n + 1 > st->out_cap) {
@@ -363,42 +626,28 @@ static void route_text(stream_ctx *st, const char *text, size_t n, bool at_end) 
     }
 }
 
-/* Produces the next SSE events; returns false when the client is gone. */
-static bool stream_refill(stream_ctx *st) {
+/* Turns one delta of a stream into SSE events. */
+static void stream_events(stream_ctx *st, const sreq_delta *d) {
     server *srv = st->srv;
-    if (st->phase == 0) {
-        if (st->q.chat)
-            out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, "", NULL, true, st->r, 0, 0, NULL,
-                                         NULL, false));
-        st->think = st->q.thinking_open ? 1 : 0;
-        st->phase = 1;
-        return true;
-    }
-    sreq_delta d;
-    bool got = sreq_next(st->r, &st->cur, 100, &d);
-    if (!got) {
-        sreq_delta_free(&d);
-        return !client_gone(st->conn);
-    }
     if (st->q.chat && !st->q.logprobs) {
-        route_text(st, d.text, d.len, d.finish != SREQ_RUNNING);
-    } else if (d.len > 0 || d.lp_to > d.lp_from) {
-        char *t = st->tools ? tool_filter_push(st->tools, d.text, d.len, false, NULL) : NULL;
-        out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, t ? t : d.text, NULL, false, st->r,
-                                     d.lp_from, d.lp_to, NULL, NULL, false));
+        route_text(st, d->text, d->len, d->finish != SREQ_RUNNING);
+    } else if (d->len > 0 || d->lp_to > d->lp_from) {
+        char *t = st->tools ? tool_filter_push(st->tools, d->text, d->len, false, NULL) : NULL;
+        out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, t ? t : d->text, NULL, false, st->r,
+                                     d->lp_from, d->lp_to, NULL, NULL, false));
         free(t);
     }
-    if (d.finish != SREQ_RUNNING) {
+    if (d->finish != SREQ_RUNNING) {
         sreq_usage u;
         sreq_usage_get(st->r, &u);
-        if (d.finish == SREQ_FAILED || d.finish == SREQ_CANCELLED) {
+        if (d->finish == SREQ_FAILED || d->finish == SREQ_CANCELLED) {
             api_error e;
             api_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
-                     u.error[0] ? u.error : api_finish_reason(d.finish));
+                     u.error[0] ? u.error : api_finish_reason(d->finish));
             out_event(st, api_error_json(&e));
         } else {
             emit_tool_calls(st);
-            const char *fin = st->n_calls > 0 && d.finish == SREQ_STOP ? "tool_calls" : api_finish_reason(d.finish);
+            const char *fin = st->n_calls > 0 && d->finish == SREQ_STOP ? "tool_calls" : api_finish_reason(d->finish);
             out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, NULL, NULL, false, st->r, 0, 0, fin,
                                          NULL, false));
             if (st->q.include_usage)
@@ -408,21 +657,86 @@ static bool stream_refill(stream_ctx *st) {
         out_append(st, "data: [DONE]\n\n", 14);
         st->phase = 2;
     }
-    sreq_delta_free(&d);
-    return true;
+}
+
+/* Appends a delta to a non-streaming reply; true when it finished. */
+static bool whole_add(stream_ctx *st, const sreq_delta *d) {
+    if (d->len) {
+        char *nt = realloc(st->acc, st->acc_len + d->len + 1);
+        if (nt) {
+            memcpy(nt + st->acc_len, d->text, d->len);
+            st->acc_len += d->len;
+            nt[st->acc_len] = 0;
+            st->acc = nt;
+        }
+    }
+    st->n_lp = d->lp_to;
+    st->fin = d->finish;
+    return st->fin != SREQ_RUNNING;
+}
+
+/* The body of a finished non-streaming request: the response object, or an
+ * error object with its status. */
+static char *whole_body(stream_ctx *st, int *status) {
+    sreq_usage u;
+    sreq_usage_get(st->r, &u);
+    if (st->fin == SREQ_FAILED || st->fin == SREQ_CANCELLED) {
+        api_error e;
+        api_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", u.error[0] ? u.error : "cancelled");
+        *status = e.status;
+        return api_error_json(&e);
+    }
+    *status = 200;
+    return api_response_json(&st->srv->api, &st->q, st->id, st->created, st->acc ? st->acc : "", st->r, st->n_lp, &u,
+                             st->fin);
+}
+
+/* Fills the output buffer; returns 0 when it holds something, else what the
+ * content reader returns: 0 (suspended), end of stream, or error. */
+static ssize_t stream_fill(stream_ctx *st) {
+    server *srv = st->srv;
+    while (st->out_off == st->out_len) {
+        st->out_off = st->out_len = 0;
+        if (st->phase == 2) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (st->phase == 0) {
+            if (st->q.chat && st->q.stream)
+                out_event(st, api_chunk_json(&srv->api, &st->q, st->id, st->created, "", NULL, true, st->r, 0, 0,
+                                             NULL, NULL, false));
+            st->think = st->q.thinking_open ? 1 : 0;
+            st->phase = 1;
+            continue;
+        }
+        sreq_delta d;
+        take_result t = gen_take(srv, &st->g, &d);
+        if (t == TAKE_SUSPENDED) return 0;
+        if (t == TAKE_STOPPED) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (t == TAKE_PROBE) {
+            /* SSE comment / JSON leading whitespace: a write that finds a gone client */
+            if (st->q.stream) out_append(st, ": keep-alive\n\n", 14);
+            else out_append(st, " ", 1);
+            continue;
+        }
+        if (!st->q.stream) {
+            if (whole_add(st, &d)) {
+                int status;
+                char *body = whole_body(st, &status);
+                if (body) out_append(st, body, strlen(body));
+                free(body);
+                st->phase = 2;
+            }
+        } else {
+            stream_events(st, &d);
+        }
+        sreq_delta_free(&d);
+    }
+    return 1;
 }
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     stream_ctx *st = cls;
-    while (st->out_off == st->out_len) {
-        st->out_off = st->out_len = 0;
-        if (st->phase == 2) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (!stream_refill(st)) {
-            sreq_cancel(st->r);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-    }
+    ssize_t r = stream_fill(st);
+    if (r <= 0) return r;
     size_t n = st->out_len - st->out_off;
     if (n > max) n = max;
     memcpy(buf, st->out + st->out_off, n);
@@ -432,22 +746,75 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) {
     stream_ctx *st = cls;
+    gen_unlist(st->srv, &st->g);
     sreq_cancel(st->r); /* no-op when finished */
     sreq_unref(st->r);
     api_req_free(&st->q);
     free(st->out);
     free(st->pend);
+    free(st->acc);
     tool_filter_free(st->tools);
     free(st);
 }
 
+static enum MHD_Result queue_reader(server *srv, struct MHD_Connection *c, const char *label, stream_ctx *sc) {
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, sc,
+                                                                  stream_free);
+    if (resp == NULL) {
+        stream_free(sc);
+        return MHD_NO;
+    }
+    if (sc->q.stream) {
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    } else {
+        MHD_add_response_header(resp, "Content-Type", "application/json");
+    }
+    enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    serve_metrics_request(srv->metrics, label, 200);
+    return ret;
+}
+
+/* A resumed non-streaming request: answer when finished, switch to a
+ * probing chunked answer when the client sent a FIN, else wait again. */
+static enum MHD_Result generate_resumed(server *srv, struct MHD_Connection *c, const char *label, conn_state *cs) {
+    stream_ctx *st = cs->wait;
+    for (;;) {
+        sreq_delta d;
+        take_result t = gen_take(srv, &st->g, &d);
+        if (t == TAKE_SUSPENDED) return MHD_YES;
+        if (t == TAKE_STOPPED) {
+            cs->wait = NULL;
+            stream_free(st);
+            return MHD_NO;
+        }
+        if (t == TAKE_PROBE) {
+            cs->wait = NULL;
+            out_append(st, " ", 1);
+            return queue_reader(srv, c, label, st);
+        }
+        bool done = whole_add(st, &d);
+        sreq_delta_free(&d);
+        if (done) break;
+    }
+    cs->wait = NULL;
+    int status;
+    char *body = whole_body(st, &status);
+    stream_free(st);
+    return send_json(srv, c, label, status, body);
+}
+
 static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, bool chat, conn_state *cs) {
     const char *label = chat ? "/v1/chat/completions" : "/v1/completions";
+    if (cs->wait) return generate_resumed(srv, c, label, cs);
     api_error e;
     api_req q;
-    if (api_parse(&srv->api, chat, cs->body ? cs->body : "", cs->len, tenant_of(c), &q, &e) < 0)
+    const char *tenant;
+    if (tenant_of(c, &tenant, &e) < 0 ||
+        api_parse(&srv->api, chat, cs->body ? cs->body : "", cs->len, tenant, &q, &e) < 0)
         return send_error(srv, c, label, &e, NULL);
-    bool stream = q.stream;
     sreq *r = NULL;
     ember_error err;
     sreq_params p = q.p;
@@ -467,92 +834,123 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, bo
         }
         return send_error(srv, c, label, &e, NULL);
     }
-    char id[48];
-    make_id(id, sizeof id, chat ? "chatcmpl-" : "cmpl-");
-    long created = (long)time(NULL);
-    if (stream) {
-        stream_ctx *sc = calloc(1, sizeof *sc);
-        if (sc == NULL) {
-            sreq_cancel(r);
-            sreq_unref(r);
-            api_req_free(&q);
-            return MHD_NO;
-        }
-        sc->srv = srv;
-        sc->conn = c;
-        sc->r = r;
-        sc->q = q;
-        sc->created = created;
-        snprintf(sc->id, sizeof sc->id, "%s", id);
-        if (sc->q.tools != TOOL_SYNTAX_NONE && q.chat) {
-            sc->tools = tool_filter_create(sc->q.tools, sc->q.tool_schema);
-            if (sc->tools == NULL) {
-                stream_free(sc);
-                return MHD_NO;
-            }
-        }
-        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, sc,
-                                                                      stream_free);
-        if (resp == NULL) {
+    stream_ctx *sc = calloc(1, sizeof *sc);
+    if (sc == NULL) {
+        sreq_cancel(r);
+        sreq_unref(r);
+        api_req_free(&q);
+        return MHD_NO;
+    }
+    sc->srv = srv;
+    sc->r = r;
+    sc->q = q;
+    sc->created = (long)time(NULL);
+    make_id(sc->id, sizeof sc->id, chat ? "chatcmpl-" : "cmpl-");
+    sc->g.conn = c;
+    sc->g.fd = conn_fd(c);
+    sc->g.r = r;
+    sc->g.stream = q.stream;
+    if (q.stream && sc->q.tools != TOOL_SYNTAX_NONE && q.chat) {
+        sc->tools = tool_filter_create(sc->q.tools, sc->q.tool_schema);
+        if (sc->tools == NULL) {
             stream_free(sc);
             return MHD_NO;
         }
-        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
-        MHD_add_response_header(resp, "Cache-Control", "no-cache");
-        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-        enum MHD_Result ret = MHD_queue_response(c, 200, resp);
-        MHD_destroy_response(resp);
-        serve_metrics_request(srv->metrics, label, 200);
-        return ret;
     }
-    /* Non-streaming: wait here, watching for a hang-up. */
-    sreq_cursor cur = {0};
-    char *text = NULL;
-    size_t len = 0;
-    sreq_finish fin = SREQ_RUNNING;
-    int n_lp = 0;
-    for (;;) {
-        sreq_delta d;
-        bool got = sreq_next(r, &cur, 100, &d);
-        if (d.len) {
-            char *nt = realloc(text, len + d.len + 1);
-            if (nt) {
-                memcpy(nt + len, d.text, d.len);
-                len += d.len;
-                nt[len] = 0;
-                text = nt;
-            }
-        }
-        n_lp = d.lp_to;
-        fin = d.finish;
-        sreq_delta_free(&d);
-        if (fin != SREQ_RUNNING) break;
-        if (!got && client_gone(c)) {
-            sreq_cancel(r);
-            sreq_unref(r);
-            free(text);
-            api_req_free(&q);
-            serve_metrics_request(srv->metrics, label, 499);
-            return MHD_NO;
-        }
-    }
-    sreq_usage u;
-    sreq_usage_get(r, &u);
-    enum MHD_Result ret;
-    if (fin == SREQ_FAILED || fin == SREQ_CANCELLED) {
-        api_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", u.error[0] ? u.error : "cancelled");
-        ret = send_error(srv, c, label, &e, NULL);
-    } else {
-        ret = send_json(srv, c, label, 200,
-                        api_response_json(&srv->api, &q, id, created, text ? text : "", r, n_lp, &u, fin));
-    }
-    free(text);
-    sreq_unref(r);
-    api_req_free(&q);
-    return ret;
+    gen_list(srv, &sc->g);
+    if (q.stream) return queue_reader(srv, c, label, sc);
+    /* Non-streaming: the connection waits suspended; the pump resumes it. */
+    cs->wait = sc;
+    return generate_resumed(srv, c, label, cs);
 }
 
 /* ---- the access handler ---- */
+
+static bool same_address(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+    if (a->ss_family != b->ss_family) return false;
+    if (a->ss_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (a->ss_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+                      sizeof(struct in6_addr)) == 0;
+    return false;
+}
+
+static conn_rec *rec_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* done: a whole request arrived; else one completed and the connection
+ * (kept alive) waits for the next, which read_timeout bounds again. */
+static void mark_read(server *srv, struct MHD_Connection *c, bool done) {
+    conn_rec *rec = rec_of(c);
+    if (rec == NULL) return;
+    pthread_mutex_lock(&srv->lock);
+    rec->read_done = done;
+    if (!done) rec->t_wait = ember_now();
+    pthread_mutex_unlock(&srv->lock);
+}
+
+/* Over connection_limit open connections, or per_ip_connection_limit from
+ * this connection's address: fills e (503, Retry-After). */
+static bool over_limits(server *srv, struct MHD_Connection *c, api_error *e) {
+    conn_rec *rec = rec_of(c);
+    if (rec == NULL) return false;
+    int open, same = 0;
+    pthread_mutex_lock(&srv->lock);
+    open = srv->n_conns;
+    if (srv->cfg.per_ip_connection_limit > 0)
+        for (conn_rec *r = srv->conns; r; r = r->next) same += same_address(&r->addr, &rec->addr);
+    pthread_mutex_unlock(&srv->lock);
+    if (open > srv->cfg.connection_limit) {
+        api_fail(e, 503, "server_error", NULL, "too_many_connections",
+                 "The server has %d open connections (limit %d); retry later.", open, srv->cfg.connection_limit);
+    } else if (srv->cfg.per_ip_connection_limit > 0 && same > srv->cfg.per_ip_connection_limit) {
+        api_fail(e, 503, "server_error", NULL, "too_many_connections",
+                 "Your address has %d open connections (limit %d); close some and retry later.", same,
+                 srv->cfg.per_ip_connection_limit);
+    } else {
+        return false;
+    }
+    e->retry_after = 1;
+    return true;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    server *srv = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_rec *rec = calloc(1, sizeof *rec);
+        *socket_context = rec;
+        if (rec == NULL) return;
+        rec->fd = conn_fd(c);
+        rec->t_wait = ember_now();
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        if (ci && ci->client_addr) {
+            size_t n = ci->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                              : sizeof(struct sockaddr_in);
+            memcpy(&rec->addr, ci->client_addr, n);
+        }
+        pthread_mutex_lock(&srv->lock);
+        rec->next = srv->conns;
+        if (srv->conns) srv->conns->prev = rec;
+        srv->conns = rec;
+        srv->n_conns++;
+        pthread_mutex_unlock(&srv->lock);
+        return;
+    }
+    conn_rec *rec = *socket_context;
+    if (rec == NULL) return;
+    pthread_mutex_lock(&srv->lock);
+    if (rec->prev) rec->prev->next = rec->next;
+    else srv->conns = rec->next;
+    if (rec->next) rec->next->prev = rec->prev;
+    srv->n_conns--;
+    pthread_mutex_unlock(&srv->lock);
+    free(rec);
+    *socket_context = NULL;
+}
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
@@ -567,27 +965,28 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         atomic_fetch_add(&srv->in_flight, 1);
         int ri = find_route(url);
         cs->route = ri;
-        if (ri < 0) {
+        const char *label = ri < 0 ? "other" : routes[ri].label;
+        const char *allow = NULL;
+        if (over_limits(srv, c, &e)) {
+            /* answered first: a refused client costs nothing more */
+        } else if (ri < 0) {
             api_fail(&e, 404, "invalid_request_error", NULL, "not_found", "Invalid URL (%s %.200s)", method, url);
-            return send_error(srv, c, "other", &e, NULL);
-        }
-        if (strcmp(method, routes[ri].method) != 0 && !(strcmp(method, "HEAD") == 0 && strcmp(routes[ri].method, "GET") == 0)) {
+        } else if (strcmp(method, routes[ri].method) != 0 &&
+                   !(strcmp(method, "HEAD") == 0 && strcmp(routes[ri].method, "GET") == 0)) {
             api_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
                      "Method %s is not allowed on %s; use %s.", method, url, routes[ri].method);
-            return send_error(srv, c, routes[ri].label, &e, routes[ri].method);
-        }
-        if (routes[ri].auth && !auth_ok(srv, c)) {
+            allow = routes[ri].method;
+        } else if (routes[ri].auth && !auth_ok(srv, c)) {
             api_fail(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
                      "Incorrect API key provided. Send it as 'Authorization: Bearer KEY'.");
-            return send_error(srv, c, routes[ri].label, &e, NULL);
-        }
-        const char *clen = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (clen && strtoull(clen, NULL, 10) > srv->cfg.max_body_bytes) {
+        } else {
+            const char *clen = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+            if (clen == NULL || strtoull(clen, NULL, 10) <= srv->cfg.max_body_bytes) return MHD_YES;
             api_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
                      "The request body is larger than %zu bytes.", srv->cfg.max_body_bytes);
-            return send_error(srv, c, routes[ri].label, &e, NULL);
         }
-        return MHD_YES;
+        mark_read(srv, c, true);
+        return send_error(srv, c, label, &e, allow);
     }
     if (*upload_size > 0) {
         if (!cs->too_big) {
@@ -614,6 +1013,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     int ri = cs->route;
+    if (cs->wait == NULL) mark_read(srv, c, true);
     if (cs->too_big) {
         api_fail(&e, 413, "invalid_request_error", NULL, "request_too_large",
                  "The request body is larger than %zu bytes.", srv->cfg.max_body_bytes);
@@ -638,10 +1038,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     server *srv = cls;
-    (void)c;
     (void)toe;
+    mark_read(srv, c, false);
     conn_state *cs = *con_cls;
     if (cs) {
+        if (cs->wait) { /* a waiting non-streaming request whose client is gone */
+            serve_metrics_request(srv->metrics, routes[cs->route].label, 499);
+            stream_free(cs->wait);
+        }
         free(cs->body);
         free(cs);
         atomic_fetch_sub(&srv->in_flight, 1);
@@ -668,16 +1072,20 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
     }
     srv->cfg = *cfg;
     srv->created = (long)time(NULL);
+    pthread_mutex_init(&srv->lock, NULL);
+    pthread_cond_init(&srv->pump_wake, NULL);
+    srv->lock_ready = true;
     srv->m = model_load(model_path, err);
     if (srv->m == NULL) goto fail;
     const model_hparams *hp = model_get_hparams(srv->m);
-    if (cfg->model_id[0]) snprintf(srv->model_id, sizeof srv->model_id, "%s", cfg->model_id);
-    else {
+    {
         const char *base = strrchr(model_path, '/');
         base = base ? base + 1 : model_path;
         size_t n = strlen(base);
         if (n > 5 && strcmp(base + n - 5, ".gguf") == 0) n -= 5;
-        snprintf(srv->model_id, sizeof srv->model_id, "%.*s", (int)n, base);
+        snprintf(srv->file_name[0], sizeof srv->file_name[0], "%.*s", (int)n, base);
+        snprintf(srv->file_name[1], sizeof srv->file_name[1], "%.*s.gguf", (int)n, base);
+        snprintf(srv->model_id, sizeof srv->model_id, "%.127s", cfg->model_id[0] ? cfg->model_id : srv->file_name[0]);
     }
     engine_config ec;
     serve_config_engine(cfg, &ec);
@@ -694,12 +1102,17 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
     srv->api.tok = model_get_tokenizer(srv->m);
     srv->api.chat = srv->chat;
     srv->api.model_id = srv->model_id;
+    srv->model_names[0] = srv->model_id;
+    srv->model_names[1] = srv->file_name[0];
+    srv->model_names[2] = srv->file_name[1];
+    srv->api.model_names = srv->model_names;
+    srv->api.n_model_names = 3;
     srv->api.n_ctx = engine_n_ctx(srv->e);
+    srv->api.max_seq_tokens = (int64_t)(kv_pool_n_blocks(engine_pool(srv->e)) - 1) * KV_BLOCK_TOKENS;
 
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ITC |
-                     MHD_USE_ERROR_LOG;
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (strchr(cfg->host, ':')) {
         struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
         a6->sin6_family = AF_INET6;
@@ -719,9 +1132,38 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
             goto fail;
         }
     }
+    /* libmicrohttpd splits its connection limit evenly between its threads,
+     * while a thread keeps whatever it accepts; so each thread's share is
+     * the whole limit plus the margin, and our own count enforces the limit.
+     * Every connection is a descriptor: raise the soft limit when the hard
+     * one allows, and shrink the backstop (and say so) when it does not. */
+    unsigned hard_limit = ((unsigned)cfg->connection_limit + LIMIT_MARGIN) * (unsigned)cfg->http_threads;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < (rlim_t)hard_limit + 256) {
+        rlim_t want = (rlim_t)hard_limit + 256;
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+        if (rl.rlim_cur < want) {
+            hard_limit = rl.rlim_cur > 512 ? (unsigned)rl.rlim_cur - 256 : 256;
+            if (hard_limit < (unsigned)cfg->connection_limit + LIMIT_MARGIN)
+                ember_log(EMBER_LOG_WARN, "open files limited to %llu: fewer than server.connection_limit %d "
+                          "connections may be accepted", (unsigned long long)rl.rlim_cur, cfg->connection_limit);
+        }
+    }
+    pthread_mutex_lock(&srv->lock);
+    srv->pump_started = pthread_create(&srv->pump, NULL, pump_main, srv) == 0;
+    pthread_mutex_unlock(&srv->lock);
+    if (!srv->pump_started) {
+        ember_fail(err, "server: cannot start a thread");
+        goto fail;
+    }
+    unsigned per_ip = cfg->per_ip_connection_limit > 0 ? (unsigned)cfg->per_ip_connection_limit + LIMIT_MARGIN : 0;
     srv->d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, &ss,
-                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_CONNECTION_LIMIT,
-                              (unsigned)cfg->connection_limit, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION,
+                              on_connection, srv, MHD_OPTION_CONNECTION_LIMIT, hard_limit,
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_TIMEOUT,
+                              (unsigned)cfg->idle_timeout, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads,
                               MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, MHD_OPTION_END);
     if (srv->d == NULL) {
         ember_fail(err, "cannot listen on %s:%d (address in use or not available)", cfg->host, cfg->port);
@@ -731,6 +1173,9 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
     srv->port = di ? di->port : cfg->port;
     ember_log(EMBER_LOG_INFO, "serving %s as '%s' (context %d, prefill step %d, up to %d running, queue %d)",
               model_path, srv->model_id, srv->api.n_ctx, cfg->prefill_step, cfg->max_running, cfg->queue_size);
+    ember_log(EMBER_LOG_INFO, "http: %d event-loop threads, up to %d connections (%d per address), read timeout "
+              "%d s, idle timeout %d s", cfg->http_threads, cfg->connection_limit, cfg->per_ip_connection_limit,
+              cfg->read_timeout, cfg->idle_timeout);
     ember_log(EMBER_LOG_INFO, "listening on http://%s:%d", cfg->host, srv->port);
     return srv;
 fail:
@@ -759,6 +1204,16 @@ void server_shutdown(server *srv) {
         struct timespec ts = {0, 10 * 1000000L};
         nanosleep(&ts, NULL);
     }
+    /* libmicrohttpd cannot stop with suspended connections: the pump
+     * resumes them all as it exits, and none suspends again. */
+    if (srv->pump_started) {
+        pthread_mutex_lock(&srv->lock);
+        srv->pump_stop = true;
+        pthread_cond_signal(&srv->pump_wake);
+        pthread_mutex_unlock(&srv->lock);
+        pthread_join(srv->pump, NULL);
+        srv->pump_started = false;
+    }
     if (srv->d) {
         MHD_stop_daemon(srv->d);
         srv->d = NULL;
@@ -774,5 +1229,9 @@ void server_free(server *srv) {
     serve_metrics_free(srv->metrics);
     engine_free(srv->e);
     model_free(srv->m);
+    if (srv->lock_ready) {
+        pthread_mutex_destroy(&srv->lock);
+        pthread_cond_destroy(&srv->pump_wake);
+    }
     free(srv);
 }
