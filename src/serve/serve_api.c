@@ -373,14 +373,14 @@ int api_parse(const api_ctx *ctx, bool chat, const char *body_text, size_t len, 
                  field ? field : "", field ? "'" : "");
         goto done;
     }
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
-    if (model && !cJSON_IsNull(model) && !cJSON_IsString(model)) {
-        bad_type(e, "model", "a string", model);
+    const cJSON *model_field = cJSON_GetObjectItemCaseSensitive(body, "model");
+    if (model_field && !cJSON_IsNull(model_field) && !cJSON_IsString(model_field)) {
+        bad_type(e, "model", "a string", model_field);
         goto done;
     }
-    if (cJSON_IsString(model) && !api_model_known(ctx, model->valuestring)) {
+    if (cJSON_IsString(model_field) && !api_model_known(ctx, model_field->valuestring)) {
         api_fail(e, 404, "invalid_request_error", "model", "model_not_found",
-                 "The model '%.100s' does not exist; this server serves '%s'.", model->valuestring, ctx->model_id);
+                 "The model '%.100s' does not exist; this server serves '%s'.", model_field->valuestring, ctx->model_id);
         goto done;
     }
     /* ---- sampling ---- */

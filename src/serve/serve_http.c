@@ -300,11 +300,11 @@ static enum MHD_Result handle_models(server *srv, struct MHD_Connection *c) {
 
 static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool reset) {
     const char *label = reset ? "/v1/cache/reset" : "/v1/cache/stats";
-    const char *model = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
-    if (model && model[0] && !api_model_known(&srv->api, model)) {
+    const char *model_arg = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
+    if (model_arg && model_arg[0] && !api_model_known(&srv->api, model_arg)) {
         api_error e;
         api_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
-                 "The model '%.100s' does not exist; this server serves '%s'.", model, srv->model_id);
+                 "The model '%.100s' does not exist; this server serves '%s'.", model_arg, srv->model_id);
         return send_error(srv, c, label, &e, NULL);
     }
     apc *cache = engine_cache(srv->e);
