@@ -16,7 +16,8 @@
  *    strings, str.isspace() whitespace.
  *  - Templates (jinja_parse.c). jinja_parse() turns a source into an AST;
  *    errors carry line and column. jinja_render() (jinja_eval.c) evaluates
- *    it against a dict of variables into a malloc'd string. */
+ *    it against a dict of variables into a malloc'd string, within a step
+ *    limit and a byte limit (jinja_limits). */
 #ifndef EMBER_CHAT_JINJA_H
 #define EMBER_CHAT_JINJA_H
 
@@ -167,9 +168,30 @@ struct jinja_template {
     jnode *root; /* an N_BLOCK */
 };
 
+/* Bounds of one render, so that no template (they come with model files)
+ * can loop forever or allocate without bound. A step is one statement or
+ * expression evaluated. max_bytes bounds the output, any one string the
+ * template builds, and the strings, lists and dicts it holds alive at once.
+ * Exceeding either is an error that names the limit. */
+typedef struct jinja_limits {
+    int64_t max_steps;
+    size_t max_bytes;
+} jinja_limits;
+#define JINJA_DEFAULT_MAX_STEPS 4000000
+#define JINJA_DEFAULT_MAX_BYTES ((size_t)64 << 20)
+
 jinja_template *jinja_parse(const char *source, ember_error *err);
 void jinja_free(jinja_template *t);
-/* vars: a dict value (borrowed). now: unix time for strftime_now. */
+/* vars: a dict value (borrowed). now: unix time for strftime_now. Renders
+ * under the default limits. */
 int jinja_render(const jinja_template *t, jv vars, int64_t now, char **out, ember_error *err);
+int jinja_render_limited(const jinja_template *t, jv vars, int64_t now, const jinja_limits *lim, char **out,
+                         ember_error *err);
+
+/* The thread's render memory account (jinja_value.c; used by the evaluator). */
+void jinja_budget_begin(size_t max_bytes);
+bool jinja_budget_exceeded(void);
+int64_t jinja_budget_take_work(void); /* builtin work units since the last call */
+void jinja_budget_end(void);
 
 #endif

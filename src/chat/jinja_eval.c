@@ -14,7 +14,10 @@
  * is an error. Attribute access on dicts prefers the methods get/items/keys/
  * values (Python getattr first), item access prefers keys. Filters, tests,
  * and the str/dict methods templates use are implemented with Python's
- * semantics; unknown ones are errors naming them. */
+ * semantics; unknown ones are errors naming them. Every statement and
+ * expression is one step; a render stops with an error past its step limit
+ * or when the byte account of jinja_value.c overflows (jinja_limits), so a
+ * template from a model file cannot hang or exhaust memory. */
 #include "chat/jinja.h"
 
 #include <math.h>
@@ -40,6 +43,8 @@ typedef struct jinja_ctx {
     int loopctl; /* 1 break, 2 continue */
     int depth;
     const jnode *call_node; /* the call being made, for builtins' errors */
+    int64_t steps, max_steps;
+    size_t max_bytes;
 } jinja_ctx;
 
 static void fail(jinja_ctx *c, const jnode *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -1245,8 +1250,23 @@ static bool apply_test_named(jinja_ctx *c, const jnode *n, const char *name, jv 
 
 /* ---- expressions ---- */
 
+/* Counts one evaluation step and checks both limits; false once failed. */
+static bool step(jinja_ctx *c, const jnode *n) {
+    if (c->failed) return false;
+    c->steps += 1 + jinja_budget_take_work();
+    if (c->steps > c->max_steps) {
+        fail(c, n, "the template exceeded its step limit (%lld evaluation steps)", (long long)c->max_steps);
+        return false;
+    }
+    if (jinja_budget_exceeded()) {
+        fail(c, n, "the template exceeded its size limit (%zu bytes of output or values)", c->max_bytes);
+        return false;
+    }
+    return true;
+}
+
 static jv eval(jinja_ctx *c, const jnode *n) {
-    if (c->failed || n == NULL) return jv_undef();
+    if (n == NULL || !step(c, n)) return jv_undef();
     switch (n->kind) {
     case E_LIT: return jv_retain(n->lit);
     case E_NAME: {
@@ -1432,7 +1452,7 @@ static void exec_for(jinja_ctx *c, const jnode *n) {
         jv_release(it);
         return;
     }
-    for (size_t i = 0; i < len && !c->failed; i++) {
+    for (size_t i = 0; i < len && step(c, n); i++) {
         scope s = {.parent = c->cur, .vars = jv_dict(4)};
         c->cur = &s;
         jv loop = jv_dict(12);
@@ -1459,6 +1479,7 @@ static void exec_for(jinja_ctx *c, const jnode *n) {
 }
 
 static void exec_node(jinja_ctx *c, const jnode *n) {
+    if (!step(c, n)) return;
     switch (n->kind) {
     case N_TEXT: jbuf_put(c->out, n->lit.u.s->data, n->lit.u.s->len); return;
     case N_OUTPUT: {
@@ -1525,12 +1546,24 @@ static void exec_body(jinja_ctx *c, jnode *const *kids, size_t n) {
 }
 
 int jinja_render(const jinja_template *t, jv vars, int64_t now, char **out, ember_error *err) {
+    const jinja_limits lim = {JINJA_DEFAULT_MAX_STEPS, JINJA_DEFAULT_MAX_BYTES};
+    return jinja_render_limited(t, vars, now, &lim, out, err);
+}
+
+int jinja_render_limited(const jinja_template *t, jv vars, int64_t now, const jinja_limits *lim, char **out,
+                         ember_error *err) {
     jbuf buf = {0};
     jbuf_put(&buf, "", 0);
+    jinja_budget_begin(lim->max_bytes);
     scope root = {.parent = NULL, .vars = jv_dict(8)};
-    jinja_ctx c = {.err = err, .now = now, .globals = vars, .root = &root, .cur = &root, .out = &buf};
+    jinja_ctx c = {.err = err, .now = now, .globals = vars, .root = &root, .cur = &root, .out = &buf,
+                   .max_steps = lim->max_steps, .max_bytes = lim->max_bytes};
     exec_body(&c, t->root->kids, t->root->nkids);
+    /* The last statement may have crossed the byte limit after its step. */
+    if (!c.failed && jinja_budget_exceeded())
+        fail(&c, NULL, "the template exceeded its size limit (%zu bytes of output or values)", lim->max_bytes);
     jv_release(root.vars);
+    jinja_budget_end();
     if (c.failed) {
         free(buf.p);
         *out = NULL;
