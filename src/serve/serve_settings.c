@@ -123,10 +123,10 @@ static const serve_setting table[] = {
     {"cache.ckpt.replay", "EMBER_APC_CKPT_REPLAY", "ckpt-replay", SETTING_BOOL, "true", 0, 0, NULL, NULL,
      "the replay checkpoint at N-1",
      "Off: identical resends adopt at most the terminal point.", false, APC(ckpt.replay)},
-    {"cache.ckpt.replay_min", "EMBER_APC_CKPT_REPLAY_MIN", "ckpt-replay-min", SETTING_INT, "1024", 0, INT_MAX, NULL,
+    {"cache.ckpt.replay_min", "EMBER_APC_CKPT_REPLAY_MIN", "ckpt-replay-min", SETTING_INT, "64", 0, INT_MAX, NULL,
      NULL, "least prompt length N for a replay checkpoint on stacks with arr layers",
      "Also the floor of the system-prompt anchor there. A replay record on an `arr` stack adopts only for the "
-     "identical resend (the replay gate).",
+     "identical resend (the replay gate). Why 64 (bytes per record vs tokens saved): docs/ckpt-replay.md.",
      false, APC(ckpt.replay_min)},
     {"cache.ckpt.turn", "EMBER_APC_CKPT_TURN", "ckpt-turn", SETTING_BOOL, "true", 0, 0, NULL, NULL,
      "the turn checkpoint at the predicted next-turn boundary",
