@@ -285,17 +285,21 @@ static void test_render_limits(void **state) {
     expect_render_error("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
                         "{% endfor %}{{ ns.s | length }}",
                         NULL, "size limit");
-    /* A list doubled the same way. */
-    expect_render_error("{% set ns = namespace(l=[1, 2]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}"
-                        "{% endfor %}{{ ns.l | length }}",
-                        NULL, "size limit");
+    /* A list doubled the same way: its copies count as work, so the step
+     * limit stops it first under the defaults; with steps unbounded the
+     * byte limit does. */
+    const char *lists = "{% set ns = namespace(l=[1, 2]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}"
+                        "{% endfor %}{{ ns.l | length }}";
+    expect_render_error(lists, NULL, "step limit");
+    ember_error err = {{0}};
+    char *out = NULL;
+    assert_int_equal(render_limited(lists, INT64_MAX, 1 << 20, &out, &err), -1);
+    assert_non_null(strstr(err.msg, "size limit (1048576 bytes"));
     /* A gigabyte of output, 1 MB per statement. */
     expect_render_error("{% set s = ('x' * 1000) * 1000 %}{% for i in range(1000) %}{{ s }}{% endfor %}", NULL,
                         "size limit");
 
     const char *loop = "{% for i in range(100) %}{{ i % 10 }}{% endfor %}";
-    ember_error err = {{0}};
-    char *out = NULL;
     assert_int_equal(render_limited(loop, 50, 1 << 20, &out, &err), -1);
     assert_null(out);
     assert_non_null(strstr(err.msg, "step limit (50 evaluation steps)"));
@@ -303,10 +307,14 @@ static void test_render_limits(void **state) {
     assert_int_equal(strlen(out), 100);
     assert_memory_equal(out, "0123456789", 10);
     free(out);
-    assert_int_equal(render_limited(loop, 100000, 64, &out, &err), -1);
+    /* 5000 bytes of output from a 5000-byte string: 4096 bytes do not fit,
+     * 16384 do (the render's own scopes count too). */
+    const char *big = "{{ 'x' * 5000 }}";
+    assert_int_equal(render_limited(big, 100000, 4096, &out, &err), -1);
     assert_null(out);
-    assert_non_null(strstr(err.msg, "size limit (64 bytes"));
-    assert_int_equal(render_limited(loop, 100000, 101, &out, &err), 0); /* 100 bytes + NUL */
+    assert_non_null(strstr(err.msg, "size limit (4096 bytes"));
+    assert_int_equal(render_limited(big, 100000, 16384, &out, &err), 0);
+    assert_int_equal(strlen(out), 5000);
     free(out);
     /* The account is per render: a failed render leaves the next one free. */
     out = render_src("{{ 'ok' }}", NULL, &err);
