@@ -9,8 +9,9 @@
  * the context-length check and the prompt-cache plan. Checked: a rejection
  * has a 4xx status (5xx only for out of memory), a message, and renders as
  * a JSON error body that parses back; an accepted request has a prompt of
- * 1..n_ctx-1 in-vocabulary tokens and 1 <= max_tokens <= n_ctx - prompt;
- * the next-turn predictor it carries runs on the prompt without harm. The
+ * 1..n_ctx-1 in-vocabulary tokens and 1 <= max_tokens <= n_ctx - prompt,
+ * its cache plan's positions lie inside the prompt, and the next-turn
+ * predictor it carries runs on the prompt without harm. The
  * model (for its tokenizer and chat template) is $EMBER_FUZZ_MODEL, default
  * build/models/default.gguf (qwen3 shape, ChatML template). */
 #include <cjson/cJSON.h>
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat/chat_plan.h"
 #include "core/log.h"
 #include "model/model.h"
 #include "serve/serve_api.h"
@@ -71,9 +73,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int64_t i = 0; i < q.p.n_prompt; i++)
         if (q.p.prompt[i] < 0 || q.p.prompt[i] >= n_vocab) abort();
     if (q.p.max_tokens < 1 || q.p.max_tokens > g_ctx.n_ctx - q.p.n_prompt) abort();
-    if (q.p.predict) {
-        int64_t lcp = q.p.predict(q.p.predict_user, q.p.prompt, q.p.n_prompt);
-        if (lcp < 0 || lcp > q.p.n_prompt) abort();
+    const chat_cache_plan *plan = &q.p.plan;
+    if (plan->turn_pos < 0 || plan->turn_pos > q.p.n_prompt || plan->anchor_pos < 0 || plan->anchor_pos > q.p.n_prompt)
+        abort();
+    if (plan->predictor) {
+        int64_t lcp = chat_turn_predict(plan->predictor, q.p.prompt, q.p.n_prompt);
+        if (lcp < -1 || lcp > q.p.n_prompt) abort(); /* -1: no prediction */
     }
     api_req_free(&q);
     return 0;
