@@ -285,16 +285,17 @@ static void test_render_limits(void **state) {
     expect_render_error("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
                         "{% endfor %}{{ ns.s | length }}",
                         NULL, "size limit");
-    /* A list doubled the same way: its copies count as work, so the step
-     * limit stops it first under the defaults; with steps unbounded the
-     * byte limit does. */
+    /* A list doubled the same way: its copies count both as work and as
+     * bytes, so whichever limit is tighter stops it. */
     const char *lists = "{% set ns = namespace(l=[1, 2]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}"
                         "{% endfor %}{{ ns.l | length }}";
-    expect_render_error(lists, NULL, "step limit");
+    expect_render_error(lists, NULL, "the template exceeded its");
     ember_error err = {{0}};
     char *out = NULL;
     assert_int_equal(render_limited(lists, INT64_MAX, 1 << 20, &out, &err), -1);
     assert_non_null(strstr(err.msg, "size limit (1048576 bytes"));
+    assert_int_equal(render_limited(lists, 100000, SIZE_MAX, &out, &err), -1);
+    assert_non_null(strstr(err.msg, "step limit (100000 evaluation steps)"));
     /* A gigabyte of output, 1 MB per statement. */
     expect_render_error("{% set s = ('x' * 1000) * 1000 %}{% for i in range(1000) %}{{ s }}{% endfor %}", NULL,
                         "size limit");

@@ -177,7 +177,7 @@ typedef struct jinja_limits {
     int64_t max_steps;
     size_t max_bytes;
 } jinja_limits;
-#define JINJA_DEFAULT_MAX_STEPS 4000000
+#define JINJA_DEFAULT_MAX_STEPS 16000000
 #define JINJA_DEFAULT_MAX_BYTES ((size_t)64 << 20)
 
 jinja_template *jinja_parse(const char *source, ember_error *err);

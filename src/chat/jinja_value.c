@@ -69,7 +69,7 @@ void jinja_budget_end(void) { budget.on = false; }
 static void charge(int64_t bytes) {
     if (!budget.on) return;
     budget.live += bytes;
-    if (budget.live > (int64_t)budget.max) budget.over = true;
+    if (budget.live > 0 && (uint64_t)budget.live > budget.max) budget.over = true;
 }
 
 /* ---- buffers ---- */
