@@ -324,6 +324,43 @@ static void test_render_limits(void **state) {
     free(out);
 }
 
+/* Found by fuzz_jinja (tests/fuzz/jinja/crash-3e39..., replayed by
+ * fuzz_replay_jinja) and its neighbours: 64-bit integer overflow was
+ * undefined behaviour, a namespace could hold itself (endless recursion in
+ * tojson, a leaked cycle), and a value nested a million levels deep
+ * overflowed the stack when released. Each is now an error or Python's
+ * answer. */
+static void test_render_hostile(void **state) {
+    (void)state;
+    expect_render_error("{% set x %}inner {{ 9223372036854775807 + 1 }}{% endset %}[{{ x }}]", NULL,
+                        "integer overflow");
+    expect_render_error("{{ -9223372036854775807 - 2 }}", NULL, "integer overflow");
+    expect_render_error("{{ 4611686018427387904 * 2 }}", NULL, "integer overflow");
+    expect_render_error("{{ 3 ** 41 }}", NULL, "integer overflow");
+    expect_render_error("{{ -(-9223372036854775807 - 1) }}", NULL, "integer overflow");
+    expect_render_error("{{ (-9223372036854775807 - 1) // -1 }}", NULL, "integer overflow");
+    expect_render_error("{{ (-9223372036854775807 - 1) | abs }}", NULL, "integer overflow");
+    expect_render_error("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns | tojson }}", NULL,
+                        "a namespace cannot hold another namespace ('ns.me')");
+    expect_render_error("{% set ns = namespace(a=1) %}{% set d = {'n': [ns]} %}{% set ns.f = d.items %}", NULL,
+                        "cannot hold another namespace");
+    expect_render_error("{% set a = namespace(v=0) %}{% set b = namespace(v=[a]) %}", NULL,
+                        "namespace() cannot hold another namespace");
+    expect_render_error("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}"
+                        "{% endfor %}{{ ns.l | length }}",
+                        NULL, "nested values more than 1000 levels deep");
+    /* What stays legal answers as Python does. */
+    ember_error err = {{0}};
+    char *out = render_src("{{ 2 ** 62 }}|{{ 1e300 | int }}|{{ range(9223372036854775800, 9223372036854775807, 5) "
+                           "| list }}|{{ [1, 2, 3][1::9223372036854775807] }}|{{ 'abc'[-1::-9223372036854775807] }}"
+                           "|{% set ns = namespace(l=[]) %}{% for i in range(900) %}{% set ns.l = [ns.l] %}"
+                           "{% endfor %}{{ ns.l | length }}|{% set d = {'k': [1]} %}{% set ns.d = d %}{{ ns.d.k }}",
+                           NULL, &err);
+    if (out == NULL) fail_msg("%s", err.msg);
+    assert_string_equal(out, "4611686018427387904|0|[9223372036854775800, 9223372036854775805]|[2]|c|1|[1]");
+    free(out);
+}
+
 static void test_engine_features(void **state) {
     (void)state;
     ember_error err = {{0}};
@@ -723,6 +760,7 @@ int main(void) {
         cmocka_unit_test(test_parse_errors),
         cmocka_unit_test(test_render_errors),
         cmocka_unit_test(test_render_limits),
+        cmocka_unit_test(test_render_hostile),
         cmocka_unit_test(test_engine_features),
         cmocka_unit_test(test_truncated_templates),
         cmocka_unit_test(test_concurrent_render),

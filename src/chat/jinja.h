@@ -52,8 +52,16 @@ typedef struct jv {
     const char *undef_name; /* static or AST-owned name, for error messages */
 } jv;
 
-struct jlist { int rc; bool is_tuple; size_t n, cap; jv *items; };
-struct jdict { int rc; bool is_ns; size_t n, cap; jstr **keys; jv *vals; };
+/* depth: nesting levels of containers (1 for a flat one; recorded when an
+ * item is added, so a namespace mutated later may exceed it by its own
+ * depth). holds_ns: some item is, or holds, a namespace. A namespace never
+ * holds a namespace (jinja_eval.c refuses it), and other containers do not
+ * change once shared, so values form no cycles and nest at most about
+ * 2 x JINJA_MAX_DEPTH deep: the recursive walks (release, repr, json,
+ * equality) stay within the stack. */
+struct jlist { int rc; bool is_tuple; size_t n, cap; jv *items; int depth; bool holds_ns; };
+struct jdict { int rc; bool is_ns; size_t n, cap; jstr **keys; jv *vals; int depth; bool holds_ns; };
+#define JINJA_MAX_DEPTH 1000
 
 /* A callable: a builtin (fn set) or a macro (node set, evaluated by
  * jinja_eval.c). */
@@ -96,6 +104,8 @@ void jv_dict_set(jv dict, const char *key, size_t klen, jv val);
 const jv *jv_dict_get(jv dict, const char *key, size_t klen);
 
 bool jv_truthy(jv v);
+int jv_depth(jv v);        /* 0 for scalars */
+bool jv_holds_ns(jv v);    /* v is or (transitively) holds a namespace() dict */
 bool jv_equal(jv a, jv b);
 const char *jv_type_name(jv v);
 
@@ -191,6 +201,7 @@ int jinja_render_limited(const jinja_template *t, jv vars, int64_t now, const ji
 /* The thread's render memory account (jinja_value.c; used by the evaluator). */
 void jinja_budget_begin(size_t max_bytes);
 bool jinja_budget_exceeded(void);
+bool jinja_budget_too_deep(void); /* a value nested deeper than JINJA_MAX_DEPTH was built */
 int64_t jinja_budget_take_work(void); /* builtin work units since the last call */
 void jinja_budget_end(void);
 

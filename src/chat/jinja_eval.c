@@ -22,6 +22,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,9 +106,14 @@ static jv b_raise(jinja_ctx *c, jv self, const jargs *a, void *d) {
 }
 
 static jv b_namespace(jinja_ctx *c, jv self, const jargs *a, void *d) {
-    (void)c;
     (void)self;
     (void)d;
+    /* A namespace holding a namespace could be made to hold itself. */
+    for (size_t i = 0; i < a->npos + a->nkw; i++)
+        if (jv_holds_ns(i < a->npos ? a->pos[i] : a->kw[i - a->npos])) {
+            fail(c, c->call_node, "namespace() cannot hold another namespace");
+            return jv_undef();
+        }
     jv ns = jv_dict(a->nkw);
     ns.u.d->is_ns = true;
     for (size_t i = 0; i < a->npos; i++) { /* namespace(dict) */
@@ -142,9 +148,10 @@ static jv b_range(jinja_ctx *c, jv self, const jargs *a, void *d) {
         return jv_undef();
     }
     jv l = jv_list(0);
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
         if (l.u.l->n > 1000000) break;
         jv_list_push(l, jv_int(i));
+        if (__builtin_add_overflow(i, step, &i)) break; /* past INT64_MAX: no further element */
     }
     return l;
 }
@@ -590,9 +597,10 @@ static jv do_slice(jinja_ctx *c, const jnode *n, jv obj, const jv *start, const 
             size_t x = utf8_cp_offset(p, plen, (size_t)a), y = utf8_cp_offset(p, plen, (size_t)b);
             jbuf_put(&buf, p + x, y - x);
         } else {
-            for (int64_t i = a; st > 0 ? i < b : i > b; i += st) {
+            for (int64_t i = a; st > 0 ? i < b : i > b;) {
                 size_t x = utf8_cp_offset(p, plen, (size_t)i), y = utf8_cp_offset(p, plen, (size_t)i + 1);
                 jbuf_put(&buf, p + x, y - x);
+                if (__builtin_add_overflow(i, st, &i)) break;
             }
         }
         jv r = str_of(buf.p, buf.n);
@@ -600,7 +608,10 @@ static jv do_slice(jinja_ctx *c, const jnode *n, jv obj, const jv *start, const 
         return r;
     }
     jv l = jv_list(0);
-    for (int64_t i = a; st > 0 ? i < b : i > b; i += st) jv_list_push(l, jv_retain(obj.u.l->items[i]));
+    for (int64_t i = a; st > 0 ? i < b : i > b;) {
+        jv_list_push(l, jv_retain(obj.u.l->items[i]));
+        if (__builtin_add_overflow(i, st, &i)) break;
+    }
     return l;
 }
 
@@ -754,9 +765,24 @@ static jv binop(jinja_ctx *c, const jnode *n, int op, jv a, jv b) {
     }
     bool fl = a.t == JV_FLOAT || b.t == JV_FLOAT;
     switch (op) {
-    case OP_ADD: return fl ? jv_float(fval(a) + fval(b)) : jv_int(ival(a) + ival(b));
-    case OP_SUB: return fl ? jv_float(fval(a) - fval(b)) : jv_int(ival(a) - ival(b));
-    case OP_MUL: return fl ? jv_float(fval(a) * fval(b)) : jv_int(ival(a) * ival(b));
+    case OP_ADD:
+    case OP_SUB:
+    case OP_MUL: {
+        if (fl) {
+            double x = fval(a), y = fval(b);
+            return jv_float(op == OP_ADD ? x + y : op == OP_SUB ? x - y : x * y);
+        }
+        /* Python's ints are unbounded, ours are 64-bit: overflow is an error. */
+        int64_t r;
+        bool over = op == OP_ADD   ? __builtin_add_overflow(ival(a), ival(b), &r)
+                    : op == OP_SUB ? __builtin_sub_overflow(ival(a), ival(b), &r)
+                                   : __builtin_mul_overflow(ival(a), ival(b), &r);
+        if (over) {
+            fail(c, n, "integer overflow (ints are 64-bit here)");
+            return jv_undef();
+        }
+        return jv_int(r);
+    }
     case OP_DIV:
         if (fval(b) == 0.0) { fail(c, n, "division by zero"); return jv_undef(); }
         return jv_float(fval(a) / fval(b));
@@ -767,14 +793,23 @@ static jv binop(jinja_ctx *c, const jnode *n, int op, jv a, jv b) {
             double q = floor(fval(a) / fval(b));
             return op == OP_FLOORDIV ? jv_float(q) : jv_float(fval(a) - q * fval(b));
         } else {
-            int64_t x = ival(a), y = ival(b), q = x / y, r = x % y;
+            int64_t x = ival(a), y = ival(b);
+            if (x == INT64_MIN && y == -1) {
+                fail(c, n, "integer overflow (ints are 64-bit here)");
+                return jv_undef();
+            }
+            int64_t q = x / y, r = x % y;
             if (r != 0 && ((r < 0) != (y < 0))) { q--; r += y; }
             return op == OP_FLOORDIV ? jv_int(q) : jv_int(r);
         }
     case OP_POW:
         if (!fl && ival(b) >= 0) {
             int64_t r = 1;
-            for (int64_t i = 0; i < ival(b) && i < 64; i++) r *= ival(a);
+            for (int64_t i = 0; i < ival(b) && i < 64; i++)
+                if (__builtin_mul_overflow(r, ival(a), &r)) {
+                    fail(c, n, "integer overflow (ints are 64-bit here)");
+                    return jv_undef();
+                }
             return jv_int(r);
         }
         return jv_float(pow(fval(a), fval(b)));
@@ -951,7 +986,8 @@ static jv apply_filter_named(jinja_ctx *c, const jnode *n, const char *name, jv 
     }
     if (strcmp(name, "tojson") == 0) {
         const jv *ind = arg_at(a, 0, "indent"), *ea = arg_kw(a, "ensure_ascii"), *sk = arg_kw(a, "sort_keys");
-        int indent = ind && ind->t == JV_INT ? (int)ind->u.i : -1;
+        /* Past 1000 columns an indent only multiplies the output (and indent x level overflows). */
+        int indent = ind && ind->t == JV_INT ? (int)(ind->u.i < -1 ? -1 : ind->u.i > 1000 ? 1000 : ind->u.i) : -1;
         jbuf b = {0};
         jbuf_put(&b, "", 0);
         const char *msg = NULL;
@@ -1116,7 +1152,9 @@ static jv apply_filter_named(jinja_ctx *c, const jnode *n, const char *name, jv 
     }
     if (strcmp(name, "int") == 0) {
         if (v.t == JV_INT) return v;
-        if (v.t == JV_FLOAT) return jv_int((int64_t)v.u.f);
+        /* Outside int64 (or NaN) the conversion fails: the filter's default. */
+        if (v.t == JV_FLOAT && v.u.f > -0x1p63 && v.u.f < 0x1p63) return jv_int((int64_t)v.u.f);
+        if (v.t == JV_FLOAT) return a0 ? jv_retain(*a0) : jv_int(0);
         if (v.t == JV_BOOL) return jv_int(v.u.b);
         if (v.t == JV_STR) {
             char *end;
@@ -1131,6 +1169,10 @@ static jv apply_filter_named(jinja_ctx *c, const jnode *n, const char *name, jv 
         return jv_float(0.0);
     }
     if (strcmp(name, "abs") == 0) {
+        if (v.t == JV_INT && v.u.i == INT64_MIN) {
+            fail(c, n, "integer overflow (ints are 64-bit here)");
+            return jv_undef();
+        }
         if (v.t == JV_INT) return jv_int(v.u.i < 0 ? -v.u.i : v.u.i);
         if (v.t == JV_FLOAT) return jv_float(fabs(v.u.f));
     }
@@ -1175,7 +1217,8 @@ static jv apply_filter_named(jinja_ctx *c, const jnode *n, const char *name, jv 
         jbuf pad = {0};
         jbuf_put(&pad, "", 0);
         if (w && w->t == JV_STR) jbuf_put(&pad, w->u.s->data, w->u.s->len);
-        else for (int64_t i = 0; i < (w && w->t == JV_INT ? w->u.i : 4); i++) jbuf_putc(&pad, ' ');
+        else
+            for (int64_t i = 0; i < (w && w->t == JV_INT ? w->u.i : 4) && i < 1000000; i++) jbuf_putc(&pad, ' ');
         jbuf b = {0};
         jbuf_put(&b, "", 0);
         const char *p = s.u.s->data;
@@ -1262,6 +1305,10 @@ static bool step(jinja_ctx *c, const jnode *n) {
         fail(c, n, "the template exceeded its size limit (%zu bytes of output or values)", c->max_bytes);
         return false;
     }
+    if (jinja_budget_too_deep()) {
+        fail(c, n, "the template nested values more than %d levels deep", JINJA_MAX_DEPTH);
+        return false;
+    }
     return true;
 }
 
@@ -1345,6 +1392,10 @@ static jv eval(jinja_ctx *c, const jnode *n) {
     case E_POS: {
         jv v = eval(c, n->a);
         if (c->failed) { jv_release(v); return jv_undef(); }
+        if (v.t == JV_INT && n->kind == E_NEG && v.u.i == INT64_MIN) {
+            fail(c, n, "integer overflow (ints are 64-bit here)");
+            return jv_undef();
+        }
         if (v.t == JV_INT) return jv_int(n->kind == E_NEG ? -v.u.i : v.u.i);
         if (v.t == JV_FLOAT) return jv_float(n->kind == E_NEG ? -v.u.f : v.u.f);
         if (v.t == JV_BOOL) return jv_int(n->kind == E_NEG ? -(int64_t)v.u.b : v.u.b);
@@ -1510,6 +1561,11 @@ static void exec_node(jinja_ctx *c, const jnode *n) {
                 fail(c, n, "can only assign attributes of a namespace ('%s' is not one)", n->name);
                 return;
             }
+            if (jv_holds_ns(v)) { /* it could then hold itself: a cycle */
+                jv_release(v);
+                fail(c, n, "a namespace cannot hold another namespace ('%s.%s')", n->name, n->names[0]);
+                return;
+            }
             jv_dict_set(*ns, n->names[0], strlen(n->names[0]), v);
         } else {
             assign_targets(c, n, n->names, n->nnames, v);
@@ -1562,6 +1618,8 @@ int jinja_render_limited(const jinja_template *t, jv vars, int64_t now, const ji
     /* The last statement may have crossed the byte limit after its step. */
     if (!c.failed && jinja_budget_exceeded())
         fail(&c, NULL, "the template exceeded its size limit (%zu bytes of output or values)", lim->max_bytes);
+    if (!c.failed && jinja_budget_too_deep())
+        fail(&c, NULL, "the template nested values more than %d levels deep", JINJA_MAX_DEPTH);
     jv_release(root.vars);
     jinja_budget_end();
     if (c.failed) {

@@ -42,7 +42,7 @@ static void *xrealloc(void *p, size_t n) {
 /* ---- the render's memory budget ---- */
 
 static _Thread_local struct {
-    bool on, over;
+    bool on, over, too_deep;
     size_t max;
     int64_t live; /* may dip below zero when a render frees a value made before it */
     int64_t work; /* units of builtin work since the evaluator last took them */
@@ -51,6 +51,7 @@ static _Thread_local struct {
 void jinja_budget_begin(size_t max_bytes) {
     budget.on = true;
     budget.over = false;
+    budget.too_deep = false;
     budget.max = max_bytes;
     budget.live = 0;
     budget.work = 0;
@@ -63,6 +64,8 @@ int64_t jinja_budget_take_work(void) {
 }
 
 bool jinja_budget_exceeded(void) { return budget.on && budget.over; }
+
+bool jinja_budget_too_deep(void) { return budget.on && budget.too_deep; }
 
 void jinja_budget_end(void) { budget.on = false; }
 
@@ -124,6 +127,8 @@ jv jv_list(size_t cap) {
     l->n = 0;
     l->cap = cap;
     l->items = cap ? xmalloc(cap * sizeof(jv)) : NULL;
+    l->depth = 1;
+    l->holds_ns = false;
     charge((int64_t)(cap * sizeof(jv)));
     jv v = {0};
     v.t = JV_LIST;
@@ -141,6 +146,8 @@ jv jv_dict(size_t cap) {
     d->cap = cap;
     d->keys = cap ? xmalloc(cap * sizeof(jstr *)) : NULL;
     d->vals = cap ? xmalloc(cap * sizeof(jv)) : NULL;
+    d->depth = 1;
+    d->holds_ns = false;
     charge((int64_t)(cap * DICT_SLOT_BYTES));
     jv v = {0};
     v.t = JV_DICT;
@@ -214,6 +221,32 @@ void jv_release(jv v) {
     }
 }
 
+int jv_depth(jv v) {
+    switch (v.t) {
+    case JV_LIST: return v.u.l->depth;
+    case JV_DICT: return v.u.d->depth;
+    case JV_FUNC: return jv_depth(v.u.fn->bound); /* a bound method holds its receiver */
+    default: return 0;
+    }
+}
+
+bool jv_holds_ns(jv v) {
+    switch (v.t) {
+    case JV_LIST: return v.u.l->holds_ns;
+    case JV_DICT: return v.u.d->is_ns || v.u.d->holds_ns;
+    case JV_FUNC: return jv_holds_ns(v.u.fn->bound);
+    default: return false;
+    }
+}
+
+/* Records a new item's nesting in its container's depth and holds_ns. */
+static void note_item(int *depth, bool *holds_ns, jv item) {
+    int d = jv_depth(item) + 1;
+    if (d > *depth) *depth = d;
+    if (jv_holds_ns(item)) *holds_ns = true;
+    if (budget.on && *depth > JINJA_MAX_DEPTH) budget.too_deep = true;
+}
+
 void jv_list_push(jv list, jv item) {
     budget.work++;
     jlist *l = list.u.l;
@@ -222,6 +255,7 @@ void jv_list_push(jv list, jv item) {
         l->cap = l->cap ? l->cap * 2 : 4;
         l->items = xrealloc(l->items, l->cap * sizeof(jv));
     }
+    note_item(&l->depth, &l->holds_ns, item);
     l->items[l->n++] = item;
 }
 
@@ -240,6 +274,7 @@ void jv_dict_set(jv dict, const char *key, size_t klen, jv val) {
     for (size_t i = 0; i < d->n; i++) {
         if (d->keys[i]->len == klen && memcmp(d->keys[i]->data, key, klen) == 0) {
             jv_release(d->vals[i]);
+            note_item(&d->depth, &d->holds_ns, val);
             d->vals[i] = val;
             return;
         }
@@ -252,6 +287,7 @@ void jv_dict_set(jv dict, const char *key, size_t klen, jv val) {
     }
     d->keys[d->n] = jstr_new(key, klen);
     charge((int64_t)klen);
+    note_item(&d->depth, &d->holds_ns, val);
     d->vals[d->n] = val;
     d->n++;
 }
