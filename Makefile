@@ -10,7 +10,7 @@ PORT ?= 8080
 
 PREFIX ?= /usr/local
 
-.PHONY: all build build-asan run generate test test-release test-asan bench bench-serve bench-multiturn bench-predict load-test install docs clean
+.PHONY: all build build-asan run generate test test-release test-asan bench bench-serve bench-multiturn bench-predict load-test install docs fuzz-all clean
 
 all: build
 
@@ -96,5 +96,26 @@ install: build
 docs: build
 	./build/ember settings --markdown --out docs/cache-switches.md
 
+# libFuzzer (clang): every parser of outside input -- GGUF reader, tokenizers,
+# Jinja templates, the chat/completions request parser, the YAML config --
+# fuzzed for FUZZ_SECONDS each in build-fuzz/ (ASan+UBSan). Seeds and crash
+# reproducers live in tests/fuzz/<target>/ (CTest replays them in every
+# build); new corpus entries stay in build-fuzz/corpus/<target>. Fails on the
+# first crash, leak, timeout (FUZZ_TIMEOUT s per input) or out-of-memory,
+# leaving its reproducer as tests/fuzz/<target>/crash-*.
+FUZZ_SECONDS ?= 600
+FUZZ_TIMEOUT ?= 10
+FUZZ_TARGETS ?= gguf tokenizer jinja api config
+fuzz-all:
+	cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DEMBER_FUZZ=ON >/dev/null
+	cmake --build build-fuzz -j $(JOBS) --target fuzz default_model
+	for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/corpus/$$t; \
+	  echo "fuzz-all: fuzz_$$t for $(FUZZ_SECONDS) s"; \
+	  EMBER_FUZZ_MODEL=build-fuzz/models/default.gguf ./build-fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) \
+	    -timeout=$(FUZZ_TIMEOUT) -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=tests/fuzz/$$t/ \
+	    build-fuzz/corpus/$$t tests/fuzz/$$t/corpus || exit 1; \
+	done
+
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz

@@ -4,8 +4,9 @@
  * (produced by tools/gen_chat_vectors.py with Python's Jinja2 configured like
  * Hugging Face transformers) and compare byte for byte; cases where Jinja2
  * raised must fail here too, with raise_exception's message when the
- * template raised it. The remaining tests cover error reporting, the message
- * API and the prompt-cache render predictions. */
+ * template raised it. The remaining tests cover error reporting, the render
+ * limits (steps, bytes), the message API and the prompt-cache render
+ * predictions. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -254,6 +255,110 @@ static void test_render_errors(void **state) {
     expect_render_error("{{ 1 < 'a' }}", NULL, "not supported between");
     expect_render_error("{% for x in 5 %}{% endfor %}", NULL, "not iterable");
     expect_render_error("{{ nope() }}", NULL, "'nope' is undefined");
+}
+
+/* Renders src with no variables under explicit limits. */
+static int render_limited(const char *src, int64_t max_steps, size_t max_bytes, char **out, ember_error *err) {
+    jinja_template *t = jinja_parse(src, err);
+    assert_non_null(t);
+    jv vars = jv_dict(0);
+    const jinja_limits lim = {max_steps, max_bytes};
+    int rc = jinja_render_limited(t, vars, 0, &lim, out, err);
+    jv_release(vars);
+    jinja_free(t);
+    return rc;
+}
+
+/* A template cannot loop forever or allocate without bound: the step limit
+ * and the byte limit stop it with an error that names the limit, under the
+ * defaults (through chat_render) and under explicit small limits, while a
+ * template inside the limits renders exactly. */
+static void test_render_limits(void **state) {
+    (void)state;
+    /* 10^12 iterations of an empty body. */
+    expect_render_error("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}", NULL,
+                        "step limit");
+    /* An expensive builtin in a loop that prints nothing. */
+    expect_render_error("{% set l = range(1000000) %}{% for i in l %}{% if l|join == 'x' %}{% endif %}{% endfor %}",
+                        NULL, "step limit");
+    /* A string doubled 64 times (2^65 bytes). */
+    expect_render_error("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+                        "{% endfor %}{{ ns.s | length }}",
+                        NULL, "size limit");
+    /* A list doubled the same way: its copies count both as work and as
+     * bytes, so whichever limit is tighter stops it. */
+    const char *lists = "{% set ns = namespace(l=[1, 2]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}"
+                        "{% endfor %}{{ ns.l | length }}";
+    expect_render_error(lists, NULL, "the template exceeded its");
+    ember_error err = {{0}};
+    char *out = NULL;
+    assert_int_equal(render_limited(lists, INT64_MAX, 1 << 20, &out, &err), -1);
+    assert_non_null(strstr(err.msg, "size limit (1048576 bytes"));
+    assert_int_equal(render_limited(lists, 100000, SIZE_MAX, &out, &err), -1);
+    assert_non_null(strstr(err.msg, "step limit (100000 evaluation steps)"));
+    /* A gigabyte of output, 1 MB per statement. */
+    expect_render_error("{% set s = ('x' * 1000) * 1000 %}{% for i in range(1000) %}{{ s }}{% endfor %}", NULL,
+                        "size limit");
+
+    const char *loop = "{% for i in range(100) %}{{ i % 10 }}{% endfor %}";
+    assert_int_equal(render_limited(loop, 50, 1 << 20, &out, &err), -1);
+    assert_null(out);
+    assert_non_null(strstr(err.msg, "step limit (50 evaluation steps)"));
+    assert_int_equal(render_limited(loop, 100000, 1 << 20, &out, &err), 0);
+    assert_int_equal(strlen(out), 100);
+    assert_memory_equal(out, "0123456789", 10);
+    free(out);
+    /* 5000 bytes of output from a 5000-byte string: 4096 bytes do not fit,
+     * 16384 do (the render's own scopes count too). */
+    const char *big = "{{ 'x' * 5000 }}";
+    assert_int_equal(render_limited(big, 100000, 4096, &out, &err), -1);
+    assert_null(out);
+    assert_non_null(strstr(err.msg, "size limit (4096 bytes"));
+    assert_int_equal(render_limited(big, 100000, 16384, &out, &err), 0);
+    assert_int_equal(strlen(out), 5000);
+    free(out);
+    /* The account is per render: a failed render leaves the next one free. */
+    out = render_src("{{ 'ok' }}", NULL, &err);
+    assert_non_null(out);
+    assert_string_equal(out, "ok");
+    free(out);
+}
+
+/* Found by fuzz_jinja (tests/fuzz/jinja/crash-3e39..., replayed by
+ * fuzz_replay_jinja) and its neighbours: 64-bit integer overflow was
+ * undefined behaviour, a namespace could hold itself (endless recursion in
+ * tojson, a leaked cycle), and a value nested a million levels deep
+ * overflowed the stack when released. Each is now an error or Python's
+ * answer. */
+static void test_render_hostile(void **state) {
+    (void)state;
+    expect_render_error("{% set x %}inner {{ 9223372036854775807 + 1 }}{% endset %}[{{ x }}]", NULL,
+                        "integer overflow");
+    expect_render_error("{{ -9223372036854775807 - 2 }}", NULL, "integer overflow");
+    expect_render_error("{{ 4611686018427387904 * 2 }}", NULL, "integer overflow");
+    expect_render_error("{{ 3 ** 41 }}", NULL, "integer overflow");
+    expect_render_error("{{ -(-9223372036854775807 - 1) }}", NULL, "integer overflow");
+    expect_render_error("{{ (-9223372036854775807 - 1) // -1 }}", NULL, "integer overflow");
+    expect_render_error("{{ (-9223372036854775807 - 1) | abs }}", NULL, "integer overflow");
+    expect_render_error("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns | tojson }}", NULL,
+                        "a namespace cannot hold another namespace ('ns.me')");
+    expect_render_error("{% set ns = namespace(a=1) %}{% set d = {'n': [ns]} %}{% set ns.f = d.items %}", NULL,
+                        "cannot hold another namespace");
+    expect_render_error("{% set a = namespace(v=0) %}{% set b = namespace(v=[a]) %}", NULL,
+                        "namespace() cannot hold another namespace");
+    expect_render_error("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}"
+                        "{% endfor %}{{ ns.l | length }}",
+                        NULL, "nested values more than 1000 levels deep");
+    /* What stays legal answers as Python does. */
+    ember_error err = {{0}};
+    char *out = render_src("{{ 2 ** 62 }}|{{ 1e300 | int }}|{{ range(9223372036854775800, 9223372036854775807, 5) "
+                           "| list }}|{{ [1, 2, 3][1::9223372036854775807] }}|{{ 'abc'[-1::-9223372036854775807] }}"
+                           "|{% set ns = namespace(l=[]) %}{% for i in range(900) %}{% set ns.l = [ns.l] %}"
+                           "{% endfor %}{{ ns.l | length }}|{% set d = {'k': [1]} %}{% set ns.d = d %}{{ ns.d.k }}",
+                           NULL, &err);
+    if (out == NULL) fail_msg("%s", err.msg);
+    assert_string_equal(out, "4611686018427387904|0|[9223372036854775800, 9223372036854775805]|[2]|c|1|[1]");
+    free(out);
 }
 
 static void test_engine_features(void **state) {
@@ -654,6 +759,8 @@ int main(void) {
         cmocka_unit_test(test_micro_vectors),
         cmocka_unit_test(test_parse_errors),
         cmocka_unit_test(test_render_errors),
+        cmocka_unit_test(test_render_limits),
+        cmocka_unit_test(test_render_hostile),
         cmocka_unit_test(test_engine_features),
         cmocka_unit_test(test_truncated_templates),
         cmocka_unit_test(test_concurrent_render),

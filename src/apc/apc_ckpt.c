@@ -61,7 +61,7 @@ apc_ckpt_config apc_ckpt_default_config(void) {
     apc_ckpt_config c;
     c.interval = 4096;
     c.replay = true;
-    c.replay_min = 1024;
+    c.replay_min = 64;
     c.turn = true;
     c.sys = true;
     c.sys_min = 256;

@@ -16,7 +16,8 @@
  *    strings, str.isspace() whitespace.
  *  - Templates (jinja_parse.c). jinja_parse() turns a source into an AST;
  *    errors carry line and column. jinja_render() (jinja_eval.c) evaluates
- *    it against a dict of variables into a malloc'd string. */
+ *    it against a dict of variables into a malloc'd string, within a step
+ *    limit and a byte limit (jinja_limits). */
 #ifndef EMBER_CHAT_JINJA_H
 #define EMBER_CHAT_JINJA_H
 
@@ -51,8 +52,16 @@ typedef struct jv {
     const char *undef_name; /* static or AST-owned name, for error messages */
 } jv;
 
-struct jlist { int rc; bool is_tuple; size_t n, cap; jv *items; };
-struct jdict { int rc; bool is_ns; size_t n, cap; jstr **keys; jv *vals; };
+/* depth: nesting levels of containers (1 for a flat one; recorded when an
+ * item is added, so a namespace mutated later may exceed it by its own
+ * depth). holds_ns: some item is, or holds, a namespace. A namespace never
+ * holds a namespace (jinja_eval.c refuses it), and other containers do not
+ * change once shared, so values form no cycles and nest at most about
+ * 2 x JINJA_MAX_DEPTH deep: the recursive walks (release, repr, json,
+ * equality) stay within the stack. */
+struct jlist { int rc; bool is_tuple; size_t n, cap; jv *items; int depth; bool holds_ns; };
+struct jdict { int rc; bool is_ns; size_t n, cap; jstr **keys; jv *vals; int depth; bool holds_ns; };
+#define JINJA_MAX_DEPTH 1000
 
 /* A callable: a builtin (fn set) or a macro (node set, evaluated by
  * jinja_eval.c). */
@@ -95,6 +104,8 @@ void jv_dict_set(jv dict, const char *key, size_t klen, jv val);
 const jv *jv_dict_get(jv dict, const char *key, size_t klen);
 
 bool jv_truthy(jv v);
+int jv_depth(jv v);        /* 0 for scalars */
+bool jv_holds_ns(jv v);    /* v is or (transitively) holds a namespace() dict */
 bool jv_equal(jv a, jv b);
 const char *jv_type_name(jv v);
 
@@ -167,9 +178,31 @@ struct jinja_template {
     jnode *root; /* an N_BLOCK */
 };
 
+/* Bounds of one render, so that no template (they come with model files)
+ * can loop forever or allocate without bound. A step is one statement or
+ * expression evaluated. max_bytes bounds the output, any one string the
+ * template builds, and the strings, lists and dicts it holds alive at once.
+ * Exceeding either is an error that names the limit. */
+typedef struct jinja_limits {
+    int64_t max_steps;
+    size_t max_bytes;
+} jinja_limits;
+#define JINJA_DEFAULT_MAX_STEPS 16000000
+#define JINJA_DEFAULT_MAX_BYTES ((size_t)64 << 20)
+
 jinja_template *jinja_parse(const char *source, ember_error *err);
 void jinja_free(jinja_template *t);
-/* vars: a dict value (borrowed). now: unix time for strftime_now. */
+/* vars: a dict value (borrowed). now: unix time for strftime_now. Renders
+ * under the default limits. */
 int jinja_render(const jinja_template *t, jv vars, int64_t now, char **out, ember_error *err);
+int jinja_render_limited(const jinja_template *t, jv vars, int64_t now, const jinja_limits *lim, char **out,
+                         ember_error *err);
+
+/* The thread's render memory account (jinja_value.c; used by the evaluator). */
+void jinja_budget_begin(size_t max_bytes);
+bool jinja_budget_exceeded(void);
+bool jinja_budget_too_deep(void); /* a value nested deeper than JINJA_MAX_DEPTH was built */
+int64_t jinja_budget_take_work(void); /* builtin work units since the last call */
+void jinja_budget_end(void);
 
 #endif

@@ -14,11 +14,15 @@
  * is an error. Attribute access on dicts prefers the methods get/items/keys/
  * values (Python getattr first), item access prefers keys. Filters, tests,
  * and the str/dict methods templates use are implemented with Python's
- * semantics; unknown ones are errors naming them. */
+ * semantics; unknown ones are errors naming them. Every statement and
+ * expression is one step; a render stops with an error past its step limit
+ * or when the byte account of jinja_value.c overflows (jinja_limits), so a
+ * template from a model file cannot hang or exhaust memory. */
 #include "chat/jinja.h"
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +44,8 @@ typedef struct jinja_ctx {
     int loopctl; /* 1 break, 2 continue */
     int depth;
     const jnode *call_node; /* the call being made, for builtins' errors */
+    int64_t steps, max_steps;
+    size_t max_bytes;
 } jinja_ctx;
 
 static void fail(jinja_ctx *c, const jnode *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -100,9 +106,14 @@ static jv b_raise(jinja_ctx *c, jv self, const jargs *a, void *d) {
 }
 
 static jv b_namespace(jinja_ctx *c, jv self, const jargs *a, void *d) {
-    (void)c;
     (void)self;
     (void)d;
+    /* A namespace holding a namespace could be made to hold itself. */
+    for (size_t i = 0; i < a->npos + a->nkw; i++)
+        if (jv_holds_ns(i < a->npos ? a->pos[i] : a->kw[i - a->npos])) {
+            fail(c, c->call_node, "namespace() cannot hold another namespace");
+            return jv_undef();
+        }
     jv ns = jv_dict(a->nkw);
     ns.u.d->is_ns = true;
     for (size_t i = 0; i < a->npos; i++) { /* namespace(dict) */
@@ -137,9 +148,10 @@ static jv b_range(jinja_ctx *c, jv self, const jargs *a, void *d) {
         return jv_undef();
     }
     jv l = jv_list(0);
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
         if (l.u.l->n > 1000000) break;
         jv_list_push(l, jv_int(i));
+        if (__builtin_add_overflow(i, step, &i)) break; /* past INT64_MAX: no further element */
     }
     return l;
 }
@@ -585,9 +597,10 @@ static jv do_slice(jinja_ctx *c, const jnode *n, jv obj, const jv *start, const 
             size_t x = utf8_cp_offset(p, plen, (size_t)a), y = utf8_cp_offset(p, plen, (size_t)b);
             jbuf_put(&buf, p + x, y - x);
         } else {
-            for (int64_t i = a; st > 0 ? i < b : i > b; i += st) {
+            for (int64_t i = a; st > 0 ? i < b : i > b;) {
                 size_t x = utf8_cp_offset(p, plen, (size_t)i), y = utf8_cp_offset(p, plen, (size_t)i + 1);
                 jbuf_put(&buf, p + x, y - x);
+                if (__builtin_add_overflow(i, st, &i)) break;
             }
         }
         jv r = str_of(buf.p, buf.n);
@@ -595,7 +608,10 @@ static jv do_slice(jinja_ctx *c, const jnode *n, jv obj, const jv *start, const 
         return r;
     }
     jv l = jv_list(0);
-    for (int64_t i = a; st > 0 ? i < b : i > b; i += st) jv_list_push(l, jv_retain(obj.u.l->items[i]));
+    for (int64_t i = a; st > 0 ? i < b : i > b;) {
+        jv_list_push(l, jv_retain(obj.u.l->items[i]));
+        if (__builtin_add_overflow(i, st, &i)) break;
+    }
     return l;
 }
 
@@ -749,9 +765,24 @@ static jv binop(jinja_ctx *c, const jnode *n, int op, jv a, jv b) {
     }
     bool fl = a.t == JV_FLOAT || b.t == JV_FLOAT;
     switch (op) {
-    case OP_ADD: return fl ? jv_float(fval(a) + fval(b)) : jv_int(ival(a) + ival(b));
-    case OP_SUB: return fl ? jv_float(fval(a) - fval(b)) : jv_int(ival(a) - ival(b));
-    case OP_MUL: return fl ? jv_float(fval(a) * fval(b)) : jv_int(ival(a) * ival(b));
+    case OP_ADD:
+    case OP_SUB:
+    case OP_MUL: {
+        if (fl) {
+            double x = fval(a), y = fval(b);
+            return jv_float(op == OP_ADD ? x + y : op == OP_SUB ? x - y : x * y);
+        }
+        /* Python's ints are unbounded, ours are 64-bit: overflow is an error. */
+        int64_t r;
+        bool over = op == OP_ADD   ? __builtin_add_overflow(ival(a), ival(b), &r)
+                    : op == OP_SUB ? __builtin_sub_overflow(ival(a), ival(b), &r)
+                                   : __builtin_mul_overflow(ival(a), ival(b), &r);
+        if (over) {
+            fail(c, n, "integer overflow (ints are 64-bit here)");
+            return jv_undef();
+        }
+        return jv_int(r);
+    }
     case OP_DIV:
         if (fval(b) == 0.0) { fail(c, n, "division by zero"); return jv_undef(); }
         return jv_float(fval(a) / fval(b));
@@ -762,14 +793,23 @@ static jv binop(jinja_ctx *c, const jnode *n, int op, jv a, jv b) {
             double q = floor(fval(a) / fval(b));
             return op == OP_FLOORDIV ? jv_float(q) : jv_float(fval(a) - q * fval(b));
         } else {
-            int64_t x = ival(a), y = ival(b), q = x / y, r = x % y;
+            int64_t x = ival(a), y = ival(b);
+            if (x == INT64_MIN && y == -1) {
+                fail(c, n, "integer overflow (ints are 64-bit here)");
+                return jv_undef();
+            }
+            int64_t q = x / y, r = x % y;
             if (r != 0 && ((r < 0) != (y < 0))) { q--; r += y; }
             return op == OP_FLOORDIV ? jv_int(q) : jv_int(r);
         }
     case OP_POW:
         if (!fl && ival(b) >= 0) {
             int64_t r = 1;
-            for (int64_t i = 0; i < ival(b) && i < 64; i++) r *= ival(a);
+            for (int64_t i = 0; i < ival(b) && i < 64; i++)
+                if (__builtin_mul_overflow(r, ival(a), &r)) {
+                    fail(c, n, "integer overflow (ints are 64-bit here)");
+                    return jv_undef();
+                }
             return jv_int(r);
         }
         return jv_float(pow(fval(a), fval(b)));
@@ -946,7 +986,8 @@ static jv apply_filter_named(jinja_ctx *c, const jnode *n, const char *name, jv 
     }
     if (strcmp(name, "tojson") == 0) {
         const jv *ind = arg_at(a, 0, "indent"), *ea = arg_kw(a, "ensure_ascii"), *sk = arg_kw(a, "sort_keys");
-        int indent = ind && ind->t == JV_INT ? (int)ind->u.i : -1;
+        /* Past 1000 columns an indent only multiplies the output (and indent x level overflows). */
+        int indent = ind && ind->t == JV_INT ? (int)(ind->u.i < -1 ? -1 : ind->u.i > 1000 ? 1000 : ind->u.i) : -1;
         jbuf b = {0};
         jbuf_put(&b, "", 0);
         const char *msg = NULL;
@@ -1111,7 +1152,9 @@ static jv apply_filter_named(jinja_ctx *c, const jnode *n, const char *name, jv 
     }
     if (strcmp(name, "int") == 0) {
         if (v.t == JV_INT) return v;
-        if (v.t == JV_FLOAT) return jv_int((int64_t)v.u.f);
+        /* Outside int64 (or NaN) the conversion fails: the filter's default. */
+        if (v.t == JV_FLOAT && v.u.f > -0x1p63 && v.u.f < 0x1p63) return jv_int((int64_t)v.u.f);
+        if (v.t == JV_FLOAT) return a0 ? jv_retain(*a0) : jv_int(0);
         if (v.t == JV_BOOL) return jv_int(v.u.b);
         if (v.t == JV_STR) {
             char *end;
@@ -1126,6 +1169,10 @@ static jv apply_filter_named(jinja_ctx *c, const jnode *n, const char *name, jv 
         return jv_float(0.0);
     }
     if (strcmp(name, "abs") == 0) {
+        if (v.t == JV_INT && v.u.i == INT64_MIN) {
+            fail(c, n, "integer overflow (ints are 64-bit here)");
+            return jv_undef();
+        }
         if (v.t == JV_INT) return jv_int(v.u.i < 0 ? -v.u.i : v.u.i);
         if (v.t == JV_FLOAT) return jv_float(fabs(v.u.f));
     }
@@ -1170,7 +1217,8 @@ static jv apply_filter_named(jinja_ctx *c, const jnode *n, const char *name, jv 
         jbuf pad = {0};
         jbuf_put(&pad, "", 0);
         if (w && w->t == JV_STR) jbuf_put(&pad, w->u.s->data, w->u.s->len);
-        else for (int64_t i = 0; i < (w && w->t == JV_INT ? w->u.i : 4); i++) jbuf_putc(&pad, ' ');
+        else
+            for (int64_t i = 0; i < (w && w->t == JV_INT ? w->u.i : 4) && i < 1000000; i++) jbuf_putc(&pad, ' ');
         jbuf b = {0};
         jbuf_put(&b, "", 0);
         const char *p = s.u.s->data;
@@ -1245,8 +1293,27 @@ static bool apply_test_named(jinja_ctx *c, const jnode *n, const char *name, jv 
 
 /* ---- expressions ---- */
 
+/* Counts one evaluation step and checks both limits; false once failed. */
+static bool step(jinja_ctx *c, const jnode *n) {
+    if (c->failed) return false;
+    c->steps += 1 + jinja_budget_take_work();
+    if (c->steps > c->max_steps) {
+        fail(c, n, "the template exceeded its step limit (%lld evaluation steps)", (long long)c->max_steps);
+        return false;
+    }
+    if (jinja_budget_exceeded()) {
+        fail(c, n, "the template exceeded its size limit (%zu bytes of output or values)", c->max_bytes);
+        return false;
+    }
+    if (jinja_budget_too_deep()) {
+        fail(c, n, "the template nested values more than %d levels deep", JINJA_MAX_DEPTH);
+        return false;
+    }
+    return true;
+}
+
 static jv eval(jinja_ctx *c, const jnode *n) {
-    if (c->failed || n == NULL) return jv_undef();
+    if (n == NULL || !step(c, n)) return jv_undef();
     switch (n->kind) {
     case E_LIT: return jv_retain(n->lit);
     case E_NAME: {
@@ -1325,6 +1392,10 @@ static jv eval(jinja_ctx *c, const jnode *n) {
     case E_POS: {
         jv v = eval(c, n->a);
         if (c->failed) { jv_release(v); return jv_undef(); }
+        if (v.t == JV_INT && n->kind == E_NEG && v.u.i == INT64_MIN) {
+            fail(c, n, "integer overflow (ints are 64-bit here)");
+            return jv_undef();
+        }
         if (v.t == JV_INT) return jv_int(n->kind == E_NEG ? -v.u.i : v.u.i);
         if (v.t == JV_FLOAT) return jv_float(n->kind == E_NEG ? -v.u.f : v.u.f);
         if (v.t == JV_BOOL) return jv_int(n->kind == E_NEG ? -(int64_t)v.u.b : v.u.b);
@@ -1432,7 +1503,7 @@ static void exec_for(jinja_ctx *c, const jnode *n) {
         jv_release(it);
         return;
     }
-    for (size_t i = 0; i < len && !c->failed; i++) {
+    for (size_t i = 0; i < len && step(c, n); i++) {
         scope s = {.parent = c->cur, .vars = jv_dict(4)};
         c->cur = &s;
         jv loop = jv_dict(12);
@@ -1459,6 +1530,7 @@ static void exec_for(jinja_ctx *c, const jnode *n) {
 }
 
 static void exec_node(jinja_ctx *c, const jnode *n) {
+    if (!step(c, n)) return;
     switch (n->kind) {
     case N_TEXT: jbuf_put(c->out, n->lit.u.s->data, n->lit.u.s->len); return;
     case N_OUTPUT: {
@@ -1487,6 +1559,11 @@ static void exec_node(jinja_ctx *c, const jnode *n) {
             if (ns == NULL || ns->t != JV_DICT || !ns->u.d->is_ns) {
                 jv_release(v);
                 fail(c, n, "can only assign attributes of a namespace ('%s' is not one)", n->name);
+                return;
+            }
+            if (jv_holds_ns(v)) { /* it could then hold itself: a cycle */
+                jv_release(v);
+                fail(c, n, "a namespace cannot hold another namespace ('%s.%s')", n->name, n->names[0]);
                 return;
             }
             jv_dict_set(*ns, n->names[0], strlen(n->names[0]), v);
@@ -1525,12 +1602,26 @@ static void exec_body(jinja_ctx *c, jnode *const *kids, size_t n) {
 }
 
 int jinja_render(const jinja_template *t, jv vars, int64_t now, char **out, ember_error *err) {
+    const jinja_limits lim = {JINJA_DEFAULT_MAX_STEPS, JINJA_DEFAULT_MAX_BYTES};
+    return jinja_render_limited(t, vars, now, &lim, out, err);
+}
+
+int jinja_render_limited(const jinja_template *t, jv vars, int64_t now, const jinja_limits *lim, char **out,
+                         ember_error *err) {
     jbuf buf = {0};
     jbuf_put(&buf, "", 0);
+    jinja_budget_begin(lim->max_bytes);
     scope root = {.parent = NULL, .vars = jv_dict(8)};
-    jinja_ctx c = {.err = err, .now = now, .globals = vars, .root = &root, .cur = &root, .out = &buf};
+    jinja_ctx c = {.err = err, .now = now, .globals = vars, .root = &root, .cur = &root, .out = &buf,
+                   .max_steps = lim->max_steps, .max_bytes = lim->max_bytes};
     exec_body(&c, t->root->kids, t->root->nkids);
+    /* The last statement may have crossed the byte limit after its step. */
+    if (!c.failed && jinja_budget_exceeded())
+        fail(&c, NULL, "the template exceeded its size limit (%zu bytes of output or values)", lim->max_bytes);
+    if (!c.failed && jinja_budget_too_deep())
+        fail(&c, NULL, "the template nested values more than %d levels deep", JINJA_MAX_DEPTH);
     jv_release(root.vars);
+    jinja_budget_end();
     if (c.failed) {
         free(buf.p);
         *out = NULL;

@@ -8,7 +8,18 @@
  * bools and None, repr() of floats (shortest round-trip digits, exponent
  * form outside 1e-4 <= |x| < 1e16), repr() of containers, and json.dumps
  * with its default separators. Allocation failure aborts: a renderer that
- * cannot allocate a few bytes has nothing sensible to return. */
+ * cannot allocate a few bytes has nothing sensible to return.
+ *
+ * Memory budget of a render: while jinja_render runs on a thread, a
+ * thread-local account holds the bytes of the strings, lists and dicts that
+ * are alive (charged at allocation and growth, credited when freed), and no
+ * jbuf may grow past the same limit (a buffer that would is left as it was).
+ * Either event raises a flag that the evaluator turns into an error at its
+ * next step, so a template cannot allocate without bound (values built
+ * outside a render, such as the caller's variables, are not charged). The
+ * same account counts units of work done inside builtins (bytes copied /256,
+ * items pushed, comparisons), which the evaluator adds to its step count:
+ * a loop over an expensive builtin reaches the step limit too. */
 #include "chat/jinja.h"
 
 #include <math.h>
@@ -28,10 +39,56 @@ static void *xrealloc(void *p, size_t n) {
     return q;
 }
 
+/* ---- the render's memory budget ---- */
+
+static _Thread_local struct {
+    bool on, over, too_deep;
+    size_t max;
+    int64_t live; /* may dip below zero when a render frees a value made before it */
+    int64_t work; /* units of builtin work since the evaluator last took them */
+} budget;
+
+void jinja_budget_begin(size_t max_bytes) {
+    budget.on = true;
+    budget.over = false;
+    budget.too_deep = false;
+    budget.max = max_bytes;
+    budget.live = 0;
+    budget.work = 0;
+}
+
+int64_t jinja_budget_take_work(void) {
+    int64_t w = budget.work;
+    budget.work = 0;
+    return w;
+}
+
+bool jinja_budget_exceeded(void) { return budget.on && budget.over; }
+
+bool jinja_budget_too_deep(void) { return budget.on && budget.too_deep; }
+
+void jinja_budget_end(void) { budget.on = false; }
+
+static void charge(int64_t bytes) {
+    if (!budget.on) return;
+    budget.live += bytes;
+    if (budget.live > 0 && (uint64_t)budget.live > budget.max) budget.over = true;
+}
+
 /* ---- buffers ---- */
 
 void jbuf_put(jbuf *b, const char *s, size_t n) {
+    budget.work += 1 + (int64_t)(n >> 8);
     if (b->n + n + 1 > b->cap) {
+        if (budget.on && b->n + n + 1 > budget.max) {
+            budget.over = true;
+            if (b->p == NULL) { /* callers may read the buffer after any put */
+                b->p = xmalloc(64);
+                b->cap = 64;
+                b->p[0] = '\0';
+            }
+            return;
+        }
         size_t cap = b->cap ? b->cap : 64;
         while (cap < b->n + n + 1) cap *= 2;
         b->p = xrealloc(b->p, cap);
@@ -49,6 +106,8 @@ void jbuf_putc(jbuf *b, char c) { jbuf_put(b, &c, 1); }
 
 jv jv_str(const char *s, size_t len) {
     jstr *p = xmalloc(sizeof *p + len + 1);
+    charge((int64_t)len);
+    budget.work += 1 + (int64_t)(len >> 8);
     p->rc = 1;
     p->len = len;
     if (len) memcpy(p->data, s, len);
@@ -68,11 +127,16 @@ jv jv_list(size_t cap) {
     l->n = 0;
     l->cap = cap;
     l->items = cap ? xmalloc(cap * sizeof(jv)) : NULL;
+    l->depth = 1;
+    l->holds_ns = false;
+    charge((int64_t)(cap * sizeof(jv)));
     jv v = {0};
     v.t = JV_LIST;
     v.u.l = l;
     return v;
 }
+
+#define DICT_SLOT_BYTES (sizeof(jstr *) + sizeof(jv))
 
 jv jv_dict(size_t cap) {
     jdict *d = xmalloc(sizeof *d);
@@ -82,6 +146,9 @@ jv jv_dict(size_t cap) {
     d->cap = cap;
     d->keys = cap ? xmalloc(cap * sizeof(jstr *)) : NULL;
     d->vals = cap ? xmalloc(cap * sizeof(jv)) : NULL;
+    d->depth = 1;
+    d->holds_ns = false;
+    charge((int64_t)(cap * DICT_SLOT_BYTES));
     jv v = {0};
     v.t = JV_DICT;
     v.u.d = d;
@@ -118,11 +185,15 @@ jv jv_retain(jv v) {
 void jv_release(jv v) {
     switch (v.t) {
     case JV_STR:
-        if (v.u.s->rc >= 0 && --v.u.s->rc == 0) free(v.u.s);
+        if (v.u.s->rc >= 0 && --v.u.s->rc == 0) {
+            charge(-(int64_t)v.u.s->len);
+            free(v.u.s);
+        }
         break;
     case JV_LIST:
         if (--v.u.l->rc == 0) {
             for (size_t i = 0; i < v.u.l->n; i++) jv_release(v.u.l->items[i]);
+            charge(-(int64_t)(v.u.l->cap * sizeof(jv)));
             free(v.u.l->items);
             free(v.u.l);
         }
@@ -130,9 +201,11 @@ void jv_release(jv v) {
     case JV_DICT:
         if (--v.u.d->rc == 0) {
             for (size_t i = 0; i < v.u.d->n; i++) {
+                charge(-(int64_t)v.u.d->keys[i]->len);
                 free(v.u.d->keys[i]);
                 jv_release(v.u.d->vals[i]);
             }
+            charge(-(int64_t)(v.u.d->cap * DICT_SLOT_BYTES));
             free(v.u.d->keys);
             free(v.u.d->vals);
             free(v.u.d);
@@ -148,12 +221,41 @@ void jv_release(jv v) {
     }
 }
 
+int jv_depth(jv v) {
+    switch (v.t) {
+    case JV_LIST: return v.u.l->depth;
+    case JV_DICT: return v.u.d->depth;
+    case JV_FUNC: return jv_depth(v.u.fn->bound); /* a bound method holds its receiver */
+    default: return 0;
+    }
+}
+
+bool jv_holds_ns(jv v) {
+    switch (v.t) {
+    case JV_LIST: return v.u.l->holds_ns;
+    case JV_DICT: return v.u.d->is_ns || v.u.d->holds_ns;
+    case JV_FUNC: return jv_holds_ns(v.u.fn->bound);
+    default: return false;
+    }
+}
+
+/* Records a new item's nesting in its container's depth and holds_ns. */
+static void note_item(int *depth, bool *holds_ns, jv item) {
+    int d = jv_depth(item) + 1;
+    if (d > *depth) *depth = d;
+    if (jv_holds_ns(item)) *holds_ns = true;
+    if (budget.on && *depth > JINJA_MAX_DEPTH) budget.too_deep = true;
+}
+
 void jv_list_push(jv list, jv item) {
+    budget.work++;
     jlist *l = list.u.l;
     if (l->n == l->cap) {
+        charge((int64_t)((l->cap ? l->cap : 4) * sizeof(jv)));
         l->cap = l->cap ? l->cap * 2 : 4;
         l->items = xrealloc(l->items, l->cap * sizeof(jv));
     }
+    note_item(&l->depth, &l->holds_ns, item);
     l->items[l->n++] = item;
 }
 
@@ -167,20 +269,25 @@ static jstr *jstr_new(const char *s, size_t len) {
 }
 
 void jv_dict_set(jv dict, const char *key, size_t klen, jv val) {
+    budget.work++;
     jdict *d = dict.u.d;
     for (size_t i = 0; i < d->n; i++) {
         if (d->keys[i]->len == klen && memcmp(d->keys[i]->data, key, klen) == 0) {
             jv_release(d->vals[i]);
+            note_item(&d->depth, &d->holds_ns, val);
             d->vals[i] = val;
             return;
         }
     }
     if (d->n == d->cap) {
+        charge((int64_t)((d->cap ? d->cap : 4) * DICT_SLOT_BYTES));
         d->cap = d->cap ? d->cap * 2 : 4;
         d->keys = xrealloc(d->keys, d->cap * sizeof(jstr *));
         d->vals = xrealloc(d->vals, d->cap * sizeof(jv));
     }
     d->keys[d->n] = jstr_new(key, klen);
+    charge((int64_t)klen);
+    note_item(&d->depth, &d->holds_ns, val);
     d->vals[d->n] = val;
     d->n++;
 }
@@ -217,6 +324,7 @@ static double num_f(jv v) {
 }
 
 bool jv_equal(jv a, jv b) {
+    budget.work++;
     if (is_num(a) && is_num(b)) {
         if (a.t != JV_FLOAT && b.t != JV_FLOAT) {
             int64_t x = a.t == JV_INT ? a.u.i : a.u.b, y = b.t == JV_INT ? b.u.i : b.u.b;

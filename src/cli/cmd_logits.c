@@ -3,7 +3,10 @@
  * Writes float32 little-endian logits for every prompt position, row-major
  * (n_pos, n_vocab): the format of the llama.cpp reference fixtures, so the
  * two engines can be compared byte for byte. The whole prompt goes through
- * model_eval in one call; batch invariance makes the chunking irrelevant. */
+ * model_eval_state in one call; batch invariance makes the chunking
+ * irrelevant. Models with recurrent layers (mamba2, the gated-delta-net and
+ * falcon-h1 hybrids) carry the sequence's model_state in every row of that
+ * batch; KV-only models pass none. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,13 +73,20 @@ int cmd_logits(int argc, char **argv) {
         if (cli_engine_open(&e, model_path, threads, n, batch) < 0) goto done;
     }
     int n_vocab = model_get_hparams(e.m)->n_vocab;
-    float *logits = malloc((size_t)n * (size_t)n_vocab * sizeof(float));
     ember_error err;
-    if (logits == NULL || model_eval(e.ctx, &e.seq, ids, n, true, logits, &err) < 0) {
-        fprintf(stderr, "ember: %s\n", logits ? err.msg : "out of memory");
-        free(logits);
+    model_state *seq_state = NULL;
+    if (model_has_state(e.m) && (seq_state = model_state_create(e.m, &err)) == NULL) {
+        fprintf(stderr, "ember: %s\n", err.msg);
         goto done;
     }
+    float *logits = malloc((size_t)n * (size_t)n_vocab * sizeof(float));
+    if (logits == NULL || model_eval_state(e.ctx, &e.seq, seq_state, ids, n, true, logits, &err) < 0) {
+        fprintf(stderr, "ember: %s\n", logits ? err.msg : "out of memory");
+        free(logits);
+        model_state_free(seq_state);
+        goto done;
+    }
+    model_state_free(seq_state);
     FILE *fp = fopen(out_path, "wb");
     if (fp == NULL || fwrite(logits, sizeof(float), (size_t)n * n_vocab, fp) != (size_t)n * n_vocab || fclose(fp) != 0) {
         fprintf(stderr, "ember: cannot write %s\n", out_path);

@@ -9,6 +9,7 @@
  * is an unknown key. So the file, the environment, the flags and the error
  * messages share one description of every setting. */
 #include "serve/serve_config.h"
+#include "serve/serve_disk_cap.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -260,7 +261,9 @@ void serve_config_engine(const serve_config *c, engine_config *ec) {
     if (!c->cache.enabled) ec->cache.force_tier = APC_FORCE_OFF;
     if (c->disk_path[0]) {
         ec->cache.disk.path = c->disk_path;
-        ec->cache.disk.max_bytes = c->disk_max_gb > 0 ? (uint64_t)(c->disk_max_gb * 1e9) : 0;
+        char why[256];
+        ec->cache.disk.max_bytes = serve_disk_cap_resolve(c->disk_max_gb, c->disk_path, why, sizeof why);
+        ember_log(EMBER_LOG_INFO, "APC disk tier size %s", why);
         ec->cache.disk.workers = c->disk_workers;
         ec->cache.disk.read_mode = strcmp(c->disk_read_mode, "mmap") == 0 ? APC_DISK_READ_MMAP : APC_DISK_READ_DIRECT;
         ec->cache.disk.namespace_override = c->disk_namespace[0] ? c->disk_namespace : NULL;

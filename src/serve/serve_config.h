@@ -54,7 +54,7 @@ typedef struct serve_config {
     apc_config cache;         /* enabled, hash, exact entries, forced tier, ckpt and anchors;
                                * its disk part comes from the disk_* fields below */
     char disk_path[512];
-    double disk_max_gb;
+    double disk_max_gb;       /* GB; 0: unbounded; -1 ("auto", the default): serve_disk_cap.h */
     int disk_workers;
     char disk_read_mode[16];
     char disk_namespace[256];

@@ -95,9 +95,12 @@ static const serve_setting table[] = {
      "root of the SSD tier; empty: no disk tier",
      "In the file, `disk: true` picks `~/.cache/ember/apc` and `disk: false` turns the tier off.", false,
      SRV(disk_path)},
-    {"cache.disk.max_gb", "APC_DISK_MAX_GB", "disk-max-gb", SETTING_DOUBLE, "0", 0, 0, NULL, "GB",
-     "size cap of the namespace in GB (10^9 bytes); 0: unbounded",
-     "Over the cap, files go oldest first down to 90% of it.", false, SRV(disk_max_gb)},
+    {"cache.disk.max_gb", "APC_DISK_MAX_GB", "disk-max-gb", SETTING_DOUBLE, "auto", 0, 0, "auto", "GB",
+     "size cap of the namespace in GB (10^9 bytes); 0: unbounded; auto: 25% of the free space, at most 50 GB",
+     "Over the cap, files go oldest first down to 90% of it. `auto` measures the space free on the cache's "
+     "filesystem at start-up (statvfs) and logs the choice (`APC disk tier size cap=... (25% of ... free)`); "
+     "see src/serve/serve_disk_cap.c for why.",
+     false, SRV(disk_max_gb)},
     {"cache.disk.read_wait_ms", "APC_DISK_READ_WAIT_MS", "disk-read-wait-ms", SETTING_INT, "1000", 1, 600000, NULL,
      "MS", "longest a request waits for its SSD reads before it looks up what memory holds",
      "Reads run on fetch threads, never on the engine thread; a read past its deadline finishes on its own and "
@@ -120,10 +123,10 @@ static const serve_setting table[] = {
     {"cache.ckpt.replay", "EMBER_APC_CKPT_REPLAY", "ckpt-replay", SETTING_BOOL, "true", 0, 0, NULL, NULL,
      "the replay checkpoint at N-1",
      "Off: identical resends adopt at most the terminal point.", false, APC(ckpt.replay)},
-    {"cache.ckpt.replay_min", "EMBER_APC_CKPT_REPLAY_MIN", "ckpt-replay-min", SETTING_INT, "1024", 0, INT_MAX, NULL,
+    {"cache.ckpt.replay_min", "EMBER_APC_CKPT_REPLAY_MIN", "ckpt-replay-min", SETTING_INT, "64", 0, INT_MAX, NULL,
      NULL, "least prompt length N for a replay checkpoint on stacks with arr layers",
      "Also the floor of the system-prompt anchor there. A replay record on an `arr` stack adopts only for the "
-     "identical resend (the replay gate).",
+     "identical resend (the replay gate). Why 64 (bytes per record vs tokens saved): docs/ckpt-replay.md.",
      false, APC(ckpt.replay_min)},
     {"cache.ckpt.turn", "EMBER_APC_CKPT_TURN", "ckpt-turn", SETTING_BOOL, "true", 0, 0, NULL, NULL,
      "the turn checkpoint at the predicted next-turn boundary",
@@ -288,10 +291,15 @@ static int parse_into(const serve_setting *s, void *p, const char *text, char *w
         return 0;
     }
     case SETTING_DOUBLE: {
+        if (s->choices && is_choice(s->choices, text)) { /* the automatic value */
+            *(double *)p = -1.0;
+            return 0;
+        }
         errno = 0;
         double v = strtod(text, &end);
         if (errno || end == text || *end || !isfinite(v) || v < 0) {
-            snprintf(why, why_cap, "expected a non-negative number, got '%s'", text);
+            snprintf(why, why_cap, "expected a non-negative number%s%s, got '%s'", s->choices ? " or " : "",
+                     s->choices ? s->choices : "", text);
             return -1;
         }
         *(double *)p = v;
@@ -393,7 +401,10 @@ void serve_setting_format(const serve_config *c, const serve_setting *s, char *b
     case SETTING_INT: snprintf(buf, cap, "%d", *(const int *)p); return;
     case SETTING_BOOL: snprintf(buf, cap, "%s", *(const bool *)p ? "true" : "false"); return;
     case SETTING_BYTES: snprintf(buf, cap, "%zu", *(const size_t *)p); return;
-    case SETTING_DOUBLE: snprintf(buf, cap, "%g", *(const double *)p); return;
+    case SETTING_DOUBLE:
+        if (s->choices && *(const double *)p < 0) snprintf(buf, cap, "%s", s->choices);
+        else snprintf(buf, cap, "%g", *(const double *)p);
+        return;
     case SETTING_MIB: snprintf(buf, cap, "%zu", *(const size_t *)p >> 20); return;
     case SETTING_HASH: snprintf(buf, cap, "%s", *(const apc_hash_kind *)p == APC_HASH_XXH3 ? "xxh3" : "sha256"); return;
     case SETTING_FORCE: {
@@ -415,7 +426,7 @@ static void describe_values(const serve_setting *s, char *buf, size_t cap) {
     case SETTING_INT: snprintf(buf, cap, "integer %ld..%ld", s->lo, s->hi); return;
     case SETTING_BOOL: snprintf(buf, cap, "boolean"); return;
     case SETTING_BYTES: snprintf(buf, cap, "bytes"); return;
-    case SETTING_DOUBLE: snprintf(buf, cap, "number >= 0"); return;
+    case SETTING_DOUBLE: snprintf(buf, cap, "number >= 0%s%s", s->choices ? " or " : "", s->choices ? s->choices : ""); return;
     case SETTING_MIB: snprintf(buf, cap, "MiB %ld..%ld", s->lo, s->hi); return;
     case SETTING_HASH: snprintf(buf, cap, "sha256, xxh3 or fast"); return;
     case SETTING_FORCE: snprintf(buf, cap, "exact, block, off or empty"); return;

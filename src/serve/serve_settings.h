@@ -66,7 +66,8 @@ typedef struct serve_setting {
     setting_type type;
     const char *def;      /* default, in the syntax of a value */
     long lo, hi;          /* SETTING_INT, SETTING_MIB bounds */
-    const char *choices;  /* SETTING_STR: "direct|mmap", or NULL for any text */
+    const char *choices;  /* SETTING_STR: "direct|mmap", or NULL for any text; SETTING_DOUBLE: a word
+                           * ("auto") that stands for the automatic value, stored as -1 */
     const char *metavar;  /* the value's name in --help, or NULL for one from the type */
     const char *help;     /* one line */
     const char *detail;   /* more for the doc and the man page, or NULL */

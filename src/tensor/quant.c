@@ -18,6 +18,7 @@
  *    ISA does not provide fall back to the scalar kernels here. */
 #include "tensor/quant.h"
 
+#include <cpuid.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1125,6 +1126,12 @@ static void build_tables(void) {
     }
 }
 
+/* F16C from cpuid leaf 1: clang before 15 has no "f16c" for __builtin_cpu_supports. */
+static bool cpu_has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 quant_isa quant_best_isa(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -1132,7 +1139,7 @@ quant_isa quant_best_isa(void) {
         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return QUANT_ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+        cpu_has_f16c())
         return QUANT_ISA_AVX2;
     return QUANT_ISA_SCALAR;
 }
