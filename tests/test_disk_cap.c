@@ -121,7 +121,7 @@ static void test_config_keeps_meanings(void **state) {
 
 /* Starts ember serve with a disk path, waits for it to listen, returns its
  * log (malloc'd) after stopping it. */
-static char *serve_log(const char *model, const char *cfg, const char *dir, const char *max_gb_env) {
+static char *serve_log(const char *model_path, const char *cfg, const char *dir, const char *max_gb_env) {
     static int run;
     char log[600];
     snprintf(log, sizeof log, "%s/serve-%d.log", dir, run++);
@@ -133,7 +133,7 @@ static char *serve_log(const char *model, const char *cfg, const char *dir, cons
         if (freopen(log, "w", stderr) == NULL) _exit(126);
         if (max_gb_env) setenv("APC_DISK_MAX_GB", max_gb_env, 1);
         else unsetenv("APC_DISK_MAX_GB");
-        execl(bin, bin, "serve", model, "--port", "0", "--threads", "1", "--config", cfg, (char *)NULL);
+        execl(bin, bin, "serve", model_path, "--port", "0", "--threads", "1", "--config", cfg, (char *)NULL);
         _exit(127);
     }
     char *text = NULL;
@@ -160,9 +160,9 @@ static void test_server_logs_cap(void **state) {
         skip();
     }
     char *dir = make_temp_dir();
-    char model[600], cfg[600], cmd[2048];
-    snprintf(model, sizeof model, "%s/tiny.gguf", dir);
-    snprintf(cmd, sizeof cmd, "%s mkmodel --arch qwen3 --preset tiny --out %s >/dev/null 2>&1", bin, model);
+    char model_path[600], cfg[600], cmd[2048];
+    snprintf(model_path, sizeof model_path, "%s/tiny.gguf", dir);
+    snprintf(cmd, sizeof cmd, "%s mkmodel --arch qwen3 --preset tiny --out %s >/dev/null 2>&1", bin, model_path);
     assert_int_equal(system(cmd), 0);
     snprintf(cfg, sizeof cfg, "%s/ember.yaml", dir);
     FILE *f = fopen(cfg, "w");
@@ -170,23 +170,23 @@ static void test_server_logs_cap(void **state) {
     fprintf(f, "cache:\n  disk:\n    path: %s/apc\n", dir);
     fclose(f);
 
-    char *text = serve_log(model, cfg, dir, NULL);
+    char *text = serve_log(model_path, cfg, dir, NULL);
     const char *line = strstr(text, "APC disk tier size cap=");
     if (line == NULL) fail_msg("no cap line in: %s", text);
     double gb = atof(line + strlen("APC disk tier size cap="));
     assert_non_null(strstr(line, "(25% of "));
     assert_true(gb > 0 && gb <= 50.0);
     /* The cache's own line carries the same cap (in GiB), not "unbounded". */
-    const char *apc = strstr(text, "APC disk tier at ");
-    assert_non_null(apc);
-    const char *capg = strstr(apc, "cap=");
+    const char *apc_line = strstr(text, "APC disk tier at ");
+    assert_non_null(apc_line);
+    const char *capg = strstr(apc_line, "cap=");
     assert_non_null(capg);
     double gib = atof(capg + 4);
     assert_true(gib > 0);
     assert_true(gib * 1.073741824 > gb * 0.99 && gib * 1.073741824 < gb * 1.01);
     free(text);
 
-    text = serve_log(model, cfg, dir, "0");
+    text = serve_log(model_path, cfg, dir, "0");
     assert_non_null(strstr(text, "APC disk tier size cap=unbounded"));
     assert_non_null(strstr(text, "cap=unbounded, "));
     free(text);

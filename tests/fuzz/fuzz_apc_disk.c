@@ -19,6 +19,7 @@
 #include <xxhash.h>
 
 #include "apc/apc_disk.h"
+#include "fuzz_target.h"
 
 static int kw[3] = {8, 0, 4}, vw[3] = {8, 0, 12};
 static const apc_layout LAY = {3, kw, vw, 32, 24, 0};

@@ -25,6 +25,7 @@
 #include "model/model.h"
 #include "serve/serve_api.h"
 #include "serve/serve_chat.h"
+#include "fuzz_target.h"
 
 static model *g_model;
 static serve_chat *g_chat;

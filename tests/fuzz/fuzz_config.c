@@ -13,6 +13,7 @@
 
 #include "core/log.h"
 #include "serve/serve_config.h"
+#include "fuzz_target.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;

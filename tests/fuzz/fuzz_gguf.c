@@ -20,6 +20,7 @@
 #include "core/log.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
+#include "fuzz_target.h"
 
 /* ---- seeds ---- */
 

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "chat/jinja.h"
+#include "fuzz_target.h"
 
 #define FUZZ_MAX_STEPS 20000
 #define FUZZ_MAX_BYTES ((size_t)1 << 20)

@@ -25,6 +25,7 @@
 #include "core/log.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
+#include "fuzz_target.h"
 
 static tokenizer *g_tok[2]; /* 0: SPM, 1: BPE */
 
