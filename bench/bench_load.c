@@ -26,10 +26,8 @@
  * idle; the test passes when no request failed and RSS after is within 10%
  * of before. Exit status 0 = pass. */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
 #include <libgen.h>
 #include <limits.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -38,14 +36,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
-#include "bench_spawn.h"
+#include "http_client.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -57,95 +53,13 @@ static int g_port;
 static pid_t g_pid;
 static char g_log[PATH_MAX];
 
-/* ---- HTTP ---- */
+/* ---- HTTP (tests/http_client.h) ---- */
 
-static int connect_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    struct timeval tv = {30, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static bool send_all(int fd, const char *p, size_t n) {
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w <= 0) return false;
-        p += w;
-        n -= (size_t)w;
-    }
-    return true;
-}
+/* A socket stalled for this long fails the request. */
+#define STALL_S 30
 
 static int request(const char *method, const char *path, const char *headers, const char *body) {
-    int fd = connect_port();
-    if (fd < 0) return -1;
-    char head[1024];
-    size_t len = body ? strlen(body) : 0;
-    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s", method, path,
-                     headers ? headers : "");
-    if (body)
-        n += snprintf(head + n, sizeof head - (size_t)n, "Content-Type: application/json\r\nContent-Length: %zu\r\n",
-                      len);
-    n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
-    if (!send_all(fd, head, (size_t)n) || (body && !send_all(fd, body, len))) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-/* Reads until the peer closes; -1 on a stall (30 s) or an error. */
-static char *read_all(int fd, size_t *n_out, bool *stalled) {
-    size_t cap = 1 << 15, n = 0;
-    char *buf = malloc(cap);
-    *stalled = false;
-    for (;;) {
-        if (n + 4096 > cap) buf = realloc(buf, cap *= 2);
-        ssize_t r = recv(fd, buf + n, cap - n - 1, 0);
-        if (r == 0) break;
-        if (r < 0) {
-            *stalled = true;
-            break;
-        }
-        n += (size_t)r;
-    }
-    buf[n] = 0;
-    *n_out = n;
-    return buf;
-}
-
-/* Strict chunked decoding; NULL when the framing is broken. */
-static char *dechunk(const char *b, size_t n, size_t *out_n) {
-    char *o = malloc(n + 1);
-    size_t k = 0, i = 0;
-    for (;;) {
-        char *end = NULL;
-        if (i >= n) goto bad;
-        unsigned long sz = strtoul(b + i, &end, 16);
-        if (end == b + i || (size_t)(end - b) + 2 > n || end[0] != '\r' || end[1] != '\n') goto bad;
-        i = (size_t)(end - b) + 2;
-        if (sz == 0) {
-            if (i + 2 > n || b[i] != '\r' || b[i + 1] != '\n') goto bad;
-            break;
-        }
-        if (i + sz + 2 > n || b[i + sz] != '\r' || b[i + sz + 1] != '\n') goto bad;
-        memcpy(o + k, b + i, sz);
-        k += sz;
-        i += sz + 2;
-    }
-    o[k] = 0;
-    *out_n = k;
-    return o;
-bad:
-    free(o);
-    return NULL;
+    return http_send_request(g_port, method, path, headers, body, body ? strlen(body) : 0, STALL_S);
 }
 
 /* ---- one streaming request ---- */
@@ -302,7 +216,7 @@ static void one_request(client *c, int nth) {
     }
     size_t n;
     bool stalled;
-    char *raw = read_all(fd, &n, &stalled);
+    char *raw = http_read_all(fd, &n, &stalled);
     close(fd);
     if (stalled) {
         fail(c, "stalled or reset: %.200s", raw);
@@ -323,9 +237,11 @@ static void one_request(client *c, int nth) {
         return;
     }
     size_t bn;
-    char *events = dechunk(sep + 4, n - (size_t)(sep + 4 - raw), &bn);
+    bool framed;
+    char *events = http_dechunk(sep + 4, n - (size_t)(sep + 4 - raw), &bn, &framed);
     free(raw);
-    if (events == NULL) {
+    if (!framed) {
+        free(events);
         fail(c, "broken chunked framing%s", NULL);
         return;
     }
@@ -366,7 +282,7 @@ static double cache_stat(const char *key) {
     if (fd < 0) return -1;
     size_t n;
     bool stalled;
-    char *raw = read_all(fd, &n, &stalled);
+    char *raw = http_read_all(fd, &n, &stalled);
     close(fd);
     char *b = strstr(raw, "\r\n\r\n");
     cJSON *j = b ? cJSON_Parse(b + 4) : NULL;
@@ -385,7 +301,7 @@ static int start_server(const char *ember, const char *model, int threads, int b
     char *argv[] = {(char *)ember, (char *)"serve", (char *)model, (char *)"--port", (char *)"0", (char *)"--threads",
                     th, (char *)"--num-blocks", nb, (char *)"--max-running", (char *)"32", (char *)"--queue-size",
                     (char *)"64", NULL};
-    g_port = bench_spawn_server(argv, g_log, &g_pid);
+    g_port = http_spawn_server(argv, g_log, 30, &g_pid);
     if (g_port > 0) return 0;
     fprintf(stderr, "bench_load: the server did not start (log: %s)\n", g_log);
     return -1;
@@ -412,7 +328,7 @@ static void wait_idle(void) {
         int fd = request("GET", "/metrics", NULL, NULL);
         size_t n;
         bool stalled;
-        char *raw = fd >= 0 ? read_all(fd, &n, &stalled) : NULL;
+        char *raw = fd >= 0 ? http_read_all(fd, &n, &stalled) : NULL;
         if (fd >= 0) close(fd);
         const char *r = raw ? strstr(raw, "\nember_requests_running ") : NULL;
         const char *w = raw ? strstr(raw, "\nember_requests_waiting ") : NULL;
@@ -483,10 +399,7 @@ int main(int argc, char **argv) {
            clients, wall, ok, (double)ok / wall, failed, hung, tokens);
     printf("RSS: before %ld KiB, after %ld KiB (%+.1f%%); cache evictions %.0f; server %s\n", rss_before, rss_after,
            growth, cache_stat("evictions"), alive ? "alive" : "DEAD");
-    kill(g_pid, SIGTERM);
-    int st = 0;
-    waitpid(g_pid, &st, 0);
-    bool clean_exit = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    bool clean_exit = http_stop_server(&g_pid, 60000) == 0;
     bool pass = failed == 0 && ok > 0 && alive && growth <= 10.0 && growth >= -10.0 && clean_exit;
     printf("server exit: %s; load test %s\n", clean_exit ? "0" : "abnormal", pass ? "PASSED" : "FAILED");
     if (pass) unlink(g_log);

@@ -24,11 +24,9 @@
  *     B waits for about one chunk, not the whole prompt.
  * Prompts are token-id arrays, so lengths are exact. */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -36,13 +34,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
-#include "bench_spawn.h"
+#include "http_client.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -65,39 +62,8 @@ static double pct(double *v, int n, double p) {
 
 static int g_port;
 
-static int connect_port(int port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
 static int post(const char *path, const char *body) {
-    int fd = connect_port(g_port);
-    if (fd < 0) return -1;
-    size_t len = strlen(body);
-    char head[512];
-    int n = snprintf(head, sizeof head,
-                     "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %zu\r\n\r\n",
-                     path, len);
-    if (send(fd, head, (size_t)n, MSG_NOSIGNAL) != n) {
-        close(fd);
-        return -1;
-    }
-    for (size_t off = 0; off < len;) {
-        ssize_t w = send(fd, body + off, len - off, MSG_NOSIGNAL);
-        if (w <= 0) {
-            close(fd);
-            return -1;
-        }
-        off += (size_t)w;
-    }
-    return fd;
+    return http_send_request(g_port, "POST", path, NULL, body, strlen(body), 0);
 }
 
 /* A streaming request: timestamps of every token (counted from the
@@ -212,7 +178,7 @@ static int start_server(const char *ember, const char *model, int threads) {
     snprintf(th, sizeof th, "%d", threads);
     char *argv[] = {(char *)ember, (char *)"serve", (char *)model, (char *)"--port", (char *)"0", (char *)"--ctx",
                     (char *)"4096", (char *)"--threads", th, (char *)"--max-running", (char *)"32", NULL};
-    g_port = bench_spawn_server(argv, g_log, &g_pid);
+    g_port = http_spawn_server(argv, g_log, 30, &g_pid);
     if (g_port > 0) return 0;
     fprintf(stderr, "bench_serve: the server did not start (log: %s)\n", g_log);
     return -1;
@@ -220,9 +186,7 @@ static int start_server(const char *ember, const char *model, int threads) {
 
 static void stop_server(void) {
     if (g_pid <= 0) return;
-    kill(g_pid, SIGTERM);
-    int st;
-    waitpid(g_pid, &st, 0);
+    http_stop_server(&g_pid, 60000);
     unlink(g_log);
 }
 

@@ -519,5 +519,5 @@ int main(void) {
         cmocka_unit_test(test_stats_json_fields),
         cmocka_unit_test(test_reset_keeps_live_blocks),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

@@ -39,13 +39,6 @@
 #define STORIES "models/stories260K.gguf"
 #define QWEN3 "reference/qwen3-f32.gguf"
 
-static model *load_model(const char *path) {
-    ember_error err;
-    model *m = model_load(path, &err);
-    if (m == NULL) fail_msg("model_load(%s): %s", path, err.msg);
-    return m;
-}
-
 typedef struct disk_opts {
     apc_force force;
     const char *root;
@@ -65,10 +58,7 @@ static engine *open_engine(const model *m, const disk_opts *o) {
     cfg.cache.disk.max_bytes = o->max_bytes;
     cfg.cache.disk.read_mode = o->mode;
     cfg.cache.disk.namespace_override = o->ns;
-    ember_error err;
-    engine *e = engine_create(m, &cfg, &err);
-    if (e == NULL) fail_msg("engine_create: %s", err.msg);
-    return e;
+    return test_open_engine(m, &cfg);
 }
 
 /* Runs warm (cache on), then cold; compares; returns the adopted count. */
@@ -179,7 +169,7 @@ static void expect_of(engine *e, const test_layout *tl, apc_hash_kind hash, apc_
 /* ---- warm restart ---- */
 
 static void warm_restart(const char *path, apc_force force, apc_disk_read mode, const char *what) {
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     char *root = make_temp_dir();
     disk_opts o = {force, root, 0, mode, NULL, APC_HASH_SHA256};
@@ -259,7 +249,7 @@ static void test_warm_restart_exact(void **state) {
 static void test_crash_leftovers(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     char *root = make_temp_dir();
     disk_opts o = {APC_FORCE_BLOCK, root, 0, APC_DISK_READ_DIRECT, NULL, APC_HASH_SHA256};
@@ -401,7 +391,7 @@ static void corrupt_one(const model *m, damage how, apc_force force, const char 
 static void test_corruption(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     corrupt_one(m, FLIP, APC_FORCE_BLOCK, "block flip");
     corrupt_one(m, TRUNCATE, APC_FORCE_BLOCK, "block truncate");
     corrupt_one(m, GARBAGE, APC_FORCE_BLOCK, "block garbage");
@@ -415,7 +405,7 @@ static void test_corruption(void **state) {
 static void test_isolation(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     char *root = make_temp_dir();
     int32_t a[50];
@@ -465,7 +455,7 @@ static void test_isolation(void **state) {
     assert_int_equal(fwrite(bytes, 1, size, f), size);
     fclose(f);
     free(bytes);
-    model *m2 = load_model(copy);
+    model *m2 = test_load_model(copy);
     e = open_engine(m2, &o);
     assert_string_equal(stats_of(e).disk_namespace, s0.disk_namespace);
     assert_int_equal(check(e, a, 50, 3, "renamed model", NULL), 49);
@@ -478,15 +468,13 @@ static void test_isolation(void **state) {
     /* Another model: another namespace. */
     const char *qpath = fixture_path(QWEN3);
     if (qpath) {
-        model *q = load_model(qpath);
+        model *q = test_load_model(qpath);
         engine_config cfg = engine_default_config();
         cfg.n_threads = 1;
         cfg.num_blocks = 64;
         cfg.n_ctx = 512;
         cfg.cache.disk.path = root;
-        ember_error err;
-        e = engine_create(q, &cfg, &err);
-        if (e == NULL) fail_msg("engine_create: %s", err.msg);
+        e = test_open_engine(q, &cfg);
         s = stats_of(e);
         assert_true(s.disk_enabled);
         assert_string_not_equal(s.disk_namespace, s0.disk_namespace);
@@ -508,7 +496,7 @@ static void test_isolation(void **state) {
 static void test_cap(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     char *root = make_temp_dir();
     /* First, the size of one conversation's files. */
@@ -590,7 +578,7 @@ static void test_cap(void **state) {
 static void test_missing_dir(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     char *root = make_temp_dir();
     disk_opts o = {APC_FORCE_BLOCK, root, 0, APC_DISK_READ_DIRECT, NULL, APC_HASH_SHA256};
@@ -789,5 +777,5 @@ int main(void) {
         cmocka_unit_test(test_cap),
         cmocka_unit_test(test_missing_dir),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

@@ -42,13 +42,6 @@
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static void random_tokens(int32_t *t, int64_t n, int vocab) { test_random_tokens(&rng_state, t, n, vocab); }
 
-static model *load_model(const char *path) {
-    ember_error err;
-    model *m = model_load(path, &err);
-    if (m == NULL) fail_msg("model_load(%s): %s", path, err.msg);
-    return m;
-}
-
 static engine *open_engine(const model *m, const char *root, const char *ns) {
     engine_config cfg = engine_default_config();
     cfg.n_threads = 1;
@@ -60,10 +53,7 @@ static engine *open_engine(const model *m, const char *root, const char *ns) {
     cfg.cache.ckpt.decode_interval = 0;
     cfg.cache.disk.path = root;
     cfg.cache.disk.namespace_override = ns;
-    ember_error err;
-    engine *e = engine_create(m, &cfg, &err);
-    if (e == NULL) fail_msg("engine_create: %s", err.msg);
-    return e;
+    return test_open_engine(m, &cfg);
 }
 
 /* A lookup-only warm run compared with cold; returns the adopted prefix. */
@@ -148,7 +138,7 @@ static void flip_byte(const char *dir, const char *name, long from_end) {
 
 static void exact_restart(const char *rel, const char *what) {
     REQUIRE_FIXTURE(path, rel);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     char *root = make_temp_dir();
     int32_t p1[70];
@@ -209,7 +199,7 @@ static void test_exact_state_falcon_h1(void **st) {
 
 static void ckpt_restart(const char *rel, const char *what, bool arr) {
     REQUIRE_FIXTURE(path, rel);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     char *root = make_temp_dir();
     int32_t p1[70], branch[90], conv[200];
@@ -324,7 +314,7 @@ static void test_ckpt_skeleton_qwen35(void **st) {
 static void isolate(const char *rel_a, const char *rel_b) {
     REQUIRE_FIXTURE(pa, rel_a);
     REQUIRE_FIXTURE(pb, rel_b);
-    model *a = load_model(pa), *b = load_model(pb);
+    model *a = test_load_model(pa), *b = test_load_model(pb);
     char *root = make_temp_dir();
     int Va = model_get_hparams(a)->n_vocab, Vb = model_get_hparams(b)->n_vocab;
     int V = Va < Vb ? Va : Vb;
@@ -365,5 +355,5 @@ int main(void) {
         cmocka_unit_test(test_ckpt_skeleton_gemma3), cmocka_unit_test(test_ckpt_skeleton_qwen35),
         cmocka_unit_test(test_isolation),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

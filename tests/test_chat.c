@@ -770,5 +770,5 @@ int main(void) {
         cmocka_unit_test(test_predict_next_turn),
         cmocka_unit_test(test_system_anchor),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

@@ -53,13 +53,6 @@ static const family families[] = {
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 static void random_tokens(int32_t *t, int64_t n, int vocab) { test_random_tokens(&rng_state, t, n, vocab); }
 
-static model *load_model(const char *path) {
-    ember_error err;
-    model *m = model_load(path, &err);
-    if (m == NULL) fail_msg("model_load(%s): %s", path, err.msg);
-    return m;
-}
-
 /* Small intervals for tiny models. */
 static apc_ckpt_config test_ckpt_config(void) {
     apc_ckpt_config c = apc_ckpt_default_config();
@@ -78,17 +71,12 @@ static engine *open_engine(const model *m, int step, int32_t num_blocks, const a
     cfg.num_blocks = num_blocks;
     cfg.n_ctx = 1024;
     cfg.cache.ckpt = ck ? *ck : test_ckpt_config();
-    ember_error err;
-    engine *e = engine_create(m, &cfg, &err);
-    if (e == NULL) fail_msg("engine_create: %s", err.msg);
-    return e;
+    return test_open_engine(m, &cfg);
 }
 
 static void close_engine(engine *e) {
     apc_reset(engine_cache(e)); /* records release their blocks */
-    kv_pool *p = engine_pool(e);
-    for (int32_t b = 0; b < kv_pool_n_blocks(p); b++)
-        if (kv_block_refcount(p, b) != 0) fail_msg("block %d still has refcount %d", b, kv_block_refcount(p, b));
+    test_assert_no_block_leaks(e);
     engine_free(e);
 }
 
@@ -204,7 +192,7 @@ static void test_resend(void **st) {
     (void)st;
     for (int f = 0; f < N_FAMILIES; f++) {
         REQUIRE_FIXTURE(path, families[f].path);
-        model *m = load_model(path);
+        model *m = test_load_model(path);
         engine *e = open_engine(m, 32, 0, NULL);
         assert_int_equal(apc_get_tier(engine_cache(e)), families[f].tier);
         int32_t prompt[100];
@@ -241,7 +229,7 @@ static void test_multi_turn(void **st) {
     (void)st;
     for (int f = 0; f < N_FAMILIES; f++) {
         REQUIRE_FIXTURE(path, families[f].path);
-        model *m = load_model(path);
+        model *m = test_load_model(path);
         const int step = 32;
         engine *e = open_engine(m, step, 0, NULL);
         int V = model_get_hparams(m)->n_vocab;
@@ -280,7 +268,7 @@ static void test_system_anchor(void **st) {
     (void)st;
     for (int f = 0; f < N_FAMILIES; f++) {
         REQUIRE_FIXTURE(path, families[f].path);
-        model *m = load_model(path);
+        model *m = test_load_model(path);
         apc_ckpt_config ck = test_ckpt_config();
         ck.interval = 0; /* only the anchor can serve a sibling */
         ck.replay_min = 64;
@@ -318,7 +306,7 @@ static void test_branch(void **st) {
     for (int f = 0; f < N_FAMILIES; f++) {
         if (families[f].tier != APC_TIER_CKPT) continue; /* exact: whole prefixes only */
         REQUIRE_FIXTURE(path, families[f].path);
-        model *m = load_model(path);
+        model *m = test_load_model(path);
         int V = model_get_hparams(m)->n_vocab;
         int32_t a[220], b[220];
         random_tokens(a, 220, V);
@@ -362,7 +350,7 @@ static void test_pool_pressure(void **st) {
     for (int f = 0; f < N_FAMILIES; f++) {
         if (families[f].tier != APC_TIER_CKPT) continue;
         REQUIRE_FIXTURE(path, families[f].path);
-        model *m = load_model(path);
+        model *m = test_load_model(path);
         engine *e = open_engine(m, 32, 24, NULL); /* 384 tokens */
         int V = model_get_hparams(m)->n_vocab;
         int32_t p[8][130];
@@ -402,7 +390,7 @@ static void test_intersection(void **st) {
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         REQUIRE_FIXTURE(path, rows[i].path);
-        model *m = load_model(path);
+        model *m = test_load_model(path);
         apc_ckpt_config ck = test_ckpt_config();
         ck.interval = 4096;
         ck.replay_min = 64;
@@ -453,7 +441,7 @@ static void test_decode_snapshots(void **st) {
     for (int f = 0; f < N_FAMILIES; f++) {
         if (families[f].tier != APC_TIER_CKPT) continue;
         REQUIRE_FIXTURE(path, families[f].path);
-        model *m = load_model(path);
+        model *m = test_load_model(path);
         apc_ckpt_config ck = test_ckpt_config();
         ck.decode_interval = 16;
         engine *e = open_engine(m, 16, 0, &ck);
@@ -635,7 +623,7 @@ static int count_of(const char *text, const char *needle) {
 static void test_tripwires(void **st) {
     (void)st;
     REQUIRE_FIXTURE(path, QWEN35);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     apc_ckpt_config ck = test_ckpt_config();
     ck.replay_min = 64;
@@ -706,5 +694,5 @@ int main(void) {
         cmocka_unit_test(test_strip_on_extend), cmocka_unit_test(test_grid_truncate),
         cmocka_unit_test(test_tripwires),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

@@ -126,5 +126,5 @@ int main(void) {
         cmocka_unit_test(test_inspect_and_tokenize),
         cmocka_unit_test(test_bad_arguments),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

@@ -25,33 +25,17 @@
 #define STORIES "models/stories260K.gguf"
 #define QWEN3 "reference/qwen3-f32.gguf"
 
-static model *load_model(const char *path) {
-    ember_error err;
-    model *m = model_load(path, &err);
-    if (m == NULL) fail_msg("model_load(%s): %s", path, err.msg);
-    return m;
-}
-
 static engine *open_engine(const model *m, apc_force force, int32_t num_blocks, int step, int threads) {
     engine_config cfg = engine_default_config();
     cfg.n_threads = threads;
     cfg.prefill_step = step;
     cfg.num_blocks = num_blocks;
     cfg.cache.force_tier = force;
-    ember_error err;
-    engine *e = engine_create(m, &cfg, &err);
-    if (e == NULL) fail_msg("engine_create: %s", err.msg);
-    return e;
-}
-
-static void no_leaks(engine *e) {
-    kv_pool *p = engine_pool(e);
-    for (int32_t b = 0; b < kv_pool_n_blocks(p); b++)
-        if (kv_block_refcount(p, b) != 0) fail_msg("block %d still has refcount %d", b, kv_block_refcount(p, b));
+    return test_open_engine(m, &cfg);
 }
 
 static void close_engine(engine *e) {
-    no_leaks(e);
+    test_assert_no_block_leaks(e);
     engine_free(e);
 }
 
@@ -105,7 +89,7 @@ static const char *tier_names[2] = {"block", "exact"};
 static void test_routing_log(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     char tmpl[] = "/tmp/ember_apc_logXXXXXX";
     int fd = mkstemp(tmpl);
     assert_true(fd >= 0);
@@ -160,7 +144,7 @@ static void resend_one(engine *e, const int32_t *prompt, int64_t n, const char *
 static void test_resend_1_to_80(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int32_t prompt[80];
     random_tokens(prompt, 80, model_get_hparams(m)->n_vocab);
     for (int t = 0; t < 2; t++) {
@@ -182,7 +166,7 @@ static void test_resend_1_to_80(void **state) {
 static void test_resend_long(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, QWEN3);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     static const int ns[] = {16, 32, 48, 1024, 2048};
     int32_t *prompt = malloc(2048 * sizeof(int32_t));
     random_tokens(prompt, 2048, model_get_hparams(m)->n_vocab);
@@ -200,7 +184,7 @@ static void test_resend_long(void **state) {
 static void test_shared_system_prompt(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     engine *e = open_engine(m, APC_FORCE_NONE, 0, 32, 2);
     assert_int_equal(apc_get_tier(engine_cache(e)), APC_TIER_BLOCK);
@@ -225,7 +209,7 @@ static void test_shared_system_prompt(void **state) {
 static void test_branch_regenerate_diverge(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     for (int t = 0; t < 2; t++) {
         engine *e = open_engine(m, tiers[t], 0, 32, 2);
@@ -263,7 +247,7 @@ static void test_branch_regenerate_diverge(void **state) {
 static void test_retirement(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     for (int t = 0; t < 2; t++) {
         for (int gen = 10; gen <= 27; gen += 17) { /* 37+27 = 64: reply ends on a block boundary */
@@ -299,7 +283,7 @@ static void test_retirement(void **state) {
 static void test_tenancy(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     uint64_t s1 = apc_salt_for_tenant("alice", 5), s2 = apc_salt_for_tenant("bob", 3);
     for (int t = 0; t < 2; t++) {
@@ -322,7 +306,7 @@ static void test_tenancy(void **state) {
 static void test_eviction_tiny_pool(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     engine *e = open_engine(m, APC_FORCE_BLOCK, 8, 32, 2);
     int32_t base[4][100];
@@ -413,7 +397,7 @@ static void *conc_worker(void *p) {
 static void test_concurrency(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     for (int t = 0; t < 2; t++) {
         conc_shared *sh = calloc(1, sizeof *sh);
@@ -457,7 +441,7 @@ static void test_concurrency(void **state) {
 static void test_random_traces(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
-    model *m = load_model(path);
+    model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
     for (int t = 0; t < 2; t++) {
         for (int trace = 0; trace < 3; trace++) {
@@ -530,5 +514,5 @@ int main(void) {
         cmocka_unit_test(test_concurrency),
         cmocka_unit_test(test_random_traces),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

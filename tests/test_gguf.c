@@ -1150,5 +1150,5 @@ int main(void) {
         cmocka_unit_test(test_long_tensor_name),
         cmocka_unit_test(test_fuzz_mutations),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

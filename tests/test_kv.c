@@ -114,5 +114,5 @@ int main(void) {
         cmocka_unit_test(test_copy_on_write_of_shared_partial_block),
         cmocka_unit_test(test_exhaustion_is_an_error),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

@@ -429,5 +429,5 @@ int main(void) {
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_bad_arguments),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return test_run_group(tests, setup, teardown);
 }

@@ -634,5 +634,5 @@ int main(void) {
         cmocka_unit_test(test_mkmodel_archs),
         cmocka_unit_test(test_rope_freqs_tensor),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

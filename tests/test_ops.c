@@ -125,5 +125,5 @@ int main(void) {
         cmocka_unit_test(test_attention_rows_bit_identical),
         cmocka_unit_test(test_rmsnorm_and_rope),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

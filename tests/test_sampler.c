@@ -365,5 +365,5 @@ int main(void) {
         cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_large_vocab_defaults),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

@@ -5,10 +5,12 @@
  * the port is read from the "listening on" log line): an open one with the
  * default settings, and a locked one configured through an ember.yaml
  * (API key, one running request, a queue of one, a 4 KiB body limit). The
- * client is a small blocking socket client in this file (HTTP/1.1,
- * Connection: close, chunked decoding). Tests cover every route, every
- * error the API promises, streaming framing, stop strings across token
- * boundaries, the prompt cache through the API (resend: cached = N-1 and
+ * client and the launcher are tests/http_client.[ch] (shared with the serving
+ * benchmarks); spawned servers die with this process. Requests run on worker
+ * threads in the concurrency tests, which therefore never call a cmocka
+ * assertion: the main thread checks their results after joining. Tests
+ * cover every route, every error the API promises, streaming framing, stop
+ * strings across token boundaries, the prompt cache through the API (resend: cached = N-1 and
  * identical logprobs; second chat turn: cached covers the first turn), batch
  * invariance with 16 concurrent neighbours, cancellation on disconnect,
  * the cache on every tier (ckpt: gemma3, qwen35; exact: mamba2: resend N-1
@@ -17,9 +19,7 @@
  * queue overflow (503 + Retry-After), config errors, Prometheus output
  * (checked by promtool when installed) and the graceful SIGTERM drain. */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -35,122 +35,29 @@
 
 #include <cjson/cJSON.h>
 
+#include "http_client.h"
 #include "test_util.h"
 
-/* ---- a tiny HTTP client ---- */
+/* ---- the HTTP client (tests/http_client.h) ---- */
 
-typedef struct resp {
-    int status;
-    char *headers;
-    char *body;
-    size_t len;
-} resp;
+/* Bounds every wait for the server: a stall fails the request (status -1)
+ * with the test still running, instead of hanging until CTest's timeout. */
+#define CLIENT_TIMEOUT_S 300
 
-static void resp_free(resp *r) {
-    free(r->headers);
-    free(r->body);
-    memset(r, 0, sizeof *r);
-}
+typedef http_resp resp;
 
-static int connect_to(int port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static void send_all(int fd, const char *p, size_t n) {
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w <= 0) return;
-        p += w;
-        n -= (size_t)w;
-    }
-}
-
-/* Sends a request; extra_headers are full lines with \r\n. */
-static int send_request(int port, const char *method, const char *path, const char *extra_headers, const char *body,
-                        size_t len) {
-    int fd = connect_to(port);
-    if (fd < 0) return -1;
-    char head[2048];
-    int n = snprintf(head, sizeof head,
-                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s%s", method, path,
-                     extra_headers ? extra_headers : "", body ? "Content-Type: application/json\r\n" : "");
-    if (body) n += snprintf(head + n, sizeof head - (size_t)n, "Content-Length: %zu\r\n", len);
-    n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
-    send_all(fd, head, (size_t)n);
-    if (body) send_all(fd, body, len);
-    return fd;
-}
-
-static char *read_all(int fd, size_t *len) {
-    size_t cap = 65536, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (n + 4096 > cap) buf = realloc(buf, cap *= 2);
-        ssize_t r = recv(fd, buf + n, cap - n - 1, 0);
-        if (r <= 0) break;
-        n += (size_t)r;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
-static void parse_response(char *raw, size_t n, resp *out) {
-    memset(out, 0, sizeof *out);
-    char *sep = strstr(raw, "\r\n\r\n");
-    if (sep == NULL || sscanf(raw, "HTTP/1.%*d %d", &out->status) != 1) {
-        out->status = -1;
-        out->headers = strdup("");
-        out->body = strdup("");
-        return;
-    }
-    out->headers = strndup(raw, (size_t)(sep - raw));
-    char *b = sep + 4;
-    size_t blen = n - (size_t)(b - raw);
-    if (strcasestr(out->headers, "Transfer-Encoding: chunked")) {
-        char *o = malloc(blen + 1);
-        size_t k = 0;
-        char *p = b;
-        while (p < b + blen) {
-            unsigned long sz = strtoul(p, NULL, 16);
-            char *eol = strstr(p, "\r\n");
-            if (eol == NULL || sz == 0) break;
-            p = eol + 2;
-            memcpy(o + k, p, sz);
-            k += sz;
-            p += sz + 2;
-        }
-        o[k] = 0;
-        out->body = o;
-        out->len = k;
-    } else {
-        out->body = strndup(b, blen);
-        out->len = blen;
-    }
-}
+static void resp_free(resp *r) { http_resp_free(r); }
 
 static resp http(int port, const char *method, const char *path, const char *headers, const char *body) {
-    resp r;
-    int fd = send_request(port, method, path, headers, body, body ? strlen(body) : 0);
-    if (fd < 0) {
-        memset(&r, 0, sizeof r);
-        r.status = -1;
-        return r;
-    }
-    size_t n;
-    char *raw = read_all(fd, &n);
-    close(fd);
-    parse_response(raw, n, &r);
-    free(raw);
-    return r;
+    return http_request(port, method, path, headers, body, CLIENT_TIMEOUT_S);
 }
+
+static int send_request(int port, const char *method, const char *path, const char *extra_headers, const char *body,
+                        size_t len) {
+    return http_send_request(port, method, path, extra_headers, body, len, CLIENT_TIMEOUT_S);
+}
+
+static char *read_all(int fd, size_t *len) { return http_read_all(fd, len, NULL); }
 
 static cJSON *json_of(const resp *r) {
     cJSON *j = cJSON_Parse(r->body);
@@ -163,7 +70,8 @@ static const cJSON *jget(const cJSON *o, const char *path) {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", path);
     const cJSON *cur = o;
-    for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, ".")) {
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ".", &save); tok && cur; tok = strtok_r(NULL, ".", &save)) {
         if (tok[0] >= '0' && tok[0] <= '9') cur = cJSON_GetArrayItem(cur, atoi(tok));
         else cur = cJSON_GetObjectItemCaseSensitive(cur, tok);
     }
@@ -211,53 +119,15 @@ static int start_server_on(srv *s, const char *name, const char *model_path, cha
     argv[a++] = (char *)"2";
     for (int i = 0; extra && extra[i]; i++) argv[a++] = extra[i];
     argv[a] = NULL;
-    s->pid = fork();
-    if (s->pid == 0) {
-        FILE *f = freopen(s->log, "w", stderr);
-        (void)f;
-        execv(bin, argv);
-        _exit(127);
-    }
-    for (int i = 0; i < 600; i++) {
-        size_t n;
-        char *text = read_whole_file(s->log, &n);
-        const char *p = text ? strstr(text, "listening on http://127.0.0.1:") : NULL;
-        if (p) {
-            s->port = atoi(p + strlen("listening on http://127.0.0.1:"));
-            free(text);
-            return 0;
-        }
-        free(text);
-        int st;
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            s->pid = 0;
-            return -1;
-        }
-        usleep(50000);
-    }
-    return -1;
+    s->port = http_spawn_server(argv, s->log, 30, &s->pid);
+    return s->port > 0 ? 0 : -1;
 }
 
 static int start_server(srv *s, const char *name, char *const extra[]) {
     return start_server_on(s, name, g_model, extra);
 }
 
-static int stop_server(srv *s) {
-    if (s->pid <= 0) return -1;
-    kill(s->pid, SIGTERM);
-    int st = 0;
-    for (int i = 0; i < 200; i++) {
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            s->pid = 0;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        usleep(50000);
-    }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, &st, 0);
-    s->pid = 0;
-    return -1;
-}
+static int stop_server(srv *s) { return http_stop_server(&s->pid, 10000); }
 
 /* cmocka reports a failed group setup but still exits 0; main turns this
  * flag into a failing exit status so a broken setup cannot pass as green. */
@@ -646,15 +516,15 @@ static void test_body_limit_and_auth(void **state) {
     (void)state;
     int p = g_locked.port;
     /* declared too large: refused before the body is read */
-    int fd = connect_to(p);
+    int fd = http_connect(p, CLIENT_TIMEOUT_S);
     const char *head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                        "Authorization: Bearer sekrit\r\nContent-Length: 100000000\r\n\r\n";
-    send_all(fd, head, strlen(head));
+    http_send_all(fd, head, strlen(head));
     size_t n;
     char *raw = read_all(fd, &n);
     close(fd);
     resp r;
-    parse_response(raw, n, &r);
+    http_parse_response(raw, n, &r);
     free(raw);
     assert_int_equal(r.status, 413);
     assert_non_null(strstr(r.body, "request_too_large"));
@@ -691,18 +561,28 @@ typedef struct job {
     int status;
 } job;
 
+/* Runs on worker threads: no cmocka assertion here (a failing one would
+ * longjmp from this thread into the main thread's stack); the main thread
+ * checks the job with assert_job_ok after joining. */
 static void *run_job(void *arg) {
     job *jb = arg;
     resp r = http(jb->port, "POST", "/v1/chat/completions", NULL, jb->body);
     jb->status = r.status;
     cJSON *j = cJSON_Parse(r.body);
     if (j && r.status == 200) {
-        jb->text = strdup(jstr(j, "choices.0.message.content"));
+        const cJSON *content = jget(j, "choices.0.message.content");
+        if (cJSON_IsString(content)) jb->text = strdup(content->valuestring);
         jb->logprobs = cJSON_PrintUnformatted(jget(j, "choices.0.logprobs"));
     }
     cJSON_Delete(j);
     resp_free(&r);
     return NULL;
+}
+
+static void assert_job_ok(const job *jb) {
+    assert_int_equal(jb->status, 200);
+    if (jb->text == NULL) print_message("missing string choices.0.message.content\n");
+    assert_non_null(jb->text);
 }
 
 static void test_batch_invariance(void **state) {
@@ -714,7 +594,7 @@ static void test_batch_invariance(void **state) {
              "\"max_tokens\":24,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":2,\"ignore_eos\":true,"
              "\"cache_salt\":\"probe-alone\"}");
     run_job(&probe);
-    assert_int_equal(probe.status, 200);
+    assert_job_ok(&probe);
     job jobs[17];
     pthread_t th[17];
     for (int i = 0; i < 17; i++) {
@@ -735,7 +615,7 @@ static void test_batch_invariance(void **state) {
         pthread_create(&th[i], NULL, run_job, &jobs[i]);
     }
     for (int i = 0; i < 17; i++) pthread_join(th[i], NULL);
-    for (int i = 0; i < 17; i++) assert_int_equal(jobs[i].status, 200);
+    for (int i = 0; i < 17; i++) assert_job_ok(&jobs[i]);
     assert_string_equal(probe.text, jobs[8].text);
     assert_string_equal(probe.logprobs, jobs[8].logprobs);
     for (int i = 0; i < 17; i++) {
@@ -789,7 +669,7 @@ static void check_recurrent_arch(const char *arch) {
     job probe = {.port = sp->port};
     snprintf(probe.body, sizeof probe.body, "%s", probe_body);
     run_job(&probe);
-    assert_int_equal(probe.status, 200);
+    assert_job_ok(&probe);
     job jobs[9];
     pthread_t th[9];
     for (int i = 0; i < 9; i++) {
@@ -806,7 +686,7 @@ static void check_recurrent_arch(const char *arch) {
         pthread_create(&th[i], NULL, run_job, &jobs[i]);
     }
     for (int i = 0; i < 9; i++) pthread_join(th[i], NULL);
-    for (int i = 0; i < 9; i++) assert_int_equal(jobs[i].status, 200);
+    for (int i = 0; i < 9; i++) assert_job_ok(&jobs[i]);
     assert_string_equal(probe.text, jobs[4].text);
     assert_string_equal(probe.logprobs, jobs[4].logprobs);
     for (int i = 0; i < 9; i++) {
@@ -973,7 +853,7 @@ static void check_cache_arch(const char *arch, const char *tier, int64_t slack) 
         else pthread_create(&th[i], NULL, run_job, &jobs[i]);
     }
     for (int i = 1; i < 3; i++) pthread_join(th[i], NULL);
-    for (int i = 0; i < 3; i++) assert_int_equal(jobs[i].status, 200);
+    for (int i = 0; i < 3; i++) assert_job_ok(&jobs[i]);
     double anchors = cache_stat(sp->port, "anchor_hits");
     double hits1 = anchors + cache_stat(sp->port, "ckpt_hits") + cache_stat(sp->port, "exact_hits");
     print_message("%s siblings: anchor_hits %.0f, hits %.0f -> %.0f\n", arch, anchors, hits0, hits1);
@@ -986,7 +866,7 @@ static void check_cache_arch(const char *arch, const char *tier, int64_t slack) 
         assert_non_null(salted);
         memcpy(salted, "\"aloneXYZ\"", 10); /* same length, another tenant: a cold run */
         run_job(&alone);
-        assert_int_equal(alone.status, 200);
+        assert_job_ok(&alone);
         assert_string_equal(alone.text, jobs[i].text);
         assert_string_equal(alone.logprobs, jobs[i].logprobs);
         free(alone.text);
@@ -1383,7 +1263,7 @@ static void test_graceful_drain(void **state) {
     char *raw = read_all(fd, &n);
     close(fd);
     resp r;
-    parse_response(raw, n, &r);
+    http_parse_response(raw, n, &r);
     free(raw);
     assert_int_equal(r.status, 200);
     bool done;
@@ -1451,8 +1331,8 @@ int main(void) {
     if (getenv("TEST_SERVE_FILTER")) cmocka_set_test_filter(getenv("TEST_SERVE_FILTER"));
     if (ember_binary() == NULL) {
         print_message("skipping: EMBER_BIN is not set (run under ctest)\n");
-        return 0;
+        return TEST_SKIP_EXIT;
     }
-    int rc = cmocka_run_group_tests(tests, setup, teardown);
-    return rc != 0 ? rc : g_setup_failed ? 1 : 0;
+    int failed = cmocka_run_group_tests(tests, setup, teardown);
+    return test_exit_status(failed + (g_setup_failed ? 1 : 0));
 }

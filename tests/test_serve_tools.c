@@ -315,5 +315,5 @@ int main(void) {
         cmocka_unit_test(test_mistral),     cmocka_unit_test(test_ids_and_none), cmocka_unit_test(test_syntax_for_templates),
         cmocka_unit_test(test_api_rendering),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

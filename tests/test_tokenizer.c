@@ -716,5 +716,5 @@ int main(void) {
         cmocka_unit_test(test_reference_prompts),
         cmocka_unit_test(test_all_pretokenizers),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

@@ -1,8 +1,19 @@
 /* test_util.h - shared helpers for ember's cmocka tests.
  *
  * Fixtures live outside the repository (../shared/fixtures, read-only); a
- * test that needs one calls fixture_path(), which returns NULL when the file
- * is absent, and then skips with a message naming the missing path. */
+ * test that needs one calls fixture_path() (or REQUIRE_FIXTURE), which
+ * returns NULL when the file is absent and counts the miss. A test program
+ * ends with `return test_run_group(tests, setup, teardown);`, which turns the
+ * cmocka result into the exit status CTest reads:
+ *   - a failed test (or setup): 1, FAILED;
+ *   - otherwise, when any fixture was missing: TEST_SKIP_EXIT (77), which
+ *     CTest shows as SKIPPED (SKIP_RETURN_CODE), even when other tests of
+ *     the program ran and passed: a program that could not run all of its
+ *     checks must not look like one that did;
+ *   - otherwise 0, Passed.
+ * When the environment variable CI is set (and not "0" or "false"), a
+ * missing fixture fails the test that asked for it instead: CI must run
+ * everything. */
 #ifndef EMBER_TEST_UTIL_H
 #define EMBER_TEST_UTIL_H
 
@@ -12,18 +23,32 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+/* The exit status that CTest reads as "skipped" (SKIP_RETURN_CODE). */
+#define TEST_SKIP_EXIT 77
+
 /* Full path of a fixture under $EMBER_FIXTURES, or NULL (with a printed
- * "skipping: ... not found" note) when it does not exist. Static buffer
- * rotation: valid for the next 7 calls. */
+ * "skipping: ... not found" note, and the miss counted) when it does not
+ * exist; under CI the current test fails instead. Static buffer rotation:
+ * valid for the next 7 calls. Call it from the test's own thread. */
 const char *fixture_path(const char *relative);
 
-/* Skips the current test when path is NULL. */
+/* Skips the current test when the fixture is missing (fails it under CI). */
 #define REQUIRE_FIXTURE(var, rel)          \
     const char *var = fixture_path(rel);   \
     if (var == NULL) {                     \
         skip();                            \
         return;                            \
     }
+
+/* How many fixture lookups found nothing so far. */
+int test_fixtures_missing(void);
+
+/* The exit status for a cmocka result (the number of failed tests): see the
+ * header comment. */
+int test_exit_status(int cmocka_failed);
+
+/* Runs a cmocka group and returns the exit status for main. */
+#define test_run_group(tests, setup, teardown) test_exit_status(cmocka_run_group_tests(tests, setup, teardown))
 
 /* Reads a whole file into a malloc'd buffer; NULL on failure. */
 void *read_whole_file(const char *path, size_t *size);
@@ -46,15 +71,29 @@ uint32_t test_rand(uint64_t *state);
 /* n token ids in [0, vocab) drawn from *state. */
 void test_random_tokens(uint64_t *state, int32_t *t, int64_t n, int vocab);
 
-/* Fails the current test unless `warm` generated the same tokens as `cold`
- * with bit-identical logits at every step (design.md invariant 1). Both
- * results must have been produced with want_logits. */
 struct engine_result;
 struct engine;
+struct engine_config;
+struct model;
+
+/* Loads a model file; fails the current test with the loader's message. */
+struct model *test_load_model(const char *path);
+
+/* engine_create(m, cfg); fails the current test with its message. Each test
+ * builds its own config from engine_default_config(). */
+struct engine *test_open_engine(const struct model *m, const struct engine_config *cfg);
+
+/* Fails the current test when any KV block of the engine's pool is still
+ * referenced (call after releasing every request and cache record). */
+void test_assert_no_block_leaks(struct engine *e);
+
 /* One greedy request of max_tokens through engine_generate with the given
  * cache mode, keeping every step's logits; fails the test on error. */
 void test_generate(struct engine *e, const int32_t *prompt, int64_t n, int max_tokens, int cache_mode,
                    struct engine_result *r);
+/* Fails the current test unless `warm` generated the same tokens as `cold`
+ * with bit-identical logits at every step (design.md invariant 1). Both
+ * results must have been produced with want_logits. */
 void assert_warm_equals_cold(const struct engine_result *cold, const struct engine_result *warm, const char *what);
 
 #endif
