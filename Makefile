@@ -10,7 +10,7 @@ PORT ?= 8080
 
 PREFIX ?= /usr/local
 
-.PHONY: all build build-asan run generate test test-release test-asan bench bench-serve bench-multiturn bench-predict load-test install docs fuzz-all clean
+.PHONY: all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-serve bench-multiturn bench-predict load-test install docs fuzz-all clean
 
 all: build
 
@@ -36,7 +36,31 @@ test-release: build
 test-asan: build-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
 
+# ThreadSanitizer over the multi-threaded parts: the server (its HTTP
+# threads, scheduler and engine thread; the spawned `ember serve` is the TSan
+# build too) and the cache tests that share one cache between threads. A
+# report makes the process exit 66, which fails the test (the server's exit
+# status is checked by test_serve).
+TSAN_TESTS = test_serve test_apc test_ckpt test_engine test_apc_disk
+TSAN_OPTIONS_ALL = halt_on_error=0 exitcode=66 second_deadlock_stack=1 history_size=4
+build-tsan:
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEMBER_TSAN=ON >/dev/null
+	cmake --build build-tsan -j $(JOBS) --target ember $(TSAN_TESTS)
+
+test-tsan: build-tsan
+	cd build-tsan && TSAN_OPTIONS="$(TSAN_OPTIONS_ALL)" ctest --output-on-failure -j $(JOBS) \
+	  -R '^($(subst $(eval) ,|,$(TSAN_TESTS)))$$'
+
 test: test-asan test-release
+
+# Soak of the server tests (not CI): test_serve SOAK_RUNS times, SOAK_COPIES
+# side by side, with SOAK_BUSY busy loops loading the CPUs; prints the pass
+# count. TEST_SERVE_FILTER='test_recurrent*' narrows it to some tests.
+SOAK_RUNS ?= 50
+SOAK_COPIES ?= 2
+SOAK_BUSY ?= 1
+serve-soak: build
+	sh scripts/serve_soak.sh build $(SOAK_RUNS) $(SOAK_COPIES) $(SOAK_BUSY)
 
 # Engine benchmark on the qwen3-0.6b shape (random weights) in Q8_0 and Q4_K.
 BENCH_MODELS = build/bench-models
@@ -118,4 +142,4 @@ fuzz-all:
 	done
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz build-tsan
