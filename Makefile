@@ -1,7 +1,8 @@
 # Thin wrapper over CMake. `make run` builds ember and serves its built-in
 # default model over the OpenAI API (ember's main job); `make generate` runs
-# one prompt through it instead; `make test` builds twice (optimized, and
-# with ASan+UBSan) and runs every test in both builds; `make install
+# one prompt through it instead; `make test` builds three times (optimized,
+# with ASan+UBSan, and with ThreadSanitizer), runs every test in the first two
+# builds and the server and cache tests in the third; `make install
 # PREFIX=/opt/ember` installs the binary and its man page; `make docs`
 # regenerates docs/cache-switches.md from the settings table.
 JOBS ?= $(shell nproc)
@@ -51,7 +52,7 @@ test-tsan: build-tsan
 	cd build-tsan && TSAN_OPTIONS="$(TSAN_OPTIONS_ALL)" ctest --output-on-failure -j $(JOBS) \
 	  -R '^($(subst $(eval) ,|,$(TSAN_TESTS)))$$'
 
-test: test-asan test-release
+test: test-asan test-release test-tsan
 
 # Soak of the server tests (not CI): test_serve SOAK_RUNS times, SOAK_COPIES
 # side by side, with SOAK_BUSY busy loops loading the CPUs; prints the pass

@@ -107,7 +107,7 @@ struct server {
     const char *model_names[3];
     long created;
     int port;
-    bool shut;
+    atomic_bool shut;        /* set by server_shutdown, read by /health on connection threads */
     atomic_int in_flight;    /* requests between their first handler call and completion */
     /* lock guards the connection records, the generations and the pump */
     pthread_mutex_t lock;
@@ -1022,9 +1022,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     switch (route_kind[ri]) {
     case R_HEALTH: {
         cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "status", srv->shut ? "draining" : "ok");
+        bool shut = atomic_load(&srv->shut);
+        cJSON_AddStringToObject(o, "status", shut ? "draining" : "ok");
         cJSON_AddStringToObject(o, "model", srv->model_id);
-        return send_cjson(srv, c, "/health", srv->shut ? 503 : 200, o);
+        return send_cjson(srv, c, "/health", shut ? 503 : 200, o);
     }
     case R_MODELS: return handle_models(srv, c);
     case R_CHAT: return handle_generate(srv, c, true, cs);
@@ -1186,8 +1187,7 @@ fail:
 int server_port(const server *s) { return s->port; }
 
 void server_shutdown(server *srv) {
-    if (srv == NULL || srv->shut) return;
-    srv->shut = true;
+    if (srv == NULL || atomic_exchange(&srv->shut, true)) return;
     if (srv->d) {
         MHD_socket fd = MHD_quiesce_daemon(srv->d);
         if (fd != MHD_INVALID_SOCKET) close(fd);
