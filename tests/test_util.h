@@ -13,7 +13,18 @@
  *   - otherwise 0, Passed.
  * When the environment variable CI is set (and not "0" or "false"), a
  * missing fixture fails the test that asked for it instead: CI must run
- * everything. */
+ * everything.
+ *
+ * API:
+ *   fixtures and exit status  fixture_path, REQUIRE_FIXTURE, test_fixtures_missing,
+ *                             test_exit_status, test_run_group
+ *   files and processes       read_whole_file, make_temp_dir, remove_tree,
+ *                             ember_binary, build_dir
+ *   random inputs             test_rand, test_random_tokens
+ *   models and engines        test_load_model, test_open_engine,
+ *                             test_assert_no_block_leaks, test_generate,
+ *                             assert_warm_equals_cold
+ * The HTTP client and server launcher are in http_client.h. */
 #ifndef EMBER_TEST_UTIL_H
 #define EMBER_TEST_UTIL_H
 
