@@ -19,23 +19,21 @@
  * The recurrent and hybrid architectures (mamba2, falcon-h1, qwen35,
  * qwen3next) are the point: `ember logits` once refused them (issue 10). */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <fcntl.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "model/model.h"
 #include "serve/serve_api.h"
+#include "http_client.h"
 #include "test_util.h"
 
 #define GREEDY_STEPS 4
@@ -123,7 +121,7 @@ static int argmax(const float *x, int n) {
     return best;
 }
 
-/* ---- a one-request HTTP client ---- */
+/* ---- `ember serve` and one request (tests/http_client.h) ---- */
 
 typedef struct server {
     pid_t pid;
@@ -133,83 +131,24 @@ typedef struct server {
 
 static void server_start(server *s, const char *bin, const char *model_path, const char *dir) {
     snprintf(s->log, sizeof s->log, "%s/serve.log", dir);
-    s->pid = fork();
-    assert_true(s->pid >= 0);
-    if (s->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a test killed by its timeout */
-        if (freopen(s->log, "w", stderr) == NULL) _exit(126);
-        char *argv[] = {(char *)bin, (char *)"serve", (char *)model_path, (char *)"--port", (char *)"0",
-                        (char *)"--threads", (char *)"2", NULL};
-        execv(bin, argv);
-        _exit(127);
-    }
-    const char *mark = "listening on http://127.0.0.1:";
-    for (int i = 0; i < 600; i++) {
+    char *argv[] = {(char *)bin, (char *)"serve", (char *)model_path, (char *)"--port", (char *)"0",
+                    (char *)"--threads", (char *)"2", NULL};
+    s->port = http_spawn_server(argv, s->log, 30, &s->pid);
+    if (s->port <= 0) {
         char *text = read_whole_file(s->log, NULL);
-        const char *p = text ? strstr(text, mark) : NULL;
-        if (p) {
-            s->port = atoi(p + strlen(mark));
-            free(text);
-            return;
-        }
-        int st;
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            s->pid = 0;
-            fail_msg("ember serve %s exited before listening: %s", model_path, text ? text : "");
-        }
-        free(text);
-        usleep(50000);
+        fail_msg("ember serve %s did not listen within 30 s: %s", model_path, text ? text : "");
     }
-    fail_msg("ember serve %s did not listen within 30 s", model_path);
 }
 
-static int server_stop(server *s) {
-    if (s->pid <= 0) return -1;
-    kill(s->pid, SIGTERM);
-    int st = 0;
-    for (int i = 0; i < 400; i++) {
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            s->pid = 0;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        usleep(50000);
-    }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, &st, 0);
-    s->pid = 0;
-    return -1;
-}
+static int server_stop(server *s) { return http_stop_server(&s->pid, 20000); }
 
-/* One request with Connection: close; returns the status, *body the body. */
-static int http_request(int port, const char *method, const char *path, const char *body, char **resp_body) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    size_t blen = body ? strlen(body) : 0;
-    char head[512];
-    int hn = snprintf(head, sizeof head,
-                      "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %zu\r\n\r\n",
-                      method, path, blen);
-    assert_int_equal(write(fd, head, (size_t)hn), hn);
-    if (blen) assert_int_equal(write(fd, body, blen), (ssize_t)blen);
-    size_t cap = 1 << 14, n = 0;
-    char *buf = malloc(cap);
-    ssize_t got;
-    while ((got = read(fd, buf + n, cap - n - 1)) > 0) {
-        n += (size_t)got;
-        if (n + 1 >= cap) buf = realloc(buf, cap *= 2);
-    }
-    close(fd);
-    buf[n] = '\0';
-    int status = 0;
-    assert_int_equal(sscanf(buf, "HTTP/1.%*d %d", &status), 1);
-    const char *sep = strstr(buf, "\r\n\r\n");
-    assert_non_null(sep);
-    *resp_body = strdup(sep + 4);
-    free(buf);
+/* One request with Connection: close; returns the status (-1: no answer),
+ * *resp_body the body. */
+static int request_body(int port, const char *method, const char *path, const char *body, char **resp_body) {
+    http_resp r = http_request(port, method, path, NULL, body, 300);
+    *resp_body = strdup(r.body);
+    int status = r.status;
+    http_resp_free(&r);
     return status;
 }
 
@@ -368,7 +307,7 @@ static void check_arch(const arch_case *c) {
     server s;
     server_start(&s, bin, model_path, dir);
     char *body;
-    assert_int_equal(http_request(s.port, "GET", "/v1/models", NULL, &body), 200);
+    assert_int_equal(request_body(s.port, "GET", "/v1/models", NULL, &body), 200);
     cJSON *models = cJSON_Parse(body);
     free(body);
     assert_non_null(models);
@@ -380,7 +319,7 @@ static void check_arch(const arch_case *c) {
     cJSON_AddNumberToObject(req, "max_tokens", GREEDY_STEPS);
     cJSON_AddNumberToObject(req, "temperature", 0);
     char *req_text = cJSON_PrintUnformatted(req);
-    int status = http_request(s.port, "POST", "/v1/completions", req_text, &body);
+    int status = request_body(s.port, "POST", "/v1/completions", req_text, &body);
     if (status != 200) fail_msg("%s: /v1/completions answered %d: %s", model_path, status, body);
     cJSON *resp = cJSON_Parse(body);
     assert_non_null(resp);
@@ -447,5 +386,5 @@ int main(void) {
         cmocka_unit_test(test_cli_qwen3next), cmocka_unit_test(test_cli_mamba2),
         cmocka_unit_test(test_cli_falcon_h1),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

@@ -8,17 +8,15 @@
  * disk path logs how its cap was chosen, and the cache's own start-up line
  * shows the same cap instead of "unbounded". */
 #define _GNU_SOURCE
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/statvfs.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "serve/serve_config.h"
 #include "serve/serve_disk_cap.h"
+#include "http_client.h"
 #include "test_util.h"
 
 static void test_cap_function(void **state) {
@@ -126,28 +124,24 @@ static char *serve_log(const char *model_path, const char *cfg, const char *dir,
     char log[600];
     snprintf(log, sizeof log, "%s/serve-%d.log", dir, run++);
     const char *bin = ember_binary();
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (freopen(log, "w", stderr) == NULL) _exit(126);
-        if (max_gb_env) setenv("APC_DISK_MAX_GB", max_gb_env, 1);
-        else unsetenv("APC_DISK_MAX_GB");
-        execl(bin, bin, "serve", model_path, "--port", "0", "--threads", "1", "--config", cfg, (char *)NULL);
-        _exit(127);
+    /* the child inherits the variable; the test's own environment is restored */
+    const char *had = getenv("APC_DISK_MAX_GB");
+    char *saved = had ? strdup(had) : NULL;
+    if (max_gb_env) setenv("APC_DISK_MAX_GB", max_gb_env, 1);
+    else unsetenv("APC_DISK_MAX_GB");
+    char *argv[] = {(char *)bin, (char *)"serve", (char *)model_path, (char *)"--port", (char *)"0",
+                    (char *)"--threads", (char *)"1", (char *)"--config", (char *)cfg, NULL};
+    pid_t pid;
+    int port = http_spawn_server(argv, log, 30, &pid);
+    if (saved) setenv("APC_DISK_MAX_GB", saved, 1);
+    else unsetenv("APC_DISK_MAX_GB");
+    free(saved);
+    if (port <= 0) {
+        char *text = read_whole_file(log, NULL);
+        fail_msg("ember serve did not listen: %s", text ? text : "");
     }
-    char *text = NULL;
-    for (int i = 0; i < 600; i++) {
-        free(text);
-        text = read_whole_file(log, NULL);
-        if (text && strstr(text, "listening on")) break;
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) fail_msg("ember serve exited: %s", text ? text : "");
-        usleep(50000);
-    }
-    kill(pid, SIGTERM);
-    int st;
-    waitpid(pid, &st, 0);
+    http_stop_server(&pid, 20000);
+    char *text = read_whole_file(log, NULL);
     assert_true(text && strstr(text, "listening on"));
     return text;
 }

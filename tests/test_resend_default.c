@@ -77,5 +77,5 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_resend_every_family),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

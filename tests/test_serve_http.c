@@ -3,8 +3,8 @@
  *
  * Servers are spawned from $EMBER_BIN on a model made by `ember mkmodel`
  * (port 0; the port is read from the "listening on" log line; each child
- * dies with the test through PR_SET_PDEATHSIG). Loopback has a whole /8,
- * so the "attackers" bind their sockets to 127.0.1.x / 127.0.2.x and the
+ * dies with the test through PR_SET_PDEATHSIG): http_spawn_server of
+ * tests/http_client.h. Loopback has a whole /8, so the "attackers" bind their sockets to 127.0.1.x / 127.0.2.x and the
  * well-behaved client stays on 127.0.0.1: per-address and global limits
  * are told apart. The client here is small and thread-free: one blocking
  * socket per request with a poll deadline, the response parsed with
@@ -32,15 +32,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "http_client.h"
 #include "test_util.h"
 
 static double now_s(void) {
@@ -261,53 +260,11 @@ static int spawn(srv *s, const char *name, const char *yaml, char *const extra[]
     argv[a++] = cfg;
     for (int i = 0; extra && extra[i]; i++) argv[a++] = extra[i];
     argv[a] = NULL;
-    pid_t parent = getpid();
-    s->pid = fork();
-    if (s->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) _exit(127);
-        FILE *lf = freopen(s->log, "w", stderr);
-        (void)lf;
-        execv(bin, argv);
-        _exit(127);
-    }
-    const char *mark = "listening on http://127.0.0.1:";
-    for (int i = 0; i < 600; i++) {
-        size_t n;
-        char *text = read_whole_file(s->log, &n);
-        const char *p = text ? strstr(text, mark) : NULL;
-        if (p) {
-            s->port = atoi(p + strlen(mark));
-            free(text);
-            return 0;
-        }
-        free(text);
-        int st;
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            s->pid = 0;
-            return -1;
-        }
-        usleep(50000);
-    }
-    return -1;
+    s->port = http_spawn_server(argv, s->log, 30, &s->pid);
+    return s->port > 0 ? 0 : -1;
 }
 
-static int stop(srv *s) {
-    if (s->pid <= 0) return -1;
-    kill(s->pid, SIGTERM);
-    int st = 0;
-    for (int i = 0; i < 400; i++) {
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            s->pid = 0;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        usleep(50000);
-    }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, &st, 0);
-    s->pid = 0;
-    return -1;
-}
+static int stop(srv *s) { return http_stop_server(&s->pid, 20000); }
 
 static bool g_setup_failed;
 
