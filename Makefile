@@ -1,5 +1,6 @@
-# Thin wrapper over CMake. `make run` builds ember and serves its built-in
-# default model over the OpenAI API (ember's main job); `make generate` runs
+# Thin wrapper over CMake. `make run` builds ember and serves the default
+# model (models/stories260K.gguf, a trained TinyStories model shipped in the
+# repository) over the OpenAI API (ember's main job); `make generate` runs
 # one prompt through it instead; `make test` builds three times (optimized,
 # with ASan+UBSan, and with ThreadSanitizer), runs every test in the first two
 # builds and the server and cache tests in the third; `make install
@@ -8,6 +9,9 @@
 JOBS ?= $(shell nproc)
 PROMPT ?= Once upon a time
 PORT ?= 8080
+# The default model writes English; tests and benchmarks use the random-weight
+# qwen3 `small` model that CMake generates at build/models/default.gguf.
+MODEL ?= models/stories260K.gguf
 
 PREFIX ?= /usr/local
 
@@ -24,12 +28,12 @@ build-asan:
 	cmake --build build-asan -j $(JOBS)
 
 run: build
-	@echo "ember: serving the built-in default model on http://127.0.0.1:$(PORT) (Ctrl-C stops). Try:"
-	@echo "  curl -s http://127.0.0.1:$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":32}'"
-	./build/ember serve build/models/default.gguf --port $(PORT)
+	@echo "ember: serving $(MODEL) on http://127.0.0.1:$(PORT) (Ctrl-C stops). Try (twice):"
+	@echo "  curl -s http://127.0.0.1:$(PORT)/v1/completions -H 'Content-Type: application/json' -d '{\"prompt\":\"Once upon a time, there was a little girl named Lily.\",\"max_tokens\":48,\"temperature\":0}'"
+	./build/ember serve $(MODEL) --port $(PORT)
 
 generate: build
-	./build/ember run build/models/default.gguf -p "$(PROMPT)" -n 64
+	./build/ember run $(MODEL) -p "$(PROMPT)" -n 64
 
 test-release: build
 	cd build && ctest --output-on-failure -j $(JOBS)
