@@ -28,7 +28,7 @@ build-asan:
 	cmake --build build-asan -j $(JOBS)
 
 run: build
-	@echo "ember: serving $(MODEL) on http://127.0.0.1:$(PORT) (Ctrl-C stops). Try (twice):"
+	@echo "ember: serving $(MODEL) on http://127.0.0.1:$(PORT) (Ctrl-C stops); live cache dashboard at http://127.0.0.1:$(PORT)/. Try (twice):"
 	@echo "  curl -s http://127.0.0.1:$(PORT)/v1/completions -H 'Content-Type: application/json' -d '{\"prompt\":\"Once upon a time, there was a little girl named Lily.\",\"max_tokens\":48,\"temperature\":0}'"
 	./build/ember serve $(MODEL) --port $(PORT)
 

@@ -10,8 +10,12 @@
  *  - Routes: GET /health (never authenticated), GET /v1/models,
  *    POST /v1/chat/completions, POST /v1/completions, GET /v1/cache/stats
  *    and /cache/stats (?model=ID), POST /v1/cache/reset and /cache/reset,
- *    GET /metrics and /v1/metrics (Prometheus text). With an API key every
- *    route but /health needs "Authorization: Bearer KEY" (401 otherwise).
+ *    GET /metrics and /v1/metrics (Prometheus text), GET /v1/cache/recent
+ *    (the last finished requests, serve_recent.h), GET / and /dashboard (the
+ *    live cache dashboard, a static page compiled in: serve_dashboard.h).
+ *    With an API key every route but /health and the dashboard page needs
+ *    "Authorization: Bearer KEY" (401 otherwise); the page holds no data and
+ *    asks for the key before it polls.
  *    Unknown paths are 404, known paths with another method 405, bodies over
  *    server.max_body_bytes 413; every error has an OpenAI error body.
  *  - Connections: past server.connection_limit open connections, or

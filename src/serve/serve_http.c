@@ -72,8 +72,10 @@
 #include "model/model.h"
 #include "serve/serve_api.h"
 #include "serve/serve_chat.h"
+#include "serve/serve_dashboard.h"
 #include "serve/serve_stats.h"
 #include "serve/serve_metrics.h"
+#include "serve/serve_recent.h"
 #include "serve/serve_sched.h"
 
 /* libmicrohttpd's own limits sit this far above ours, so that requests over
@@ -100,6 +102,7 @@ struct server {
     sched *s;
     serve_chat *chat;
     serve_metrics *metrics;
+    serve_recent *recent;    /* the dashboard's last finished requests */
     struct MHD_Daemon *d;
     api_ctx api;
     char model_id[128];
@@ -254,7 +257,7 @@ static bool auth_ok(server *srv, struct MHD_Connection *c) {
 /* ---- routes ---- */
 
 enum {
-    R_HEALTH = 0, R_MODELS, R_CHAT, R_COMPLETIONS, R_STATS, R_RESET, R_METRICS, R_COUNT_
+    R_HEALTH = 0, R_MODELS, R_CHAT, R_COMPLETIONS, R_STATS, R_RESET, R_METRICS, R_DASHBOARD, R_RECENT, R_COUNT_
 };
 
 static const struct {
@@ -275,9 +278,13 @@ static const struct {
     {"/cache/reset", "POST", true, "/v1/cache/reset"},
     {"/v1/metrics", "GET", true, "/metrics"},
     {"/v1/health", "GET", false, "/health"},
+    /* the dashboard page holds no data (its data routes need the key) */
+    {"/", "GET", false, "/dashboard"},
+    {"/dashboard", "GET", false, "/dashboard"},
+    {"/v1/cache/recent", "GET", true, "/v1/cache/recent"},
 };
-static const int route_kind[] = {R_HEALTH, R_MODELS, R_CHAT,  R_COMPLETIONS, R_STATS, R_RESET,
-                                 R_METRICS, R_STATS, R_RESET, R_METRICS,     R_HEALTH};
+static const int route_kind[] = {R_HEALTH, R_MODELS, R_CHAT,  R_COMPLETIONS, R_STATS,     R_RESET,    R_METRICS,
+                                 R_STATS,  R_RESET,  R_METRICS, R_HEALTH,    R_DASHBOARD, R_DASHBOARD, R_RECENT};
 #define N_ROUTES (int)(sizeof routes / sizeof routes[0])
 
 static int find_route(const char *url) {
@@ -336,6 +343,50 @@ static enum MHD_Result handle_metrics(server *srv, struct MHD_Connection *c) {
     size_t len;
     char *text = serve_metrics_render(srv->metrics, engine_cache(srv->e), running, waiting, &len);
     return send_buf(srv, c, "/metrics", text ? 200 : 500, text, "text/plain; version=0.0.4; charset=utf-8", 0, NULL);
+}
+
+static enum MHD_Result handle_recent(server *srv, struct MHD_Connection *c) {
+    const char *lim = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
+    int limit = lim ? atoi(lim) : 0;
+    return send_cjson(srv, c, "/v1/cache/recent", 200,
+                      serve_recent_json(srv->recent, engine_cache(srv->e), srv->model_id, limit));
+}
+
+static enum MHD_Result handle_dashboard(server *srv, struct MHD_Connection *c) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(serve_dashboard_html_len, (void *)serve_dashboard_html,
+                                                             MHD_RESPMEM_PERSISTENT);
+    if (r == NULL) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "text/html; charset=utf-8");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    /* everything the page needs is inline; it only talks to this server */
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                            "connect-src 'self'; img-src data:");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    serve_metrics_request(srv->metrics, "/dashboard", 200);
+    return ret;
+}
+
+/* One finished generation into the dashboard's ring. */
+static void note_recent(server *srv, const char *id, bool chat, bool stream, int status, sreq_finish fin,
+                        const sreq_usage *u) {
+    serve_recent_entry e;
+    memset(&e, 0, sizeof e);
+    snprintf(e.id, sizeof e.id, "%s", id);
+    e.endpoint = chat ? "chat" : "completions";
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    e.time = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    e.status = status;
+    e.finish = api_finish_reason(fin);
+    e.stream = stream;
+    e.prompt_tokens = u->prompt_tokens;
+    e.cached_tokens = u->cached_tokens;
+    e.completion_tokens = u->completion_tokens;
+    e.ttft_s = u->ttft_s;
+    e.total_s = u->total_s;
+    serve_recent_add(srv->recent, &e);
 }
 
 /* ---- generation ---- */
@@ -640,6 +691,8 @@ static void stream_events(stream_ctx *st, const sreq_delta *d) {
     if (d->finish != SREQ_RUNNING) {
         sreq_usage u;
         sreq_usage_get(st->r, &u);
+        note_recent(srv, st->id, st->q.chat, true, d->finish == SREQ_FAILED || d->finish == SREQ_CANCELLED ? 500 : 200,
+                    d->finish, &u);
         if (d->finish == SREQ_FAILED || d->finish == SREQ_CANCELLED) {
             api_error e;
             api_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
@@ -680,6 +733,8 @@ static bool whole_add(stream_ctx *st, const sreq_delta *d) {
 static char *whole_body(stream_ctx *st, int *status) {
     sreq_usage u;
     sreq_usage_get(st->r, &u);
+    note_recent(st->srv, st->id, st->q.chat, false, st->fin == SREQ_FAILED || st->fin == SREQ_CANCELLED ? 500 : 200,
+                st->fin, &u);
     if (st->fin == SREQ_FAILED || st->fin == SREQ_CANCELLED) {
         api_error e;
         api_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", u.error[0] ? u.error : "cancelled");
@@ -1033,6 +1088,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_STATS: return handle_stats(srv, c, false);
     case R_RESET: return handle_stats(srv, c, true);
     case R_METRICS: return handle_metrics(srv, c);
+    case R_DASHBOARD: return handle_dashboard(srv, c);
+    case R_RECENT: return handle_recent(srv, c);
     }
     return MHD_NO;
 }
@@ -1095,7 +1152,8 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
     if (srv->e == NULL) goto fail;
     srv->chat = serve_chat_create(srv->m, err);
     srv->metrics = serve_metrics_create();
-    if (srv->chat == NULL || srv->metrics == NULL) goto fail;
+    srv->recent = serve_recent_create(64);
+    if (srv->chat == NULL || srv->metrics == NULL || srv->recent == NULL) goto fail;
     sched_config sc = {cfg->n_threads, cfg->prefill_step, cfg->max_running, cfg->queue_size, cfg->fresh_wait_ms,
                        cfg->fresh_min,   cfg->disk_wait_ms};
     srv->s = sched_create(srv->e, &sc, srv->metrics, err);
@@ -1227,6 +1285,7 @@ void server_free(server *srv) {
     sched_free(srv->s);
     serve_chat_free(srv->chat);
     serve_metrics_free(srv->metrics);
+    serve_recent_free(srv->recent);
     engine_free(srv->e);
     model_free(srv->m);
     if (srv->lock_ready) {
