@@ -20,6 +20,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_settings(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 /* ---- Their option tables ---- */
 extern const cli_command cmd_run_command;
@@ -30,6 +31,7 @@ extern const cli_command cmd_tokenize_command;
 extern const cli_command cmd_serve_command;
 extern const cli_command cmd_settings_command;
 extern const cli_command cmd_chat_command;
+extern const cli_command cmd_bench_command;
 
 /* ---- Shared by serve and settings ---- */
 /* Resolves defaults < --config FILE < environment < flags into cfg. The
