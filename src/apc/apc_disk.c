@@ -38,6 +38,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "core/clock.h"
 #include "core/log.h"
 
 #define PENDING (-1)
@@ -413,14 +414,36 @@ static int read_file_header(apc_disk *d, int fd, apc_disk_header *h, uint64_t *s
     return rc;
 }
 
+/* Directory entries under dir (a cheap first pass, so the rebuild can say
+ * how far along it is). */
+static long count_entries(const char *dir_path) {
+    DIR *dir = opendir(dir_path);
+    if (dir == NULL) return 0;
+    long n = 0;
+    struct dirent *de;
+    while ((de = readdir(dir)) != NULL) n += strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0;
+    closedir(dir);
+    return n;
+}
+
 static void scan(apc_disk *d) {
+    long total = count_entries(d->dir), seen = 0;
+    if (total > 0) ember_log(EMBER_LOG_INFO, "APC disk: rebuilding the index of %s from %ld files", d->dir, total);
     DIR *dir = opendir(d->dir);
     if (dir == NULL) return;
     int n_temp = 0, n_unknown = 0, n_bad = 0;
     struct dirent *de;
     char path[4096];
+    double last_report = ember_now();
     while ((de = readdir(dir)) != NULL) {
         if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+        /* a large tier takes a while to read back: say so every second */
+        if (++seen % 64 == 0 && ember_now() - last_report >= 1.0) {
+            last_report = ember_now();
+            ember_log(EMBER_LOG_INFO, "APC disk: index rebuild %ld of %ld files (%.0f%%), %.1f MiB indexed", seen,
+                      total > seen ? total : seen, 100.0 * (double)seen / (double)(total > seen ? total : seen),
+                      (double)d->bytes / (1024.0 * 1024.0));
+        }
         snprintf(path, sizeof path, "%s/%s", d->dir, de->d_name);
         struct stat st;
         if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode)) continue;

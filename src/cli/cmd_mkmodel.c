@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli/cli_opts.h"
 #include "cli/commands.h"
@@ -189,6 +190,17 @@ static int64_t write_tokenizer(const mk_options *o, const mk_preset *preset, ggu
 
 /* ---- command ---- */
 
+/* Large presets take a while: one self-overwriting line on a terminal. */
+#define MK_PROGRESS_MIN_BYTES (8ull << 20)
+
+static void show_progress(void *user, uint64_t done, uint64_t total) {
+    (void)user;
+    fprintf(stderr, "\rember mkmodel: weights %.1f of %.1f MiB (%d%%)", (double)done / 1048576.0,
+            (double)total / 1048576.0, total ? (int)(100 * done / total) : 100);
+    if (done >= total) fputs("\r\033[K", stderr);
+    fflush(stderr);
+}
+
 static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -239,6 +251,8 @@ int cmd_mkmodel(int argc, char **argv) {
     pool = ember_pool_create(o.threads);
     weights = mk_weights_add(w, tensors, n_tensors, &config, o.seed, pool, &err);
     if (weights == NULL) goto done;
+    if (isatty(STDERR_FILENO) && mk_weights_bytes(weights) >= MK_PROGRESS_MIN_BYTES)
+        mk_weights_set_progress(weights, show_progress, NULL);
     if (gguf_writer_write(w, o.out, &err) != 0) goto done;
     rc = 0;
 

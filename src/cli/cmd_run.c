@@ -4,10 +4,13 @@
  * decode throughput on stderr. The request goes through engine_generate, the
  * same runner the server uses, so the prompt follows the engine's schedule
  * (design.md §1: grid-aligned prefill chunks, the last prompt token forwarded
- * alone). One request has nothing to reuse, so it bypasses the cache. */
+ * alone). One request has nothing to reuse, so it bypasses the cache. A
+ * prompt longer than one prefill chunk shows its progress on stderr when
+ * that is a terminal. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli_common.h"
 #include "cli/cli_opts.h"
@@ -34,16 +37,39 @@ static const cli_option run_options[] = {
 const cli_command cmd_run_command = {
     "run", cmd_run, "MODEL -p TEXT [options]", "generate text from a prompt",
     "Streams the continuation to stdout and reports prefill and decode speed on stderr.\n"
-    "The request goes through the engine the server uses, with the cache bypassed.",
+    "The request goes through the engine the server uses, with the cache bypassed. On a terminal, a prompt "
+    "longer than one prefill chunk shows its progress.",
     run_options, false, false,
 };
 
+typedef struct run_out {
+    tok_stream *stream;
+    bool progress;       /* stderr is a terminal and the prompt spans several chunks */
+    bool drawn;
+} run_out;
+
 static bool print_token(void *user, int32_t token) {
+    run_out *o = user;
     size_t len;
-    const char *text = tok_stream_push(user, token, &len);
+    const char *text = tok_stream_push(o->stream, token, &len);
     fwrite(text, 1, len, stdout);
     fflush(stdout);
     return true;
+}
+
+/* One self-overwriting line on the terminal while a long prompt prefills. */
+static void show_prefill(void *user, int64_t done, int64_t n_prompt) {
+    run_out *o = user;
+    if (!o->progress) return;
+    if (done >= n_prompt - 1) {
+        if (o->drawn) fputs("\r\033[K", stderr);
+        o->drawn = false;
+        return;
+    }
+    fprintf(stderr, "\rember: prefill %lld/%lld tokens (%d%%)", (long long)done, (long long)n_prompt,
+            (int)(100 * done / n_prompt));
+    fflush(stderr);
+    o->drawn = true;
 }
 
 int cmd_run(int argc, char **argv) {
@@ -90,6 +116,7 @@ int cmd_run(int argc, char **argv) {
     size_t n_prompt = 0;
     engine *eng = NULL;
     tok_stream *stream = NULL;
+    run_out out = {0};
     engine_result res;
     memset(&res, 0, sizeof res);
     int rc = 1;
@@ -117,8 +144,11 @@ int cmd_run(int argc, char **argv) {
     req.max_tokens = n_predict;
     req.cache = ENGINE_CACHE_BYPASS;
     req.stop_at_eog = true;
+    out.stream = stream;
+    out.progress = isatty(STDERR_FILENO) && n_prompt > (size_t)batch;
     req.on_token = print_token;
-    req.user = stream;
+    req.on_prefill = show_prefill;
+    req.user = &out;
     if (engine_generate(eng, &req, &res, &err) < 0) goto fail;
     size_t len;
     const char *tail = tok_stream_flush(stream, &len);

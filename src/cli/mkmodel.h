@@ -96,6 +96,11 @@ int mk_plan_tensors(const mk_arch *a, const mk_config *c, ember_dtype wtype, mk_
 typedef struct mk_weights mk_weights;
 mk_weights *mk_weights_add(gguf_writer *w, const mk_tensor *tensors, int n, const mk_config *c, uint64_t seed,
                            ember_pool *pool, ember_error *err);
+/* Weight bytes of every tensor, and a hook called after each tensor's data
+ * is produced (during gguf_writer_write) with the bytes done so far. */
+typedef void (*mk_progress_fn)(void *user, uint64_t done_bytes, uint64_t total_bytes);
+uint64_t mk_weights_bytes(const mk_weights *mw);
+void mk_weights_set_progress(mk_weights *mw, mk_progress_fn fn, void *user);
 void mk_weights_free(mk_weights *mw);
 
 #endif

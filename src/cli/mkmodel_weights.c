@@ -18,7 +18,9 @@
 
 #include "tensor/quant.h"
 
+
 typedef struct mk_fill {
+    mk_weights *owner;
     const mk_tensor *tensor;
     uint64_t tensor_seed;
     float std;           /* for normal inits */
@@ -33,6 +35,9 @@ typedef struct mk_fill {
 struct mk_weights {
     mk_fill *fills;
     int n;
+    uint64_t total_bytes, done_bytes;
+    mk_progress_fn progress;
+    void *progress_user;
 };
 
 /* FNV-1a: a stable hash of the tensor name, so seeds follow names, not order. */
@@ -107,6 +112,9 @@ static int fill_tensor(void *user, void *dst, uint64_t nbytes, ember_error *err)
     ember_pool_run(f->pool, fill_rows_task, f);
     if (f->failed) return ember_fail(err, "cannot produce %s data (no quantizer, or out of memory)",
                                      dtype_info_of(t->type)->name);
+    mk_weights *mw = f->owner;
+    mw->done_bytes += nbytes;
+    if (mw->progress) mw->progress(mw->progress_user, mw->done_bytes, mw->total_bytes);
     return 0;
 }
 
@@ -122,7 +130,9 @@ mk_weights *mk_weights_add(gguf_writer *w, const mk_tensor *tensors, int n, cons
     for (int i = 0; i < n; i++) {
         const mk_tensor *t = &tensors[i];
         mk_fill *f = &mw->fills[i];
+        f->owner = mw;
         f->tensor = t;
+        mw->total_bytes += (uint64_t)dtype_row_bytes(t->type, t->ne[0]) * (uint64_t)(t->ne[1] * t->ne[2] * t->ne[3]);
         uint64_t s = seed ^ name_hash(t->name);
         f->tensor_seed = rng_splitmix64(&s);
         f->pool = pool;
@@ -138,6 +148,13 @@ mk_weights *mk_weights_add(gguf_writer *w, const mk_tensor *tensors, int n, cons
         }
     }
     return mw;
+}
+
+uint64_t mk_weights_bytes(const mk_weights *mw) { return mw->total_bytes; }
+
+void mk_weights_set_progress(mk_weights *mw, mk_progress_fn fn, void *user) {
+    mw->progress = fn;
+    mw->progress_user = user;
 }
 
 void mk_weights_free(mk_weights *mw) {

@@ -72,6 +72,9 @@ typedef enum engine_finish {
 
 /* Streaming: called with each generated token; return false to stop. */
 typedef bool (*engine_token_fn)(void *user, int32_t token);
+/* Prefill progress: prompt positions now in the sequence (cached ones
+ * included) out of n_prompt, after the cache lookup and after each chunk. */
+typedef void (*engine_progress_fn)(void *user, int64_t done, int64_t n_prompt);
 
 typedef struct engine_request {
     const int32_t *prompt;
@@ -83,6 +86,7 @@ typedef struct engine_request {
     bool stop_at_eog;         /* finish on the tokenizer's end-of-generation ids */
     bool want_logits;         /* keep the logits of every generated step */
     engine_token_fn on_token;
+    engine_progress_fn on_prefill; /* optional; gets `user` too */
     void *user;
     /* What the chat template tells the cache (chat_plan.h; all zero for a
      * plain prompt). Only decides where the cache stores, never what a
