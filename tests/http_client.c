@@ -231,6 +231,30 @@ int http_spawn_server(char *const argv[], const char *log_path, int wait_s, pid_
     return -1;
 }
 
+int http_call(int port, const char *method, const char *path, const char *extra_headers, const char *req_body,
+              char **body) {
+    http_resp r = http_request(port, method, path, extra_headers, req_body, 120);
+    *body = strdup(r.body ? r.body : "");
+    int status = r.status;
+    http_resp_free(&r);
+    return status;
+}
+
+int http_spawn_ember(const char *bin, const char *model_path, char *const extra[], const char *log_path, pid_t *pid) {
+    char *argv[48];
+    int a = 0;
+    argv[a++] = (char *)bin;
+    argv[a++] = (char *)"serve";
+    argv[a++] = (char *)model_path;
+    argv[a++] = (char *)"--port";
+    argv[a++] = (char *)"0";
+    argv[a++] = (char *)"--threads";
+    argv[a++] = (char *)"2";
+    for (int i = 0; extra && extra[i] && a < 47; i++) argv[a++] = extra[i];
+    argv[a] = NULL;
+    return http_spawn_server(argv, log_path, 30, pid);
+}
+
 int http_stop_server(pid_t *pid, int grace_ms) {
     if (*pid <= 0) return -1;
     int st = 0;

@@ -18,8 +18,8 @@
  * API:
  *   connections  http_connect, http_send_all, http_send_request
  *   responses    http_read_all, http_dechunk, http_parse_response, http_resp_free
- *   one call     http_request
- *   servers      http_spawn_server, http_stop_server
+ *   one call     http_request, http_call
+ *   servers      http_spawn_server, http_spawn_ember, http_stop_server
  */
 #ifndef EMBER_HTTP_CLIENT_H
 #define EMBER_HTTP_CLIENT_H
@@ -73,6 +73,11 @@ void http_resp_free(http_resp *r);
 http_resp http_request(int port, const char *method, const char *path, const char *extra_headers,
                        const char *body, int timeout_s);
 
+/* http_request, reduced to the status (-1: no connection) and a malloc'd
+ * copy of the body ("" when none) in *body, with a 120 s timeout. */
+int http_call(int port, const char *method, const char *path, const char *extra_headers, const char *req_body,
+              char **body);
+
 /* Starts argv (argv[0] is the ember binary, argv[1] "serve", with --port 0)
  * with stderr written to log_path, and waits up to wait_s seconds for its
  * "listening on http://127.0.0.1:PORT" line. Returns the port, or -1 when
@@ -80,6 +85,10 @@ http_resp http_request(int port, const char *method, const char *path, const cha
  * reaped or killed). *pid gets the child (0 after a failure). The child gets
  * PR_SET_PDEATHSIG(SIGKILL): it is killed when the calling thread ends. */
 int http_spawn_server(char *const argv[], const char *log_path, int wait_s, pid_t *pid);
+
+/* http_spawn_server of `BIN serve MODEL --port 0 --threads 2 EXTRA...`
+ * (extra: NULL-terminated, or NULL), waiting up to 30 s. Returns the port or -1. */
+int http_spawn_ember(const char *bin, const char *model_path, char *const extra[], const char *log_path, pid_t *pid);
 
 /* SIGTERM, then up to grace_ms for the server to exit, then SIGKILL.
  * Returns its exit status (128 + signal when a signal ended it), or -1 when

@@ -23,6 +23,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "http_client.h"
 #include "test_util.h"
 
 static char *g_dir;
@@ -43,10 +44,13 @@ static int teardown(void **state) {
     return 0;
 }
 
-static void start(test_server *srv, const char *name) {
+/* ember serve on the test model; returns its port. */
+static int start(pid_t *pid, const char *name) {
     char log[700];
     snprintf(log, sizeof log, "%s/%s.log", g_dir, name);
-    assert_int_equal(test_server_start(srv, g_model, log, NULL), 0);
+    int port = http_spawn_ember(ember_binary(), g_model, NULL, log, pid);
+    assert_true(port > 0);
+    return port;
 }
 
 static cJSON *read_json(const char *path) {
@@ -95,25 +99,25 @@ static void test_mooncake_slice_matches_server_counters(void **state) {
     snprintf(out, sizeof out, "%s/out", g_dir);
     snprintf(cmd, sizeof cmd, "%s bench gen --out %s --requests 200 --agents 6 --groups 2 --seed 5 2>&1",
              ember_binary(), trace);
-    assert_int_equal(test_run_capture(cmd, &text), 0);
+    assert_int_equal(run_capture(cmd, &text), 0);
     free(text);
     assert_int_equal(count_lines(trace), 200);
-    test_server srv;
-    start(&srv, "mooncake");
+    pid_t srv_pid = 0;
+    int srv_port = start(&srv_pid, "mooncake");
     snprintf(cmd, sizeof cmd,
              "%s bench %s --url http://127.0.0.1:%d --block-tokens 16 --max-output 4 --clients 2 --no-progress "
              "--out %s 2>&1",
-             ember_binary(), trace, srv.port, out);
-    int rc = test_run_capture(cmd, &text);
+             ember_binary(), trace, srv_port, out);
+    int rc = run_capture(cmd, &text);
     print_message("%s", text);
     assert_int_equal(rc, 0);
     free(text);
     char *metrics;
-    assert_int_equal(test_http(srv.port, "GET", "/metrics", NULL, NULL, &metrics), 200);
+    assert_int_equal(http_call(srv_port, "GET", "/metrics", NULL, NULL, &metrics), 200);
     double server_prompt = prom_sum(metrics, "ember_prompt_tokens_total");
     double server_cached = prom_sum(metrics, "ember_prompt_cached_tokens_total");
     free(metrics);
-    assert_int_equal(test_server_stop(&srv), 0);
+    assert_int_equal(http_stop_server(&srv_pid, 10000), 0);
 
     snprintf(path, sizeof path, "%s/summary.json", out);
     cJSON *s = read_json(path);
@@ -172,15 +176,15 @@ static void test_ideal_arithmetic(void **state) {
           "{\"timestamp\": 20, \"input_length\": 1536, \"output_length\": 8, \"hash_ids\": [101, 102, 103]}\n",
           f);
     fclose(f);
-    test_server srv;
-    start(&srv, "three");
+    pid_t srv_pid = 0;
+    int srv_port = start(&srv_pid, "three");
     snprintf(cmd, sizeof cmd,
              "%s bench %s --url http://127.0.0.1:%d --block-tokens 16 --capacity-tokens 48 --no-progress --out %s "
              ">/dev/null 2>&1",
-             ember_binary(), trace, srv.port, out);
-    assert_int_equal(test_run_capture(cmd, &text), 0);
+             ember_binary(), trace, srv_port, out);
+    assert_int_equal(run_capture(cmd, &text), 0);
     free(text);
-    assert_int_equal(test_server_stop(&srv), 0);
+    assert_int_equal(http_stop_server(&srv_pid, 10000), 0);
     snprintf(path, sizeof path, "%s/requests.jsonl", out);
     text = read_whole_file(path, NULL);
     assert_non_null(text);
@@ -210,15 +214,15 @@ static void test_sessions(void **state) {
              "%s bench gen --format sessions --out %s --requests 12 --turns 4 --groups 1 --system-blocks 1 "
              "--turn-blocks 1 --seed 2 2>&1",
              ember_binary(), trace);
-    assert_int_equal(test_run_capture(cmd, &text), 0);
+    assert_int_equal(run_capture(cmd, &text), 0);
     free(text);
-    test_server srv;
-    start(&srv, "sessions");
+    pid_t srv_pid = 0;
+    int srv_port = start(&srv_pid, "sessions");
     snprintf(cmd, sizeof cmd, "%s bench %s --url http://127.0.0.1:%d --max-output 4 --clients 2 --no-progress --out %s 2>&1",
-             ember_binary(), trace, srv.port, out);
-    assert_int_equal(test_run_capture(cmd, &text), 0);
+             ember_binary(), trace, srv_port, out);
+    assert_int_equal(run_capture(cmd, &text), 0);
     free(text);
-    assert_int_equal(test_server_stop(&srv), 0);
+    assert_int_equal(http_stop_server(&srv_pid, 10000), 0);
     snprintf(path, sizeof path, "%s/requests.jsonl", out);
     text = read_whole_file(path, NULL);
     assert_non_null(text);
@@ -250,18 +254,18 @@ static void test_bad_inputs(void **state) {
     fclose(f);
     snprintf(cmd, sizeof cmd, "%s bench %s --url http://127.0.0.1:1 --no-progress --out %s/bad 2>&1", ember_binary(),
              trace, g_dir);
-    assert_int_equal(test_run_capture(cmd, &text), 1);
+    assert_int_equal(run_capture(cmd, &text), 1);
     assert_non_null(strstr(text, "bad.jsonl:2: hash_ids"));
     free(text);
     /* a valid trace against a port where nothing listens: every request fails */
     f = fopen(trace, "w");
     fputs("{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 8, \"hash_ids\": [1, 2]}\n", f);
     fclose(f);
-    assert_int_equal(test_run_capture(cmd, &text), 1);
+    assert_int_equal(run_capture(cmd, &text), 1);
     assert_non_null(strstr(text, "cannot connect"));
     free(text);
     snprintf(cmd, sizeof cmd, "%s bench 2>&1", ember_binary());
-    assert_int_equal(test_run_capture(cmd, &text), 2);
+    assert_int_equal(run_capture(cmd, &text), 2);
     free(text);
 }
 
@@ -272,6 +276,6 @@ int main(void) {
         cmocka_unit_test(test_sessions),
         cmocka_unit_test(test_bad_inputs),
     };
-    int rc = cmocka_run_group_tests(tests, setup, teardown);
+    int rc = test_run_group(tests, setup, teardown);
     return build_dir() == NULL ? 1 : rc;
 }

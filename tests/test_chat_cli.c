@@ -20,6 +20,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "http_client.h"
 #include "test_util.h"
 
 typedef struct status_line {
@@ -47,7 +48,7 @@ static int run_chat(const char *dir, const char *script, status_line *out, int m
     fclose(f);
     snprintf(cmd, sizeof cmd, "%s chat %s --temp 0 -n 12 --threads 2 < %s 2>&1", ember_binary(), g_model, in);
     char *text;
-    assert_int_equal(test_run_capture(cmd, &text), 0);
+    assert_int_equal(run_capture(cmd, &text), 0);
     int n = 0;
     for (const char *p = strstr(text, "[prompt "); p && n < max; p = strstr(p + 1, "[prompt ")) {
         status_line *s = &out[n];
@@ -74,10 +75,12 @@ static void test_second_turn_is_warm(void **state) {
     /* the same first turn through the server: the same prompt, token for token */
     char log[700];
     snprintf(log, sizeof log, "%s/serve.log", dir);
-    test_server srv;
-    assert_int_equal(test_server_start(&srv, g_model, log, NULL), 0);
+    pid_t srv_pid = 0;
+    int srv_port;
+    srv_port = http_spawn_ember(ember_binary(), g_model, NULL, log, &srv_pid);
+    assert_true(srv_port > 0);
     char *resp;
-    int code = test_http(srv.port, "POST", "/v1/chat/completions", NULL,
+    int code = http_call(srv_port, "POST", "/v1/chat/completions", NULL,
                          "{\"messages\":[{\"role\":\"user\",\"content\":\"Hello there, how are you today?\"}],"
                          "\"max_tokens\":1}",
                          &resp);
@@ -89,7 +92,7 @@ static void test_second_turn_is_warm(void **state) {
     assert_int_equal((long long)pt->valuedouble, st[0].prompt);
     cJSON_Delete(j);
     free(resp);
-    assert_int_equal(test_server_stop(&srv), 0);
+    assert_int_equal(http_stop_server(&srv_pid, 10000), 0);
     remove_tree(dir);
     free(dir);
 }
@@ -154,11 +157,11 @@ static void test_bad_arguments(void **state) {
     (void)state;
     char cmd[1200], *out;
     snprintf(cmd, sizeof cmd, "%s chat 2>&1 </dev/null", ember_binary());
-    assert_int_equal(test_run_capture(cmd, &out), 2);
+    assert_int_equal(run_capture(cmd, &out), 2);
     assert_non_null(strstr(out, "ember chat"));
     free(out);
     snprintf(cmd, sizeof cmd, "%s chat /nonexistent.gguf 2>&1 </dev/null", ember_binary());
-    assert_int_equal(test_run_capture(cmd, &out), 1);
+    assert_int_equal(run_capture(cmd, &out), 1);
     assert_non_null(strstr(out, "nonexistent.gguf"));
     free(out);
 }
@@ -169,6 +172,6 @@ int main(void) {
         cmocka_unit_test(test_commands),
         cmocka_unit_test(test_bad_arguments),
     };
-    int rc = cmocka_run_group_tests(tests, setup, NULL);
+    int rc = test_run_group(tests, setup, NULL);
     return build_dir() == NULL ? 1 : rc;
 }

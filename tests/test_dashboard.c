@@ -25,12 +25,15 @@
 
 #include <cjson/cJSON.h>
 
+#include "http_client.h"
 #include "test_util.h"
 
 static char g_chromium[512];
 static char *g_dir;
 static char g_model[1024];
-static test_server g_srv;
+static pid_t g_pid;
+static int g_port;
+static char g_log[600];
 static bool g_setup_failed; /* cmocka exits 0 after a failed group setup */
 
 static bool find_chromium(void) {
@@ -64,7 +67,7 @@ static char *chromium(const char *url, const char *mode) {
              "--user-data-dir=%s/chromium-profile --window-size=1280,1100 --virtual-time-budget=4000 %s '%s' "
              "2>%s/chromium.log",
              g_chromium, g_dir, mode, url, g_dir);
-    int rc = test_run_capture(cmd, &out);
+    int rc = run_capture(cmd, &out);
     if (rc != 0) {
         char log[600];
         snprintf(log, sizeof log, "%s/chromium.log", g_dir);
@@ -110,7 +113,7 @@ static void page_has_string(const char *dom, const char *id, const char *want) {
 
 static cJSON *get_json(const char *path) {
     char *body;
-    int st = test_http(g_srv.port, "GET", path, "Authorization: Bearer sekrit\r\n", NULL, &body);
+    int st = http_call(g_port, "GET", path, "Authorization: Bearer sekrit\r\n", NULL, &body);
     if (st != 200) fail_msg("GET %s: %d %s", path, st, body);
     cJSON *j = cJSON_Parse(body);
     free(body);
@@ -153,10 +156,10 @@ static int setup_server(void) {
     if (src == NULL || ember_binary() == NULL) return -1;
     snprintf(g_model, sizeof g_model, "%s/models/stories260K.gguf", src);
     g_dir = make_temp_dir();
-    char log[600];
-    snprintf(log, sizeof log, "%s/serve.log", g_dir);
+    snprintf(g_log, sizeof g_log, "%s/serve.log", g_dir);
     char *extra[] = {(char *)"--api-key", (char *)"sekrit", NULL};
-    if (test_server_start(&g_srv, g_model, log, extra) < 0) return -1;
+    g_port = http_spawn_ember(ember_binary(), g_model, extra, g_log, &g_pid);
+    if (g_port <= 0) return -1;
     const char *bodies[] = {
         "{\"prompt\":\"Once upon a time, there was a little girl named Lily. She loved\",\"max_tokens\":16}",
         "{\"prompt\":\"Once upon a time, there was a little girl named Lily. She loved\",\"max_tokens\":16}",
@@ -164,7 +167,7 @@ static int setup_server(void) {
     };
     for (size_t i = 0; i < 3; i++) {
         char *resp;
-        int st = test_http(g_srv.port, "POST", "/v1/completions", "Authorization: Bearer sekrit\r\n", bodies[i], &resp);
+        int st = http_call(g_port, "POST", "/v1/completions", "Authorization: Bearer sekrit\r\n", bodies[i], &resp);
         free(resp);
         if (st != 200) return -1;
     }
@@ -173,7 +176,7 @@ static int setup_server(void) {
 
 static int teardown(void **state) {
     (void)state;
-    test_server_stop(&g_srv);
+    http_stop_server(&g_pid, 10000);
     remove_tree(g_dir);
     free(g_dir);
     return 0;
@@ -182,8 +185,8 @@ static int teardown(void **state) {
 static void test_page_is_served_and_data_needs_the_key(void **state) {
     (void)state;
     char *a, *b;
-    assert_int_equal(test_http(g_srv.port, "GET", "/", NULL, NULL, &a), 200);
-    assert_int_equal(test_http(g_srv.port, "GET", "/dashboard", NULL, NULL, &b), 200);
+    assert_int_equal(http_call(g_port, "GET", "/", NULL, NULL, &a), 200);
+    assert_int_equal(http_call(g_port, "GET", "/dashboard", NULL, NULL, &b), 200);
     assert_string_equal(a, b);
     assert_non_null(strstr(a, "/v1/cache/stats"));
     /* nothing is loaded from elsewhere: no external script, style, image or fetch */
@@ -193,14 +196,14 @@ static void test_page_is_served_and_data_needs_the_key(void **state) {
     assert_null(strstr(a, "fetch(\"http"));
     free(a);
     free(b);
-    assert_int_equal(test_http(g_srv.port, "GET", "/v1/cache/recent", NULL, NULL, &a), 401);
+    assert_int_equal(http_call(g_port, "GET", "/v1/cache/recent", NULL, NULL, &a), 401);
     free(a);
 }
 
 static void test_locked_without_key(void **state) {
     (void)state;
     char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/dashboard", g_srv.port);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/dashboard", g_port);
     char *dom = chromium(url, "--dump-dom");
     page_has_string(dom, "status", "locked");
     page_has_string(dom, "tokens-saved", "");
@@ -212,18 +215,18 @@ static void test_locked_without_key(void **state) {
 static void test_rendered_values_equal_the_server(void **state) {
     (void)state;
     char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/dashboard#key=sekrit", g_srv.port);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/dashboard#key=sekrit", g_port);
     char *dom = chromium(url, "--dump-dom");
     cJSON *stats = get_json("/v1/cache/stats"), *recent = get_json("/v1/cache/recent");
     char *metrics;
-    assert_int_equal(test_http(g_srv.port, "GET", "/metrics", "Authorization: Bearer sekrit\r\n", NULL, &metrics), 200);
+    assert_int_equal(http_call(g_port, "GET", "/metrics", "Authorization: Bearer sekrit\r\n", NULL, &metrics), 200);
 
     page_has_string(dom, "status", "live");
     page_has_string(dom, "model", "stories260K");
     page_has_string(dom, "tier", cJSON_GetObjectItem(stats, "tier")->valuestring);
     page_has_string(dom, "route", cJSON_GetObjectItem(recent, "route")->valuestring);
     /* the route line is the one the server logged at load */
-    char *log = read_whole_file(g_srv.log, NULL);
+    char *log = read_whole_file(g_log, NULL);
     assert_non_null(strstr(log, cJSON_GetObjectItem(recent, "route")->valuestring));
     free(log);
     const struct { const char *id, *key; } pairs[] = {
@@ -292,13 +295,13 @@ int main(void) {
             return 1;
         }
         printf("skipping: chromium not found (install it with scripts/install-deps.sh, or set EMBER_CHROMIUM)\n");
-        return 77;
+        return TEST_SKIP_EXIT;
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_page_is_served_and_data_needs_the_key),
         cmocka_unit_test(test_locked_without_key),
         cmocka_unit_test(test_rendered_values_equal_the_server),
     };
-    int rc = cmocka_run_group_tests(tests, setup, teardown);
+    int rc = test_run_group(tests, setup, teardown);
     return g_setup_failed ? 1 : rc;
 }

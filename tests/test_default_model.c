@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 #include <openssl/evp.h>
 
+#include "http_client.h"
 #include "test_util.h"
 
 static const char *shipped_model(char *buf, size_t cap) {
@@ -109,7 +110,7 @@ static void test_run_writes_english(void **state) {
     char *want = golden_text(golden, "Once upon a time");
     char cmd[2300], *out;
     snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon a time' -n 32 --threads 2 2>/dev/null", bin, path);
-    assert_int_equal(test_run_capture(cmd, &out), 0);
+    assert_int_equal(run_capture(cmd, &out), 0);
     if (strstr(out, want) == NULL) fail_msg("ember run wrote '%s', golden is '%s'", out, want);
     free(out);
     free(want);
@@ -117,7 +118,7 @@ static void test_run_writes_english(void **state) {
 
 static cJSON *post(int port, const char *path, const char *body) {
     char *resp;
-    int status = test_http(port, "POST", path, NULL, body, &resp);
+    int status = http_call(port, "POST", path, NULL, body, &resp);
     if (status != 200) fail_msg("POST %s: %d %s", path, status, resp);
     cJSON *j = cJSON_Parse(resp);
     free(resp);
@@ -141,11 +142,13 @@ static void test_serve_english_then_warm(void **state) {
     char *want = golden_text(golden, "Once upon a time");
     char *dir = make_temp_dir(), log[600];
     snprintf(log, sizeof log, "%s/serve.log", dir);
-    test_server srv;
-    assert_int_equal(test_server_start(&srv, path, log, NULL), 0);
+    pid_t srv_pid = 0;
+    int srv_port;
+    srv_port = http_spawn_ember(ember_binary(), path, NULL, log, &srv_pid);
+    assert_true(srv_port > 0);
     const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":32,\"temperature\":0}";
-    cJSON *cold = post(srv.port, "/v1/completions", body);
-    cJSON *warm = post(srv.port, "/v1/completions", body);
+    cJSON *cold = post(srv_port, "/v1/completions", body);
+    cJSON *warm = post(srv_port, "/v1/completions", body);
     const char *t1 = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(cold, "choices"), 0), "text")->valuestring;
     const char *t2 = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(warm, "choices"), 0), "text")->valuestring;
     /* the API's text has no BOS-induced leading space; the golden text does */
@@ -158,12 +161,12 @@ static void test_serve_english_then_warm(void **state) {
     cJSON_Delete(cold);
     cJSON_Delete(warm);
     /* no template in the file: chat goes through the ChatML fallback */
-    cJSON *chat = post(srv.port, "/v1/chat/completions",
+    cJSON *chat = post(srv_port, "/v1/chat/completions",
                        "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story.\"}],\"max_tokens\":8}");
     assert_string_equal(cJSON_GetObjectItem(chat, "object")->valuestring, "chat.completion");
     assert_true(usage_of(chat, "completion_tokens") >= 1);
     cJSON_Delete(chat);
-    assert_int_equal(test_server_stop(&srv), 0);
+    assert_int_equal(http_stop_server(&srv_pid, 10000), 0);
     char *logtext = read_whole_file(log, NULL);
     assert_non_null(strstr(logtext, "no chat template"));
     free(logtext);
@@ -178,5 +181,5 @@ int main(void) {
         cmocka_unit_test(test_run_writes_english),
         cmocka_unit_test(test_serve_english_then_warm),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }

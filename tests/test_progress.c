@@ -16,11 +16,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "http_client.h"
 #include "test_util.h"
 
 static bool have_script(void) {
     char *out;
-    int rc = test_run_capture("script -qec true /dev/null >/dev/null 2>&1; echo $?", &out);
+    int rc = run_capture("script -qec true /dev/null >/dev/null 2>&1; echo $?", &out);
     bool ok = rc == 0 && strncmp(out, "0", 1) == 0;
     free(out);
     return ok;
@@ -30,7 +31,7 @@ static bool have_script(void) {
 static void on_tty(const char *cmd, char **out) {
     char wrapped[4096];
     snprintf(wrapped, sizeof wrapped, "script -qec \"%s\" /dev/null", cmd);
-    assert_int_equal(test_run_capture(wrapped, out), 0);
+    assert_int_equal(run_capture(wrapped, out), 0);
 }
 
 static void test_run_prefill_progress(void **state) {
@@ -53,7 +54,7 @@ static void test_run_prefill_progress(void **state) {
     free(out);
     char piped[2200];
     snprintf(piped, sizeof piped, "%s 2>&1 | cat", cmd);
-    assert_int_equal(test_run_capture(piped, &out), 0);
+    assert_int_equal(run_capture(piped, &out), 0);
     assert_null(strstr(out, "ember: prefill 16/"));
     assert_non_null(strstr(out, "ember: prefill ")); /* the final throughput line stays */
     free(out);
@@ -70,7 +71,7 @@ static void test_mkmodel_progress(void **state) {
     free(out);
     char piped[2200];
     snprintf(piped, sizeof piped, "%s 2>&1 | cat", cmd);
-    assert_int_equal(test_run_capture(piped, &out), 0);
+    assert_int_equal(run_capture(piped, &out), 0);
     assert_null(strstr(out, "ember mkmodel: weights"));
     assert_non_null(strstr(out, "wrote "));
     free(out);
@@ -88,23 +89,26 @@ static void test_disk_rebuild_logged(void **state) {
     fprintf(f, "cache:\n  disk:\n    path: %s/ssd\n", dir);
     fclose(f);
     char *extra[] = {(char *)"--config", cfg, NULL};
-    test_server srv;
+    pid_t srv_pid = 0;
+    int srv_port;
     snprintf(log, sizeof log, "%s/first.log", dir);
-    assert_int_equal(test_server_start(&srv, model, log, extra), 0);
+    srv_port = http_spawn_ember(ember_binary(), model, extra, log, &srv_pid);
+    assert_true(srv_port > 0);
     char *body;
-    assert_int_equal(test_http(srv.port, "POST", "/v1/completions", NULL,
+    assert_int_equal(http_call(srv_port, "POST", "/v1/completions", NULL,
                                "{\"prompt\":\"a prompt long enough to fill a few blocks of sixteen tokens each, "
                                "so the SSD tier gets something to write\",\"max_tokens\":4}",
                                &body),
                      200);
     free(body);
-    assert_int_equal(test_server_stop(&srv), 0);
+    assert_int_equal(http_stop_server(&srv_pid, 10000), 0);
     char *text = read_whole_file(log, NULL);
     assert_null(strstr(text, "rebuilding the index")); /* an empty tier has nothing to read back */
     free(text);
     snprintf(log, sizeof log, "%s/second.log", dir);
-    assert_int_equal(test_server_start(&srv, model, log, extra), 0);
-    assert_int_equal(test_server_stop(&srv), 0);
+    srv_port = http_spawn_ember(ember_binary(), model, extra, log, &srv_pid);
+    assert_true(srv_port > 0);
+    assert_int_equal(http_stop_server(&srv_pid, 10000), 0);
     text = read_whole_file(log, NULL);
     const char *line = strstr(text, "APC disk: rebuilding the index of ");
     if (line == NULL) fail_msg("no rebuild line in:\n%s", text);
@@ -124,5 +128,5 @@ int main(void) {
         cmocka_unit_test(test_mkmodel_progress),
         cmocka_unit_test(test_disk_rebuild_logged),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return test_run_group(tests, NULL, NULL);
 }
