@@ -23,6 +23,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "serve/serve_metrics.h"
 #include "http_client.h"
 #include "test_util.h"
 
@@ -68,21 +69,6 @@ static double jnum(const cJSON *o, const char *key) {
     return v->valuedouble;
 }
 
-static double prom_sum(const char *text, const char *name) {
-    double s = 0;
-    size_t n = strlen(name);
-    for (const char *p = text; p && *p;) {
-        const char *eol = strchr(p, '\n');
-        if (strncmp(p, name, n) == 0 && (p[n] == ' ' || p[n] == '{')) {
-            const char *e = eol ? eol : p + strlen(p), *sp = e;
-            while (sp > p && sp[-1] != ' ') sp--;
-            s += strtod(sp, NULL);
-        }
-        p = eol ? eol + 1 : NULL;
-    }
-    return s;
-}
-
 static int count_lines(const char *path) {
     char *text = read_whole_file(path, NULL);
     assert_non_null(text);
@@ -114,8 +100,8 @@ static void test_mooncake_slice_matches_server_counters(void **state) {
     free(text);
     char *metrics;
     assert_int_equal(http_call(srv_port, "GET", "/metrics", NULL, NULL, &metrics), 200);
-    double server_prompt = prom_sum(metrics, "ember_prompt_tokens_total");
-    double server_cached = prom_sum(metrics, "ember_prompt_cached_tokens_total");
+    double server_prompt = serve_metrics_text_sum(metrics, "ember_prompt_tokens_total");
+    double server_cached = serve_metrics_text_sum(metrics, "ember_prompt_cached_tokens_total");
     free(metrics);
     assert_int_equal(http_stop_server(&srv_pid, 10000), 0);
 

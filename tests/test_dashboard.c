@@ -25,6 +25,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "serve/serve_metrics.h"
 #include "http_client.h"
 #include "test_util.h"
 
@@ -125,22 +126,6 @@ static double jnum(const cJSON *o, const char *key) {
     const cJSON *v = cJSON_GetObjectItem(o, key);
     if (!cJSON_IsNumber(v)) fail_msg("no number '%s' in the JSON", key);
     return v->valuedouble;
-}
-
-/* The sum of every sample of a Prometheus family. */
-static double prom_sum(const char *text, const char *name) {
-    double s = 0;
-    size_t n = strlen(name);
-    for (const char *p = text; p && *p;) {
-        const char *eol = strchr(p, '\n');
-        if (strncmp(p, name, n) == 0 && (p[n] == ' ' || p[n] == '{')) {
-            const char *sp = p + (eol ? (size_t)(eol - p) : strlen(p));
-            while (sp > p && sp[-1] != ' ') sp--;
-            s += strtod(sp, NULL);
-        }
-        p = eol ? eol + 1 : NULL;
-    }
-    return s;
 }
 
 static int setup_server(void);
@@ -244,11 +229,11 @@ static void test_rendered_values_equal_the_server(void **state) {
     page_has_string(dom, "tripwire-zero-stores", "0");
     page_has_string(dom, "tripwire-missed", "0");
 
-    page_has_number(dom, "m-generations", prom_sum(metrics, "ember_generations_total"));
-    page_has_number(dom, "m-prompt", prom_sum(metrics, "ember_prompt_tokens_total"));
-    page_has_number(dom, "m-cached", prom_sum(metrics, "ember_prompt_cached_tokens_total"));
-    page_has_number(dom, "m-completion", prom_sum(metrics, "ember_completion_tokens_total"));
-    assert_true(prom_sum(metrics, "ember_generations_total") == 3);
+    page_has_number(dom, "m-generations", serve_metrics_text_sum(metrics, "ember_generations_total"));
+    page_has_number(dom, "m-prompt", serve_metrics_text_sum(metrics, "ember_prompt_tokens_total"));
+    page_has_number(dom, "m-cached", serve_metrics_text_sum(metrics, "ember_prompt_cached_tokens_total"));
+    page_has_number(dom, "m-completion", serve_metrics_text_sum(metrics, "ember_completion_tokens_total"));
+    assert_true(serve_metrics_text_sum(metrics, "ember_generations_total") == 3);
 
     /* recent requests: same ids, same order, same token counts */
     const cJSON *reqs = cJSON_GetObjectItem(recent, "requests");

@@ -23,6 +23,7 @@
 #include "cli/cli_common.h"
 #include "cli/cli_opts.h"
 #include "cli/commands.h"
+#include "serve/serve_metrics.h"
 
 enum {
     OPT_URL, OPT_KEY, OPT_MODEL, OPT_OUT, OPT_TITLE, OPT_CLIENTS, OPT_TIMESTAMPS, OPT_SPEED, OPT_BLOCK, OPT_LIMIT,
@@ -199,22 +200,6 @@ static void draw_progress(run_state *st, bool last) {
     fflush(stderr);
 }
 
-/* Sum of every sample of a Prometheus family in text. */
-static double prom_sum(const char *text, const char *name) {
-    double s = 0;
-    size_t n = strlen(name);
-    for (const char *p = text; p && *p;) {
-        const char *eol = strchr(p, '\n');
-        if (strncmp(p, name, n) == 0 && (p[n] == ' ' || p[n] == '{')) {
-            const char *e = eol ? eol : p + strlen(p), *sp = e;
-            while (sp > p && sp[-1] != ' ') sp--;
-            s += strtod(sp, NULL);
-        }
-        p = eol ? eol + 1 : NULL;
-    }
-    return s;
-}
-
 /* ember's counters now: prompt and cached tokens, and the stats object. */
 static bool probe_ember(const bench_opts *o, double *prompt, double *cached, cJSON **stats) {
     int st = 0;
@@ -229,8 +214,8 @@ static bool probe_ember(const bench_opts *o, double *prompt, double *cached, cJS
     body = bench_http_get(o, "/metrics", &st);
     bool ok = st == 200 && body;
     if (ok) {
-        *prompt = prom_sum(body, "ember_prompt_tokens_total");
-        *cached = prom_sum(body, "ember_prompt_cached_tokens_total");
+        *prompt = serve_metrics_text_sum(body, "ember_prompt_tokens_total");
+        *cached = serve_metrics_text_sum(body, "ember_prompt_cached_tokens_total");
     }
     free(body);
     return ok;

@@ -264,3 +264,18 @@ char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waitin
     if (len) *len = b.len;
     return b.p;
 }
+
+double serve_metrics_text_sum(const char *text, const char *name) {
+    double s = 0;
+    size_t n = strlen(name);
+    for (const char *p = text; p && *p;) {
+        const char *eol = strchr(p, '\n');
+        if (strncmp(p, name, n) == 0 && (p[n] == ' ' || p[n] == '{')) {
+            const char *sp = p + (eol ? (size_t)(eol - p) : strlen(p));
+            while (sp > p && sp[-1] != ' ') sp--; /* the value is the last field */
+            s += strtod(sp, NULL);
+        }
+        p = eol ? eol + 1 : NULL;
+    }
+    return s;
+}

@@ -37,4 +37,8 @@ void serve_metrics_finish(serve_metrics *m, const char *reason);
 /* Renders everything (gauges passed in) into a malloc'd NUL-terminated buffer. */
 char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waiting, size_t *len);
 
+/* ---- Reading exposition text (clients: ember bench, tests) ---- */
+/* The sum of every sample of the family `name` in Prometheus text. */
+double serve_metrics_text_sum(const char *text, const char *name);
+
 #endif
