@@ -107,19 +107,7 @@ static srv g_extra; /* a per-test server, stopped by teardown if a test failed w
 
 static int start_server_on(srv *s, const char *name, const char *model_path, char *const extra[]) {
     snprintf(s->log, sizeof s->log, "%s/%s.log", g_dir, name);
-    const char *bin = ember_binary();
-    char *argv[32];
-    int a = 0;
-    argv[a++] = (char *)bin;
-    argv[a++] = (char *)"serve";
-    argv[a++] = (char *)model_path;
-    argv[a++] = (char *)"--port";
-    argv[a++] = (char *)"0";
-    argv[a++] = (char *)"--threads";
-    argv[a++] = (char *)"2";
-    for (int i = 0; extra && extra[i]; i++) argv[a++] = extra[i];
-    argv[a] = NULL;
-    s->port = http_spawn_server(argv, s->log, 30, &s->pid);
+    s->port = http_spawn_ember(ember_binary(), model_path, extra, s->log, &s->pid);
     return s->port > 0 ? 0 : -1;
 }
 

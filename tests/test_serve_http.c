@@ -246,21 +246,13 @@ static int spawn(srv *s, const char *name, const char *yaml, char *const extra[]
     fputs(yaml, f);
     fclose(f);
     snprintf(s->log, sizeof s->log, "%s/%s.log", g_dir, name);
-    const char *bin = ember_binary();
-    char *argv[32];
+    char *args[32];
     int a = 0;
-    argv[a++] = (char *)bin;
-    argv[a++] = (char *)"serve";
-    argv[a++] = g_model;
-    argv[a++] = (char *)"--port";
-    argv[a++] = (char *)"0";
-    argv[a++] = (char *)"--threads";
-    argv[a++] = (char *)"2";
-    argv[a++] = (char *)"--config";
-    argv[a++] = cfg;
-    for (int i = 0; extra && extra[i]; i++) argv[a++] = extra[i];
-    argv[a] = NULL;
-    s->port = http_spawn_server(argv, s->log, 30, &s->pid);
+    args[a++] = (char *)"--config";
+    args[a++] = cfg;
+    for (int i = 0; extra && extra[i] && a < 31; i++) args[a++] = extra[i];
+    args[a] = NULL;
+    s->port = http_spawn_ember(ember_binary(), g_model, args, s->log, &s->pid);
     return s->port > 0 ? 0 : -1;
 }
 
