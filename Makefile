@@ -15,7 +15,7 @@ MODEL ?= models/stories260K.gguf
 
 PREFIX ?= /usr/local
 
-.PHONY: all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-serve bench-multiturn bench-predict load-test install docs fuzz-all clean
+.PHONY: all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-serve bench-multiturn bench-predict bench-retire-stall load-test install docs fuzz-all clean
 
 all: build
 
@@ -109,6 +109,15 @@ bench-predict: build
 	[ -f $(BENCH_MODELS)/qwen3-tiny-gpt2.gguf ] || ./build/ember mkmodel --arch qwen3 --preset tiny --seed 1 \
 	  --vocab ../shared/fixtures/models/vocab/ggml-vocab-gpt-2.gguf --out $(BENCH_MODELS)/qwen3-tiny-gpt2.gguf
 	./build/bench_predict $(BENCH_MODELS)/qwen3-tiny-gpt2.gguf --tokens 8192 --reps 20
+
+# Decode gaps of 16 streams while long chat conversations retire on a ckpt-tier
+# model with a GPT-2-sized vocabulary (render predictions off the engine thread).
+bench-retire-stall: build
+	mkdir -p $(BENCH_MODELS)
+	[ -f $(BENCH_MODELS)/qwen35-small-gpt2.gguf ] || ./build/ember mkmodel --arch qwen35 --preset small --type q8_0 \
+	  --seed 1 --vocab ../shared/fixtures/models/vocab/ggml-vocab-gpt-2.gguf --out $(BENCH_MODELS)/qwen35-small-gpt2.gguf
+	./build/ember serve $(BENCH_MODELS)/qwen35-small-gpt2.gguf --port 18081 --ctx 16384 --threads 2 2>/dev/null & \
+	  pid=$$!; sleep 3; python3 bench/bench_retire_stall.py 18081 30; rc=$$?; kill $$pid; exit $$rc
 
 # Load test (not CI): 32 concurrent streaming clients for 60 s against ember
 # serve on loopback; fails on any failed or malformed response, or when the
