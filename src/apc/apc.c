@@ -223,7 +223,7 @@ static void log_route(const apc *c) {
     if (r->reason[0]) ember_log(EMBER_LOG_INFO, "%s", r->reason);
     ember_log(EMBER_LOG_INFO, "APC tier: %s (layers: %d kv / %d rot / %d arr)", apc_tier_name(r->tier), r->n_kv,
               r->n_rot, r->n_arr);
-    if (r->forced) ember_log(EMBER_LOG_INFO, "APC tier forced by EMBER_APC_FORCE_TIER");
+    if (r->forced) ember_log(EMBER_LOG_INFO, "APC tier forced by cache.force_tier (EMBER_APC_FORCE_TIER, --force-tier)");
     size_t bb = kv_pool_block_bytes(c->pool);
     int32_t nb = kv_pool_n_blocks(c->pool);
     ember_log(EMBER_LOG_INFO,

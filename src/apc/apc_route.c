@@ -108,7 +108,7 @@ void apc_route_force(apc_route *r, apc_force force) {
     case APC_FORCE_OFF:
         r->tier = APC_TIER_NONE;
         r->forced = true;
-        snprintf(r->reason, sizeof r->reason, "forced off by EMBER_APC_FORCE_TIER=off");
+        snprintf(r->reason, sizeof r->reason, "forced off (cache.force_tier: off)");
         break;
     case APC_FORCE_BLOCK:
         if (r->n_kv > 0 && r->n_rot + r->n_arr + r->n_list + r->n_other == 0) {
@@ -116,7 +116,7 @@ void apc_route_force(apc_route *r, apc_force force) {
             r->forced = true;
             r->reason[0] = '\0';
         } else {
-            snprintf(r->reason, sizeof r->reason, "EMBER_APC_FORCE_TIER=block ignored: not every layer is kv");
+            snprintf(r->reason, sizeof r->reason, "cache.force_tier block ignored: not every layer is kv");
         }
         break;
     case APC_FORCE_EXACT:
@@ -125,7 +125,7 @@ void apc_route_force(apc_route *r, apc_force force) {
             r->forced = true;
             r->reason[0] = '\0';
         } else {
-            snprintf(r->reason, sizeof r->reason, "EMBER_APC_FORCE_TIER=exact ignored: the stack cannot be snapshotted");
+            snprintf(r->reason, sizeof r->reason, "cache.force_tier exact ignored: the stack cannot be snapshotted");
         }
         break;
     default: break;

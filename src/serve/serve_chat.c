@@ -53,8 +53,7 @@ serve_chat *serve_chat_create(const model *m, ember_error *err) {
         return NULL;
     }
     if (fell_back)
-        ember_log(EMBER_LOG_WARN, "chat template: %s; rendering ChatML instead",
-                  why.msg[0] ? why.msg : "the model has none");
+        ember_log(EMBER_LOG_WARN, "chat template: %s", why.msg[0] ? why.msg : "the model has none; using ChatML");
     else
         ember_log(EMBER_LOG_INFO, "chat template: the model's own (%zu bytes)",
                   strlen(chat_template_source(c->tpl)));
