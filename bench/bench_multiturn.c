@@ -100,15 +100,10 @@ static char *words(size_t n_chars) {
     return s;
 }
 
-static int encode(const tokenizer *tok, const char *text, bool add_special, int32_t **ids, size_t *n) {
+/* Plain text (no BOS, no special tokens); prompts go through chat_encode_prompt. */
+static int encode_text(const tokenizer *tok, const char *text, int32_t **ids, size_t *n) {
     ember_error err;
-    bool bos = add_special && tokenizer_add_bos(tok);
-    if (bos) { /* a render that already starts with the BOS text keeps one BOS (as serve_api.c) */
-        size_t bl = 0;
-        const char *bt = tokenizer_token_text(tok, tokenizer_bos(tok), &bl);
-        if (bt && bl > 0 && strncmp(text, bt, bl) == 0) bos = false;
-    }
-    if (tokenizer_encode(tok, text, strlen(text), bos, add_special, ids, n, &err) < 0) {
+    if (tokenizer_encode(tok, text, strlen(text), false, false, ids, n, &err) < 0) {
         fprintf(stderr, "bench_multiturn: tokenize: %s\n", err.msg);
         return -1;
     }
@@ -122,7 +117,7 @@ static char *text_of_tokens(const tokenizer *tok, int n) {
         char *w = words(chars);
         int32_t *ids;
         size_t k;
-        if (encode(tok, w, false, &ids, &k) < 0) exit(1);
+        if (encode_text(tok, w, &ids, &k) < 0) exit(1);
         if (k >= (size_t)n) {
             char *out;
             size_t len;
@@ -158,12 +153,6 @@ static char *reply_text(const tokenizer *tok, const int32_t *ids, int64_t n) {
     out[len] = 0;
     tok_stream_free(s);
     return out;
-}
-
-static int64_t lcp(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
-    int64_t i = 0;
-    while (i < na && i < nb && a[i] == b[i]) i++;
-    return i;
 }
 
 static int split_reply(const tokenizer *tok, const int32_t *ids, int64_t n, bool thinking_open, char **reasoning,
@@ -312,7 +301,7 @@ static int bench_model(const char *path, const opts *o) {
         row->turn_pos = plan.turn_pos;
         row->sys_pos = plan.anchor_pos;
         row->n = (int64_t)n;
-        row->fresh = row->n - lcp(held, n_held, prompt, row->n);
+        row->fresh = row->n - chat_token_common_prefix(held, n_held, prompt, row->n);
         if ((int64_t)n + o->reply > cfg.n_ctx) {
             fprintf(stderr, "bench_multiturn: turn %d has %zu tokens, over the context\n", t + 1, n);
             rc = 1;

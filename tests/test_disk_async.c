@@ -88,9 +88,8 @@ static void rig_open(rig *g, bool cache, bool disk, int wait_ms) {
         cfg.cache.disk.path = g->dir;
         cfg.cache.disk.read_hook = read_hook;
     }
+    g->e = test_open_engine(g->m, &cfg);
     ember_error err;
-    g->e = engine_create(g->m, &cfg, &err);
-    if (g->e == NULL) fail_msg("engine_create: %s", err.msg);
     sched_config sc = {2, 512, 8, 64, 0, 256, wait_ms};
     g->metrics = serve_metrics_create();
     g->s = sched_create(g->e, &sc, g->metrics, &err);

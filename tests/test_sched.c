@@ -87,12 +87,22 @@ static uint64_t run_agents(engine *e, int fresh_wait_ms, int32_t prompts[AGENTS]
     return holds;
 }
 
+/* The agents on an engine of their own (an empty cache), then its end. */
+static uint64_t run_on_fresh_engine(const model *m, bool cache, int fresh_wait_ms, int32_t prompts[AGENTS][SHARED + OWN],
+                                    int64_t anchor, agent_out *out) {
+    engine_config cfg = engine_default_config();
+    cfg.n_threads = 2;
+    cfg.cache.enabled = cache;
+    engine *e = test_open_engine(m, &cfg);
+    uint64_t holds = run_agents(e, fresh_wait_ms, prompts, anchor, out);
+    engine_free(e);
+    return holds;
+}
+
 static void agents_case(const char *arch, int64_t anchor, int64_t want_cached) {
     char *dir = make_temp_dir();
     char *path = make_model(arch, dir);
-    ember_error err;
-    model *m = model_load(path, &err);
-    if (m == NULL) fail_msg("%s: %s", path, err.msg);
+    model *m = test_load_model(path);
     int32_t prompts[AGENTS][SHARED + OWN];
     uint64_t rng = 77;
     int V = model_get_hparams(m)->n_vocab;
@@ -102,34 +112,11 @@ static void agents_case(const char *arch, int64_t anchor, int64_t want_cached) {
         test_random_tokens(&rng, prompts[a] + SHARED, OWN, V);
     }
     agent_out cold[AGENTS], off[AGENTS], on[AGENTS];
-    {
-        engine_config cfg = engine_default_config();
-        cfg.n_threads = 2;
-        cfg.cache.enabled = false;
-        engine *e = engine_create(m, &cfg, &err);
-        assert_non_null(e);
-        run_agents(e, 0, prompts, anchor, cold);
-        engine_free(e);
-    }
-    uint64_t holds_off, holds_on;
-    {
-        engine_config cfg = engine_default_config();
-        cfg.n_threads = 2;
-        engine *e = engine_create(m, &cfg, &err);
-        assert_non_null(e);
-        holds_off = run_agents(e, 0, prompts, anchor, off);
-        engine_free(e);
-    }
-    {
-        engine_config cfg = engine_default_config();
-        cfg.n_threads = 2;
-        engine *e = engine_create(m, &cfg, &err);
-        assert_non_null(e);
-        /* a ceiling far above the first prompt's prefill (even under ASan on
-         * a loaded machine): the test is about holding, not the ceiling */
-        holds_on = run_agents(e, 60000, prompts, anchor, on);
-        engine_free(e);
-    }
+    run_on_fresh_engine(m, false, 0, prompts, anchor, cold);
+    uint64_t holds_off = run_on_fresh_engine(m, true, 0, prompts, anchor, off);
+    /* a ceiling far above the first prompt's prefill (even under ASan on a
+     * loaded machine): the test is about holding, not the ceiling */
+    uint64_t holds_on = run_on_fresh_engine(m, true, 60000, prompts, anchor, on);
     printf("%s: gate off: cached %lld %lld %lld %lld (holds %llu); gate on: cached %lld %lld %lld %lld (holds %llu)\n",
            arch, (long long)off[0].cached, (long long)off[1].cached, (long long)off[2].cached,
            (long long)off[3].cached, (unsigned long long)holds_off, (long long)on[0].cached,

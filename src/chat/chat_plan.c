@@ -23,7 +23,7 @@ int chat_encode_prompt(const tokenizer *tok, const char *text, int32_t **ids, si
     return tokenizer_encode(tok, text, strlen(text), bos, true, ids, n, &err);
 }
 
-static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
+int64_t chat_token_common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
     int64_t i = 0;
     while (i < na && i < nb && a[i] == b[i]) i++;
     return i;
@@ -34,7 +34,7 @@ static int64_t text_prefix(const tokenizer *tok, const char *text, const int32_t
     int32_t *t = NULL;
     size_t k = 0;
     if (chat_encode_prompt(tok, text, &t, &k) < 0) return -1;
-    int64_t l = common_prefix(t, (int64_t)k, ids, n);
+    int64_t l = chat_token_common_prefix(t, (int64_t)k, ids, n);
     free(t);
     return l;
 }

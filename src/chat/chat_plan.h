@@ -62,6 +62,10 @@ void chat_turn_predictor_free(chat_turn_predictor *p);
 typedef int64_t (*chat_predict_fn)(void *user, const int32_t *tokens, int64_t n);
 chat_turn_predictor *chat_turn_predictor_from_fn(chat_predict_fn fn, void *user);
 
+/* ---- Tokens ---- */
+/* The length of the longest common prefix of a[0, na) and b[0, nb). */
+int64_t chat_token_common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb);
+
 /* ---- Tokenizing like the prompt ---- */
 /* One BOS unless the text starts with it (when the tokenizer adds one),
  * special tokens parsed; *ids malloc'd. */

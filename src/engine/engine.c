@@ -181,6 +181,11 @@ int engine__prefill_step(const engine *e) { return e->cfg.prefill_step; }
 
 /* ---- The predictor thread ---- */
 
+void engine__predict_run(engine_predict_job *j) {
+    j->result = chat_turn_predict(j->predictor, j->tokens, j->n);
+    atomic_store(&j->done, true);
+}
+
 static void *predict_main(void *arg) {
     engine *e = arg;
     pthread_mutex_lock(&e->predict_lock);
@@ -192,9 +197,8 @@ static void *predict_main(void *arg) {
         if (e->predict_head == NULL) e->predict_tail = NULL;
         e->predicting = j;
         pthread_mutex_unlock(&e->predict_lock);
-        j->result = chat_turn_predict(j->predictor, j->tokens, j->n);
+        engine__predict_run(j);
         pthread_mutex_lock(&e->predict_lock);
-        atomic_store(&j->done, true);
         e->predicting = NULL;
         pthread_cond_broadcast(&e->predict_idle);
     }
@@ -209,8 +213,7 @@ void engine__predict_submit(engine *e, engine_predict_job *j) {
         if (!e->predict_started) {
             /* No thread: answer inline rather than never. */
             pthread_mutex_unlock(&e->predict_lock);
-            j->result = chat_turn_predict(j->predictor, j->tokens, j->n);
-            atomic_store(&j->done, true);
+            engine__predict_run(j);
             return;
         }
     }
@@ -231,6 +234,13 @@ void engine__fetch_unref(engine_fetch_job *j) {
     }
 }
 
+/* The thread's part of a job: the reads, then its reference. */
+static void fetch_run(engine_fetch_job *j) {
+    apc_prefetch(j->cache, j->tokens, j->n, j->salt);
+    atomic_store(&j->done, true);
+    engine__fetch_unref(j);
+}
+
 static void *fetch_main(void *arg) {
     engine *e = arg;
     pthread_mutex_lock(&e->fetch_lock);
@@ -241,9 +251,7 @@ static void *fetch_main(void *arg) {
         e->fetch_head = j->next_queued;
         if (e->fetch_head == NULL) e->fetch_tail = NULL;
         pthread_mutex_unlock(&e->fetch_lock);
-        j->in_memory = apc_prefetch(j->cache, j->tokens, j->n, j->salt);
-        atomic_store(&j->done, true);
-        engine__fetch_unref(j);
+        fetch_run(j);
         pthread_mutex_lock(&e->fetch_lock);
     }
     pthread_mutex_unlock(&e->fetch_lock);
@@ -258,9 +266,7 @@ void engine__fetch_submit(engine *e, engine_fetch_job *j) {
         e->n_fetch_threads++;
     if (e->n_fetch_threads == 0) { /* no thread: read inline rather than never */
         pthread_mutex_unlock(&e->fetch_lock);
-        j->in_memory = apc_prefetch(j->cache, j->tokens, j->n, j->salt);
-        atomic_store(&j->done, true);
-        engine__fetch_unref(j);
+        fetch_run(j);
         return;
     }
     j->next_queued = NULL;

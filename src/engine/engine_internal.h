@@ -34,7 +34,6 @@ typedef struct engine_fetch_job {
     int32_t *tokens;     /* (n) a copy of the prompt */
     int64_t n;
     uint64_t salt;
-    int64_t in_memory;   /* apc_prefetch's answer */
     atomic_bool done;
     atomic_int refs;
     struct engine_fetch_job *next_queued;
@@ -44,6 +43,8 @@ void engine__fetch_submit(engine *e, engine_fetch_job *j); /* takes a reference 
 void engine__fetch_unref(engine_fetch_job *j);
 
 void engine__predict_submit(engine *e, engine_predict_job *j);
+/* Runs a job on the calling thread (inline runners, no thread). */
+void engine__predict_run(engine_predict_job *j);
 void engine__predict_cancel(engine *e, engine_predict_job *j);
 int engine__prefill_step(const engine *e);
 

@@ -163,12 +163,6 @@ int64_t engine_req_need_blocks(const engine_req *q) { return q->need_blocks; }
 
 bool engine_req_serial(const engine_req *q) { return apc_req_serial(q->ar); }
 
-static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
-    int64_t i = 0;
-    while (i < na && i < nb && a[i] == b[i]) i++;
-    return i;
-}
-
 bool engine_req_fresh_hold(const engine_req *q, engine_req *const *earlier, int n, int fresh_min, char *reason,
                            size_t reason_cap) {
     if (fresh_min < 1 || q->ar == NULL || apc_req_serial(q->ar)) return false;
@@ -176,7 +170,7 @@ bool engine_req_fresh_hold(const engine_req *q, engine_req *const *earlier, int 
     for (int i = 0; i < n; i++) {
         const engine_req *o = earlier[i];
         if (o == q || o->phase > ENGINE_REQ_FIRST) continue; /* its prompt is stored */
-        int64_t l = common_prefix(q->all, q->N - 1, o->all, o->N);
+        int64_t l = chat_token_common_prefix(q->all, q->N - 1, o->all, o->N);
         if (l > shared) shared = l;
     }
     if (shared < fresh_min) return false;
@@ -306,8 +300,7 @@ static void submit_prediction(engine_req *q, int64_t n, bool for_retire) {
     if (q->async) {
         engine__predict_submit(q->e, j);
     } else {
-        j->result = chat_turn_predict(j->predictor, j->tokens, j->n);
-        atomic_store(&j->done, true);
+        engine__predict_run(j);
     }
 }
 

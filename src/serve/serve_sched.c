@@ -494,7 +494,7 @@ static void prefill_step(sched *s) {
 }
 
 /* One generated token of r: sample, publish, decide whether it ends. */
-static void take_token(sched *s, sreq *r, float *row, double now) {
+static void take_token(sched *s, sreq *r, float *row) {
     int32_t next;
     if (r->p.top_logprobs >= 0) {
         /* logprobs of the raw logits; the sampler may modify its row */
@@ -504,7 +504,6 @@ static void take_token(sched *s, sreq *r, float *row, double now) {
     } else {
         next = sampler_sample(r->smp, row, s->n_vocab);
     }
-    (void)now;
     sampler_accept_generated(r->smp, next);
     engine_req_accept(r->q, next);
     r->n_gen++;
@@ -575,7 +574,7 @@ static void decode_step(sched *s) {
             serve_metrics_observe(s->metrics, HIST_TPOT_SECONDS, now - r->t_last);
         }
         r->t_last = now;
-        take_token(s, r, row, now);
+        take_token(s, r, row);
     }
 }
 
