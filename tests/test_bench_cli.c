@@ -54,15 +54,6 @@ static int start(pid_t *pid, const char *name) {
     return port;
 }
 
-static cJSON *read_json(const char *path) {
-    char *text = read_whole_file(path, NULL);
-    if (text == NULL) fail_msg("missing %s", path);
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    assert_non_null(j);
-    return j;
-}
-
 static double jnum(const cJSON *o, const char *key) {
     const cJSON *v = cJSON_GetObjectItem(o, key);
     if (!cJSON_IsNumber(v)) fail_msg("no number '%s'", key);
@@ -106,7 +97,7 @@ static void test_mooncake_slice_matches_server_counters(void **state) {
     assert_int_equal(http_stop_server(&srv_pid, 10000), 0);
 
     snprintf(path, sizeof path, "%s/summary.json", out);
-    cJSON *s = read_json(path);
+    cJSON *s = test_load_json(path);
     assert_int_equal((int)jnum(s, "requests"), 200);
     assert_int_equal((int)jnum(s, "ok"), 200);
     assert_int_equal((int)jnum(s, "errors"), 0);

@@ -154,15 +154,6 @@ static int request_body(int port, const char *method, const char *path, const ch
 
 /* ---- the per-architecture check ---- */
 
-static cJSON *load_json(const char *path) {
-    char *text = read_whole_file(path, NULL);
-    assert_non_null(text);
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    assert_non_null(j);
-    return j;
-}
-
 /* The text ember's streaming detokenizer makes of ids (what run prints). */
 static char *detokenize(const tokenizer *tok, const int32_t *ids, int n) {
     tok_stream *s = tok_stream_create(tok, false);
@@ -204,7 +195,7 @@ static void check_arch(const arch_case *c) {
         }
         snprintf(model_path, sizeof model_path, "%s", p);
         snprintf(rel, sizeof rel, "reference/%s.json", c->fixture);
-        ref_json = load_json(fixture_path(rel));
+        ref_json = test_load_json(fixture_path(rel));
         const cJSON *prompt = cJSON_GetObjectItem(ref_json, "prompt");
         prompt_text = cJSON_GetObjectItem(prompt, "text")->valuestring;
         const cJSON *ids = cJSON_GetObjectItem(prompt, "ids");

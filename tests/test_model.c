@@ -75,15 +75,6 @@ static int argmax(const float *x, int n) {
     return best;
 }
 
-static cJSON *load_json(const char *path) {
-    char *text = read_whole_file(path, NULL);
-    assert_non_null(text);
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    assert_non_null(j);
-    return j;
-}
-
 static int32_t *json_int_array(const cJSON *arr, int *n) {
     *n = cJSON_GetArraySize(arr);
     int32_t *out = malloc((size_t)(*n ? *n : 1) * sizeof *out);
@@ -209,7 +200,7 @@ static void check_reference(const reference_case *rc) {
     char gguf_copy[1024];
     snprintf(gguf_copy, sizeof gguf_copy, "%s", gguf_path);
     snprintf(rel, sizeof rel, "reference/%s.json", rc->name);
-    cJSON *j = load_json(fixture_path(rel));
+    cJSON *j = test_load_json(fixture_path(rel));
     snprintf(rel, sizeof rel, "reference/%s.logits.f32", rc->name);
     size_t ref_size;
     float *ref = read_whole_file(fixture_path(rel), &ref_size);

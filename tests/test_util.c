@@ -11,6 +11,8 @@
 
 #include "engine/engine.h"
 
+#include <cjson/cJSON.h>
+
 #include <ftw.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -164,4 +166,13 @@ void assert_warm_equals_cold(const engine_result *cold, const engine_result *war
                    (size_t)cold->n_vocab * sizeof(float)) != 0)
             fail_msg("%s: logits of step %d are not bit-identical (cached %lld)", what, i,
                      (long long)warm->cached_tokens);
+}
+
+cJSON *test_load_json(const char *path) {
+    char *text = path ? read_whole_file(path, NULL) : NULL;
+    if (text == NULL) fail_msg("missing %s", path ? path : "(no path)");
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    if (j == NULL) fail_msg("%s is not JSON", path);
+    return j;
 }

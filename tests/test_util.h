@@ -63,6 +63,10 @@ int test_exit_status(int cmocka_failed);
 
 /* Reads a whole file into a malloc'd buffer; NULL on failure. */
 void *read_whole_file(const char *path, size_t *size);
+/* A whole file parsed as JSON; fails the current test when the file is
+ * missing or not JSON. The caller frees it with cJSON_Delete. */
+struct cJSON;
+struct cJSON *test_load_json(const char *path);
 
 /* A fresh temporary directory (removed by the caller with remove_tree). */
 char *make_temp_dir(void);
