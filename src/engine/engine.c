@@ -374,7 +374,7 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
     /* The prompt on the grid, then its last token alone. */
     int64_t prefilled = hit.n_tokens;
     if (req->on_prefill) req->on_prefill(req->user, prefilled, N);
-    for (int64_t len; (len = engine_req_prompt_chunk(q, step, INT64_MAX)) > 0;) {
+    for (int64_t len; (len = engine_req_prompt_chunk(q, INT64_MAX)) > 0;) {
         if (engine_req_add_rows(q, &b, len, err) < 0 || forward_rows(ctx, &b, logits, err) < 0) goto done;
         engine_req_forwarded(q, len);
         prefilled += len;

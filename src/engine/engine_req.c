@@ -226,12 +226,7 @@ bool engine_req_fetch_ready(engine_req *q, bool *expired) {
 }
 
 apc_hit engine_req_lookup(engine_req *q) {
-    if (q->phase == ENGINE_REQ_FETCH) {
-        bool ready = engine_req_fetch_ready(q, NULL);
-        assert(ready);
-        (void)ready;
-    }
-    assert(q->phase == ENGINE_REQ_ADMITTED);
+    assert(q->phase == ENGINE_REQ_ADMITTED); /* a FETCH leaves through engine_req_fetch_ready */
     double t = ember_now();
     apc_hit hit = apc_req_lookup(q->ar, &q->seq, q->state);
     q->cache_s += ember_now() - t;
@@ -245,9 +240,9 @@ apc_hit engine_req_lookup(engine_req *q) {
 
 engine_req_phase engine_req_get_phase(const engine_req *q) { return q->phase; }
 
-int64_t engine_req_prompt_chunk(const engine_req *q, int step, int64_t allow) {
+int64_t engine_req_prompt_chunk(const engine_req *q, int64_t allow) {
     if (q->phase != ENGINE_REQ_PROMPT) return 0;
-    int64_t p = q->seq.n_tokens, end = (p / step + 1) * step;
+    int64_t p = q->seq.n_tokens, end = (p / q->step + 1) * q->step;
     if (end > q->N - 1) end = q->N - 1;
     int64_t stop = apc_req_next_stop(q->ar, p); /* a scheduled store */
     if (stop < end) end = stop;

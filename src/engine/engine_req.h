@@ -115,14 +115,16 @@ void engine_req_fetch(engine_req *q);
  * their deadline passed (*expired says which; the reads go on and whatever
  * they bring serves later requests). */
 bool engine_req_fetch_ready(engine_req *q, bool *expired);
-/* ADMITTED or a ready FETCH -> PROMPT or FIRST: the cache lookup. */
+/* ADMITTED -> PROMPT or FIRST: the cache lookup (a request in FETCH gets
+ * back to ADMITTED through engine_req_fetch_ready). */
 apc_hit engine_req_lookup(engine_req *q);
 
 /* ---- Rows ---- */
 engine_req_phase engine_req_get_phase(const engine_req *q);
 /* PROMPT: the length of the next prompt chunk when it may take at most
- * allow tokens (0: none fit); cut on a block boundary when shortened. */
-int64_t engine_req_prompt_chunk(const engine_req *q, int step, int64_t allow);
+ * allow tokens (0: none fit); it never crosses a multiple of the request's
+ * prefill_step and is cut on a block boundary when shortened. */
+int64_t engine_req_prompt_chunk(const engine_req *q, int64_t allow);
 /* Appends n rows (PROMPT: n prompt tokens; FIRST, DECODE, RETIRE: n = 1)
  * to the batch, after making room in the pool. */
 int engine_req_add_rows(engine_req *q, engine_batch *b, int64_t n, ember_error *err);

@@ -443,7 +443,7 @@ static void prefill_step(sched *s) {
         sreq *r = s->running[i];
         if (r->state != ST_RUNNING || !r->looked_up) continue;
         if (engine_req_serial(r->q) && r != head) continue;
-        int64_t l = engine_req_prompt_chunk(r->q, step, INT64_MAX);
+        int64_t l = engine_req_prompt_chunk(r->q, INT64_MAX);
         if (l <= 0) continue;
         members[nreq] = r;
         full[nreq] = l;
@@ -451,19 +451,19 @@ static void prefill_step(sched *s) {
     }
     if (nreq == 0) return;
     int64_t budget = step, guarantee = step / 4 > KV_BLOCK_TOKENS ? step / 4 : KV_BLOCK_TOKENS;
-    lens[0] = engine_req_prompt_chunk(members[0]->q, step, guarantee < budget ? guarantee : budget);
+    lens[0] = engine_req_prompt_chunk(members[0]->q, guarantee < budget ? guarantee : budget);
     budget -= lens[0];
     for (int done = 1; done < nreq && budget > 0; done++) {
         int best = -1; /* the shortest not yet served (ties: the older) */
         for (int i = 1; i < nreq; i++)
             if (lens[i] == 0 && full[i] > 0 && (best < 0 || full[i] < full[best])) best = i;
         if (best < 0) break;
-        lens[best] = engine_req_prompt_chunk(members[best]->q, step, budget);
+        lens[best] = engine_req_prompt_chunk(members[best]->q, budget);
         full[best] = 0; /* served */
         budget -= lens[best];
     }
     if (budget > 0) {
-        int64_t l = engine_req_prompt_chunk(members[0]->q, step, lens[0] + budget);
+        int64_t l = engine_req_prompt_chunk(members[0]->q, lens[0] + budget);
         budget -= l - lens[0];
         lens[0] = l;
     }
