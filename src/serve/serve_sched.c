@@ -67,7 +67,6 @@ struct sreq {
     struct sreq *next;           /* queue link */
     /* engine thread only */
     sreq_state state;
-    bool looked_up;              /* the lookup ran (serial: when the request became the head) */
     sampler *smp;
     tok_stream *ts;
     int n_gen;
@@ -377,6 +376,10 @@ static void finish_generation(sched *s, sreq *r, sreq_finish f, bool stop_matche
 
 /* ---- the engine thread ---- */
 
+/* Admitted, not looked up yet (serial: until it becomes the head; or its
+ * SSD reads are still running). */
+static bool awaits_lookup(const sreq *r) { return engine_req_get_phase(r->q) <= ENGINE_REQ_FETCH; }
+
 /* The lookup, once the request's SSD reads are in (or their deadline
  * passed); false while they are still running. */
 static bool lookup_when_ready(sched *s, sreq *r) {
@@ -391,7 +394,6 @@ static bool lookup_when_ready(sched *s, sreq *r) {
     }
     apc_hit hit = engine_req_lookup(r->q);
     r->cached = hit.n_tokens;
-    r->looked_up = true;
     return true;
 }
 
@@ -434,14 +436,14 @@ static void prefill_step(sched *s) {
     sreq *members[64];
     int64_t lens[64], full[64];
     sreq *head = serial_head(s);
-    if (head && !head->looked_up) lookup_when_ready(s, head);
+    if (head && awaits_lookup(head)) lookup_when_ready(s, head);
     for (int i = 0; i < s->n_running; i++) { /* reads that landed since */
         sreq *r = s->running[i];
-        if (r->state == ST_RUNNING && !r->looked_up && !engine_req_serial(r->q)) lookup_when_ready(s, r);
+        if (r->state == ST_RUNNING && awaits_lookup(r) && !engine_req_serial(r->q)) lookup_when_ready(s, r);
     }
     for (int i = 0; i < s->n_running && nreq < 64; i++) {
         sreq *r = s->running[i];
-        if (r->state != ST_RUNNING || !r->looked_up) continue;
+        if (r->state != ST_RUNNING) continue;
         if (engine_req_serial(r->q) && r != head) continue;
         int64_t l = engine_req_prompt_chunk(r->q, INT64_MAX);
         if (l <= 0) continue;
@@ -533,7 +535,7 @@ static void decode_step(sched *s) {
     b->n = 0;
     for (int i = 0; i < s->n_running; i++) {
         sreq *r = s->running[i];
-        if (r->state != ST_RUNNING || !r->looked_up) continue;
+        if (r->state != ST_RUNNING) continue;
         engine_req_phase ph = engine_req_get_phase(r->q);
         if (ph != ENGINE_REQ_FIRST && ph != ENGINE_REQ_DECODE && ph != ENGINE_REQ_RETIRE) continue;
         if (engine_req_add_rows(r->q, b, 1, &err) < 0) {
