@@ -148,6 +148,18 @@ static bool is_block(const char *path) {
     return false;
 }
 
+int serve_user_cache_dir(char *out, size_t cap) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int n;
+    if (xdg && xdg[0] == '/')
+        n = snprintf(out, cap, "%s/ember", xdg);
+    else if (home && home[0])
+        n = snprintf(out, cap, "%s/.cache/ember", home);
+    else
+        n = snprintf(out, cap, "./.ember-cache");
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
 static const char *kind_name(ynode_kind k) { return k == Y_MAP ? "a mapping" : k == Y_SEQ ? "a list" : "a scalar"; }
 
 static int apply_map(serve_config *c, const ynode *map, const char *prefix, const char *name, ember_error *err) {
@@ -164,9 +176,11 @@ static int apply_map(serve_config *c, const ynode *map, const char *prefix, cons
                 if (on < 0)
                     return ember_fail(err, "%s:%d: cache.disk: expected a mapping or a boolean, got '%s'", name,
                                       v->line, v->value);
-                const char *home = getenv("HOME");
-                char path_text[4096];
-                snprintf(path_text, sizeof path_text, "%s/.cache/ember/apc", home ? home : ".");
+                char base[3900], path_text[4096];
+                if (serve_user_cache_dir(base, sizeof base) < 0)
+                    return ember_fail(err, "%s:%d: cache.disk: the per-user cache directory's path is too long", name,
+                                      v->line);
+                snprintf(path_text, sizeof path_text, "%s/apc", base);
                 char why[300];
                 if (serve_setting_set(c, serve_setting_by_key("cache.disk.path"), on ? path_text : "",
                                       SETTING_FROM_FILE, why, sizeof why) < 0)

@@ -76,4 +76,10 @@ int serve_config_validate(const serve_config *c, ember_error *err);
  * (disk strings point into c). n_ctx is copied as is (0: caller decides). */
 void serve_config_engine(const serve_config *c, engine_config *ec);
 
+/* ---- Paths ---- */
+/* The per-user directory ember keeps its files under: $XDG_CACHE_HOME/ember,
+ * else $HOME/.cache/ember, else ./.ember-cache. Not created here. Writes at
+ * most cap bytes; returns -1 when the path does not fit. */
+int serve_user_cache_dir(char *out, size_t cap);
+
 #endif
