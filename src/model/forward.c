@@ -60,11 +60,13 @@ model_ctx *model_ctx_create(const model *m, kv_pool *pool, int n_threads, int ma
     int k_used = hp->n_expert_used > 0 ? hp->n_expert_used : 1;
     bool ok = true, gated = false, recurrent = m->state_floats > 0;
     for (int il = 0; il < hp->n_layer; il++) gated |= m->layers[il].q_gated;
+    gated |= m->mtp != NULL;
     c->x = xcalloc(B * hp->n_embd, sizeof(float), &ok);
     c->xn = xcalloc(B * hp->n_embd, sizeof(float), &ok);
     c->q = xcalloc(B * hp->n_head * hp->d_k, sizeof(float), &ok);
     if (gated) c->qg = xcalloc(B * 2 * hp->n_head * hp->d_k, sizeof(float), &ok);
     if (hp->arch == ARCH_FALCON_H1) c->proj2 = xcalloc(B * hp->n_embd, sizeof(float), &ok);
+    if (m->mtp) c->mtp_cat = xcalloc(B * 2 * hp->n_embd, sizeof(float), &ok);
     if (recurrent) {
         size_t conv_dim = (size_t)ssm_conv_dim(hp), heads = (size_t)hp->ssm_dt_rank;
         size_t in_w = conv_dim + (size_t)hp->ssm_d_inner + heads; /* mamba2 [z|xBC|dt]; GDN needs conv_dim */
@@ -108,7 +110,7 @@ void model_ctx_free(model_ctx *c) {
     free(c->gate); free(c->up); free(c->router); free(c->sel_expert); free(c->sel_weight);
     free(c->exp_rows); free(c->exp_slot); free(c->exp_in); free(c->exp_out);
     free(c->att_scores); free(c->k_ptrs); free(c->v_ptrs);
-    free(c->qg); free(c->proj2); free(c->r_in); free(c->r_conv); free(c->r_y); free(c->r_z); free(c->r_ba);
+    free(c->qg); free(c->proj2); free(c->mtp_cat); free(c->r_in); free(c->r_conv); free(c->r_y); free(c->r_z); free(c->r_ba);
     free(c->grp_rows); free(c->grp_start); free(c->grp_state);
     free(c);
 }
@@ -368,10 +370,10 @@ static void task_attn_gate(void *arg, int ith, int nth) {
     }
 }
 
-/* Attention sublayer of layer il: c->xn rows -> out rows. Writes this
- * layer's K/V for every row before any row attends. */
-static int fwd_attention(model_ctx *c, const model_batch *b, int il, float *out, ember_error *err) {
-    const layer_weights *L = &c->m->layers[il];
+/* Attention sublayer L whose K/V are layer il of the pool: c->xn rows ->
+ * out rows. Writes this layer's K/V for every row before any row attends. */
+static int fwd_attention(model_ctx *c, const model_batch *b, const layer_weights *L, int il, float *out,
+                         ember_error *err) {
     int n = b->n_tokens;
     layer_task lt = {c, b, L, il};
     if (matmul(c, &L->wq, c->xn, n, L->q_gated ? c->qg : c->q, err) < 0) return -1;
@@ -454,61 +456,71 @@ static int group_states(model_ctx *c, const model_batch *b, ember_error *err) {
     return 0;
 }
 
-static int forward_chunk(model_ctx *c, const model_batch *b, float *logits, ember_error *err) {
-    const model *m = c->m;
-    const model_hparams *hp = &m->hp;
-    int n = b->n_tokens, D = hp->n_embd;
-    int64_t max_keys = 0;
-    for (int r = 0; r < n; r++) {
+/* Refuses a chunk whose tokens or positions the model or the pool cannot
+ * take, before anything is written; returns the most keys a row attends. */
+static int check_rows(model_ctx *c, const model_batch *b, int64_t *max_keys, ember_error *err) {
+    const model_hparams *hp = &c->m->hp;
+    *max_keys = 0;
+    for (int r = 0; r < b->n_tokens; r++) {
         if (b->tokens[r] < 0 || b->tokens[r] >= hp->n_vocab)
             return ember_fail(err, "token id %d at batch row %d is outside the vocabulary (%d)", b->tokens[r], r, hp->n_vocab);
         const kv_seq *seq = b->seqs[r];
         if (b->pos[r] < 0 || b->pos[r] >= (int64_t)seq->n_blocks * KV_BLOCK_TOKENS)
             return ember_fail(err, "position %lld at batch row %d has no KV block (sequence has %d blocks)",
                               (long long)b->pos[r], r, seq->n_blocks);
-        if (b->pos[r] + 1 > max_keys) max_keys = b->pos[r] + 1;
+        if (b->pos[r] + 1 > *max_keys) *max_keys = b->pos[r] + 1;
     }
-    if (m->has_attention && reserve_attention(c, max_keys, err) < 0) return -1;
-    if (m->state_floats > 0 && group_states(c, b, err) < 0) return -1;
+    return 0;
+}
 
-    for (int r = 0; r < n; r++) {
-        float *x = c->x + (size_t)r * D;
+/* dst rows (n, n_embd) = the token embeddings of the chunk's tokens. */
+static void embed_rows(model_ctx *c, const model_batch *b, float *dst) {
+    const model *m = c->m;
+    int D = m->hp.n_embd;
+    for (int r = 0; r < b->n_tokens; r++) {
+        float *x = dst + (size_t)r * D;
         quant_dequantize_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (size_t)b->tokens[r] * m->tok_embd.row_bytes, x, D);
-        if (hp->embd_scale != 1.0f)
-            for (int d = 0; d < D; d++) x[d] *= hp->embd_scale;
+        if (m->hp.embd_scale != 1.0f)
+            for (int d = 0; d < D; d++) x[d] *= m->hp.embd_scale;
     }
+}
 
-    for (int il = 0; il < hp->n_layer; il++) {
-        const layer_weights *L = &m->layers[il];
-        rmsnorm_rows(c, c->xn, c->x, L->attn_norm, n, D);
-        int rc = 0;
-        switch (L->mixer) {
-        case MIX_ATTN: rc = fwd_attention(c, b, il, c->proj, err); break;
-        case MIX_GDN: rc = gdn_mixer(c, b, il, c->proj, err); break;
-        case MIX_MAMBA2: rc = mamba2_mixer(c, b, il, c->proj, err); break;
-        case MIX_ATTN_MAMBA2:
-            /* falcon-h1: x += attn(xn) + mamba2(xn) */
-            rc = fwd_attention(c, b, il, c->proj, err);
-            if (rc == 0) rc = mamba2_mixer(c, b, il, c->proj2, err);
-            if (rc == 0)
-                for (int r = 0; r < n; r++) op_add(c->proj + (size_t)r * D, c->proj2 + (size_t)r * D, D);
-            break;
-        }
-        if (rc < 0) return -1;
-        if (L->post_attn_norm) rmsnorm_rows(c, c->proj, c->proj, L->post_attn_norm, n, D);
-        for (int r = 0; r < n; r++) op_add(c->x + (size_t)r * D, c->proj + (size_t)r * D, D);
-        if (L->ffn == FFN_NONE) continue;
-
-        rmsnorm_rows(c, c->xn, c->x, L->ffn_norm, n, D);
-        if (fwd_ffn(c, L, n, err) < 0) return -1;
-        if (L->post_ffn_norm) rmsnorm_rows(c, c->proj, c->proj, L->post_ffn_norm, n, D);
-        for (int r = 0; r < n; r++) op_add(c->x + (size_t)r * D, c->proj + (size_t)r * D, D);
+/* One block on the residual rows c->x: x += [post norm] mixer(rmsnorm(x)),
+ * then x += [post norm] ffn(rmsnorm(x)). il is the block's KV layer in the
+ * pool and, for recurrent mixers, its index in m->layers. */
+static int forward_layer(model_ctx *c, const model_batch *b, const layer_weights *L, int il, ember_error *err) {
+    int n = b->n_tokens, D = c->m->hp.n_embd;
+    rmsnorm_rows(c, c->xn, c->x, L->attn_norm, n, D);
+    int rc = 0;
+    switch (L->mixer) {
+    case MIX_ATTN: rc = fwd_attention(c, b, L, il, c->proj, err); break;
+    case MIX_GDN: rc = gdn_mixer(c, b, il, c->proj, err); break;
+    case MIX_MAMBA2: rc = mamba2_mixer(c, b, il, c->proj, err); break;
+    case MIX_ATTN_MAMBA2:
+        /* falcon-h1: x += attn(xn) + mamba2(xn) */
+        rc = fwd_attention(c, b, L, il, c->proj, err);
+        if (rc == 0) rc = mamba2_mixer(c, b, il, c->proj2, err);
+        if (rc == 0)
+            for (int r = 0; r < n; r++) op_add(c->proj + (size_t)r * D, c->proj2 + (size_t)r * D, D);
+        break;
     }
-    if (m->state_floats > 0)
-        for (int g = 0; g < c->n_groups; g++) c->grp_state[g]->pos += c->grp_start[g + 1] - c->grp_start[g];
+    if (rc < 0) return -1;
+    if (L->post_attn_norm) rmsnorm_rows(c, c->proj, c->proj, L->post_attn_norm, n, D);
+    for (int r = 0; r < n; r++) op_add(c->x + (size_t)r * D, c->proj + (size_t)r * D, D);
+    if (L->ffn == FFN_NONE) return 0;
 
-    /* Head: only the rows that asked for logits. */
-    int n_out = 0;
+    rmsnorm_rows(c, c->xn, c->x, L->ffn_norm, n, D);
+    if (fwd_ffn(c, L, n, err) < 0) return -1;
+    if (L->post_ffn_norm) rmsnorm_rows(c, c->proj, c->proj, L->post_ffn_norm, n, D);
+    for (int r = 0; r < n; r++) op_add(c->x + (size_t)r * D, c->proj + (size_t)r * D, D);
+    return 0;
+}
+
+/* The head on the rows that asked for logits: rmsnorm(x) * norm (copied to
+ * b->hidden when set), then the LM head. */
+static int head_rows(model_ctx *c, const model_batch *b, const float *norm, float *logits, ember_error *err) {
+    const model *m = c->m;
+    int n = b->n_tokens, D = m->hp.n_embd, n_out = 0;
     for (int r = 0; r < n; r++) {
         bool want = b->want_logits ? b->want_logits[r] : r == n - 1;
         if (!want) continue;
@@ -516,12 +528,50 @@ static int forward_chunk(model_ctx *c, const model_batch *b, float *logits, embe
         n_out++;
     }
     if (n_out == 0) return 0;
-    rmsnorm_rows(c, c->xn, c->proj, m->output_norm, n_out, D);
+    rmsnorm_rows(c, c->xn, c->proj, norm, n_out, D);
+    if (b->hidden) memcpy(b->hidden, c->xn, (size_t)n_out * D * sizeof(float));
     return matmul(c, &m->output, c->xn, n_out, logits, err);
 }
 
-int model_forward(model_ctx *c, const model_batch *b, float *logits, ember_error *err) {
-    int n_vocab = c->m->hp.n_vocab;
+static int forward_chunk(model_ctx *c, const model_batch *b, float *logits, ember_error *err) {
+    const model *m = c->m;
+    int64_t max_keys;
+    if (check_rows(c, b, &max_keys, err) < 0) return -1;
+    if (m->has_attention && reserve_attention(c, max_keys, err) < 0) return -1;
+    if (m->state_floats > 0 && group_states(c, b, err) < 0) return -1;
+    embed_rows(c, b, c->x);
+    for (int il = 0; il < m->hp.n_layer; il++)
+        if (forward_layer(c, b, &m->layers[il], il, err) < 0) return -1;
+    if (m->state_floats > 0)
+        for (int g = 0; g < c->n_groups; g++) c->grp_state[g]->pos += c->grp_start[g + 1] - c->grp_start[g];
+    return head_rows(c, b, m->output_norm, logits, err);
+}
+
+/* The MTP block on one chunk: x = eh_proj [enorm(embd(x_p)) | hnorm(h_prev)],
+ * then the block and the head with the head norm. */
+static int mtp_chunk(model_ctx *c, const model_batch *b, const float *h_prev, float *logits, ember_error *err) {
+    const model *m = c->m;
+    const mtp_weights *w = m->mtp;
+    int n = b->n_tokens, D = m->hp.n_embd;
+    int64_t max_keys;
+    if (check_rows(c, b, &max_keys, err) < 0) return -1;
+    if (reserve_attention(c, max_keys, err) < 0) return -1;
+    embed_rows(c, b, c->proj);
+    for (int r = 0; r < n; r++) {
+        float *cat = c->mtp_cat + (size_t)r * 2 * D;
+        op_rmsnorm(cat, c->proj + (size_t)r * D, w->enorm, D, m->hp.rms_eps);
+        op_rmsnorm(cat + D, h_prev + (size_t)r * D, w->hnorm, D, m->hp.rms_eps);
+    }
+    if (matmul(c, &w->eh_proj, c->mtp_cat, n, c->x, err) < 0) return -1;
+    if (forward_layer(c, b, &w->block, 0, err) < 0) return -1;
+    return head_rows(c, b, w->head_norm, logits, err);
+}
+
+/* Runs a batch in chunks of max_batch rows (trunk, or the MTP block when
+ * h_prev is set), advancing logits and hidden past each chunk's wanted rows. */
+static int forward_pieces(model_ctx *c, const model_batch *b, const float *h_prev, float *logits, ember_error *err) {
+    int n_vocab = c->m->hp.n_vocab, D = c->m->hp.n_embd;
+    float *hidden = b->hidden;
     for (int start = 0; start < b->n_tokens; start += c->max_batch) {
         int n = b->n_tokens - start < c->max_batch ? b->n_tokens - start : c->max_batch;
         bool *want = NULL;
@@ -532,15 +582,39 @@ int model_forward(model_ctx *c, const model_batch *b, float *logits, ember_error
             if (start + n == b->n_tokens) want[n - 1] = true;
         }
         model_batch piece = {n, b->tokens + start, b->pos + start, b->seqs + start,
-                             b->want_logits ? b->want_logits + start : want, b->states ? b->states + start : NULL};
-        int rc = forward_chunk(c, &piece, logits, err);
+                             b->want_logits ? b->want_logits + start : want, b->states ? b->states + start : NULL,
+                             hidden};
+        int rc = h_prev ? mtp_chunk(c, &piece, h_prev + (size_t)start * D, logits, err)
+                        : forward_chunk(c, &piece, logits, err);
         int wanted = 0;
         for (int r = 0; r < n; r++) wanted += piece.want_logits[r];
         free(want);
         if (rc < 0) return -1;
         logits += (size_t)wanted * n_vocab;
+        if (hidden) hidden += (size_t)wanted * D;
     }
     return 0;
+}
+
+int model_forward(model_ctx *c, const model_batch *b, float *logits, ember_error *err) {
+    if (c->is_mtp) return ember_fail(err, "model_forward on a context made for the MTP head");
+    return forward_pieces(c, b, NULL, logits, err);
+}
+
+model_ctx *model_mtp_ctx_create(const model *m, kv_pool *mtp_pool, int n_threads, int max_batch, ember_error *err) {
+    if (m->mtp == NULL) {
+        ember_fail(err, "%s has no MTP (nextn) head", m->hp.name[0] ? m->hp.name : m->hp.arch_name);
+        return NULL;
+    }
+    model_ctx *c = model_ctx_create(m, mtp_pool, n_threads, max_batch, err);
+    if (c) c->is_mtp = true;
+    return c;
+}
+
+int model_mtp_forward(model_ctx *c, const model_batch *b, const float *h_prev, float *logits, ember_error *err) {
+    if (!c->is_mtp) return ember_fail(err, "model_mtp_forward needs a context from model_mtp_ctx_create");
+    if (h_prev == NULL) return ember_fail(err, "model_mtp_forward needs the target's hidden rows");
+    return forward_pieces(c, b, h_prev, logits, err);
 }
 
 int model_eval(model_ctx *c, kv_seq *seq, const int32_t *tokens, int n, bool all_logits, float *logits,

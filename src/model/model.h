@@ -99,6 +99,8 @@ typedef struct model_batch {
     kv_seq *const *seqs;      /* (n_tokens) the block table of each token's sequence */
     const bool *want_logits;  /* (n_tokens), or NULL for "the last token only" */
     model_state *const *states; /* (n_tokens) or NULL for models without recurrent layers */
+    float *hidden;            /* (tokens that want logits, n_embd): the output-normed rows the
+                               * LM head reads (an MTP head's input), or NULL */
 } model_batch;
 
 /* ---- Loading ---- */
@@ -128,6 +130,27 @@ int model_eval(model_ctx *ctx, kv_seq *seq, const int32_t *tokens, int n, bool a
  * NULL when model_has_state() is false). */
 int model_eval_state(model_ctx *ctx, kv_seq *seq, model_state *state, const int32_t *tokens, int n,
                      bool all_logits, float *logits, ember_error *err);
+
+/* ---- MTP ("nextn") head ----
+ *
+ * Contract:
+ *  - A qwen35/qwen3next file may store MTP blocks after the trunk
+ *    (nextn_predict_layers); the trunk never runs them. model_has_mtp says
+ *    whether the first one was bound.
+ *  - The head drafts token p+1 from token x_p at position p and the target's
+ *    hidden row h_{p-1} (model_batch.hidden of the trunk's row p-1; zeros
+ *    at p = 0). Its own K/V live in a separate pool made from
+ *    model_mtp_kv_config; model_mtp_ctx_create binds a context to it.
+ *  - model_mtp_forward takes a batch like model_forward (tokens, positions,
+ *    the MTP pool's sequences, want_logits; states ignored) plus h_prev
+ *    (n_tokens, n_embd). It writes the MTP logits of the wanted rows and,
+ *    when batch->hidden is set, the head's own normed output for those rows
+ *    (fed back as h when drafting several tokens). Rows are independent as
+ *    in the trunk (batch invariance). */
+bool model_has_mtp(const model *m);
+void model_mtp_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg);
+model_ctx *model_mtp_ctx_create(const model *m, kv_pool *mtp_pool, int n_threads, int max_batch, ember_error *err);
+int model_mtp_forward(model_ctx *ctx, const model_batch *batch, const float *h_prev, float *logits, ember_error *err);
 
 /* ---- Per-sequence recurrent state (ARR and LIST layers) ----
  *

@@ -66,6 +66,19 @@ typedef struct layer_weights {
     size_t conv_off, ssm_off;    /* float offsets of this layer's conv / recurrent state in a model_state */
 } layer_weights;
 
+/* The MTP ("nextn") block stored after the trunk (qwen35/qwen3next): a
+ * full-attention decoder block fed eh_proj [enorm(embd(x_p)) | hnorm(h_{p-1})],
+ * where h is the target's output-normed hidden state. Its K/V live in a
+ * pool of their own (one layer, model_mtp_kv_config). */
+typedef struct mtp_weights {
+    layer_weights block;         /* gated attention + FFN, pre-FFN norm post_attention_norm */
+    tensor_weight eh_proj;       /* {2*n_embd, n_embd} */
+    const float *enorm;          /* (n_embd) */
+    const float *hnorm;          /* (n_embd) */
+    const float *head_norm;      /* (n_embd) shared_head_norm, else output_norm */
+    int kv_k_width[1], kv_v_width[1];
+} mtp_weights;
+
 struct model {
     gguf_file *file;
     model_hparams hp;
@@ -77,6 +90,7 @@ struct model {
     const float *output_norm;    /* (n_embd) */
     tensor_weight output;        /* {n_embd, n_vocab}; tok_embd when tied */
     layer_weights *layers;       /* (n_layer) */
+    mtp_weights *mtp;            /* the first MTP block, or NULL */
     float **owned;               /* widened 1-D tensors, freed with the model */
     int n_owned;
     size_t state_floats;         /* per-sequence recurrent state (model_state), 0 if none */
@@ -111,6 +125,8 @@ struct model_ctx {
     float *attn;         /* (max_batch, n_head * d_v) */
     float *proj;         /* (max_batch, n_embd) sublayer output */
     float *proj2;        /* (max_batch, n_embd) second mixer output (falcon-h1), or NULL */
+    float *mtp_cat;      /* (max_batch, 2 * n_embd) MTP input [enorm(e) | hnorm(h)], or NULL */
+    bool is_mtp;         /* created by model_mtp_ctx_create: pool holds the MTP block's K/V */
     float *gate;         /* (max_batch, max(n_ff, n_ff_exp, n_ff_shexp)) */
     float *up;           /* (max_batch, max(n_ff, n_ff_exp, n_ff_shexp)) */
     float *router;       /* (max_batch, n_expert) */

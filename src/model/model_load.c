@@ -451,6 +451,40 @@ static int bind_layer(model *m, int il, ember_error *err) {
     cl->window = L->window;
     return 0;
 }
+/* The first MTP block (blk.n_layer): a full-attention qwen35 decoder block
+ * whatever full_attention_interval says, plus the nextn projections. A file
+ * without nextn.eh_proj has no usable head and loads without one. */
+static int bind_mtp(model *m, ember_error *err) {
+    model_hparams *hp = &m->hp;
+    int il = hp->n_layer;
+    char name[96];
+    if (hp->n_nextn < 1 || !is_gdn_arch(hp->arch) || gguf_find_tensor(m->file, TNAME("nextn.eh_proj.weight")) == NULL)
+        return 0;
+    mtp_weights *w = calloc(1, sizeof *w);
+    if (w == NULL) return ember_fail(err, "out of memory");
+    m->mtp = w;
+    layer_weights *L = &w->block;
+    L->mixer = MIX_ATTN;
+    L->ffn = hp->n_expert > 0 ? FFN_MOE : FFN_SWIGLU;
+    L->rope = &hp->rope;
+    L->q_gated = true;
+    if (bind_vector(m, TNAME("attn_norm.weight"), hp->n_embd, false, &L->attn_norm, err) < 0) return -1;
+    if (bind_attention(m, il, L, err) < 0) return -1;
+    if (bind_vector(m, TNAME("post_attention_norm.weight"), hp->n_embd, false, &L->ffn_norm, err) < 0) return -1;
+    if (bind_ffn(m, il, L, err) < 0) return -1;
+    if (bind_matrix(m, TNAME("nextn.eh_proj.weight"), 2 * (int64_t)hp->n_embd, hp->n_embd, false, &w->eh_proj, err) < 0)
+        return -1;
+    if (bind_vector(m, TNAME("nextn.enorm.weight"), hp->n_embd, false, &w->enorm, err) < 0) return -1;
+    if (bind_vector(m, TNAME("nextn.hnorm.weight"), hp->n_embd, false, &w->hnorm, err) < 0) return -1;
+    if (bind_vector(m, TNAME("nextn.shared_head_norm.weight"), hp->n_embd, true, &w->head_norm, err) < 0) return -1;
+    if (w->head_norm == NULL) w->head_norm = m->output_norm;
+    if (gguf_find_tensor(m->file, TNAME("nextn.embed_tokens.weight")) ||
+        gguf_find_tensor(m->file, TNAME("nextn.shared_head_head.weight")))
+        return ember_fail(err, "blk.%d: MTP blocks with their own embed_tokens/shared_head_head are not supported", il);
+    w->kv_k_width[0] = hp->n_head_kv * hp->d_k;
+    w->kv_v_width[0] = hp->n_head_kv * hp->d_v;
+    return 0;
+}
 #undef TNAME
 
 static int bind_model(model *m, ember_error *err) {
@@ -475,7 +509,7 @@ static int bind_model(model *m, ember_error *err) {
     for (int il = 0; il < hp->n_layer; il++)
         if (bind_layer(m, il, err) < 0) return -1;
     hp->has_qkv_bias = m->layers[0].bq != NULL;
-    return 0;
+    return bind_mtp(m, err);
 }
 
 model *model_load(const char *path, ember_error *err) {
@@ -509,6 +543,12 @@ void model_free(model *m) {
         }
     }
     free(m->layers);
+    if (m->mtp) {
+        free(m->mtp->block.exp_gate);
+        free(m->mtp->block.exp_up);
+        free(m->mtp->block.exp_down);
+        free(m->mtp);
+    }
     free(m->stack);
     free(m->kv_k_width);
     free(m->kv_v_width);
@@ -523,6 +563,15 @@ const model_hparams *model_get_hparams(const model *m) { return &m->hp; }
 const cache_layer *model_cache_stack(const model *m) { return m->stack; }
 const tokenizer *model_get_tokenizer(const model *m) { return m->tok; }
 const gguf_file *model_get_gguf(const model *m) { return m->file; }
+
+bool model_has_mtp(const model *m) { return m->mtp != NULL; }
+
+void model_mtp_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg) {
+    cfg->n_layer = 1;
+    cfg->k_width = m->mtp ? m->mtp->kv_k_width : NULL;
+    cfg->v_width = m->mtp ? m->mtp->kv_v_width : NULL;
+    cfg->n_blocks = n_blocks;
+}
 
 void model_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg) {
     cfg->n_layer = m->hp.n_layer;

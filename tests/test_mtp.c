@@ -1,0 +1,248 @@
+/* test_mtp.c - the MTP ("nextn") head of qwen35 files against llama.cpp.
+ *
+ * The fixture qwen35-mtp-normjit-f32 stores three trunk blocks and one MTP
+ * block, and carries llama.cpp's h_nextn rows (the output-normed hidden
+ * state the trunk hands the head) and the head's logits for the prompt,
+ * where row p drafts prompt token p+1 from token p and h_nextn[p-1].
+ *
+ *  - the trunk's hidden rows (model_batch.hidden) equal h_nextn within the
+ *    trunk's logit bound;
+ *  - the head's logits equal llama.cpp's within that bound, fed either
+ *    llama.cpp's h_nextn or ember's own (the path a speculative decoder
+ *    takes), with the argmax equal wherever llama.cpp's margin allows;
+ *  - the head is batch-invariant: one row at a time gives the same bits
+ *    as the whole prompt at once;
+ *  - a model without MTP tensors reports none and refuses an MTP context. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "test_util.h"
+
+#define FIXTURE "reference/qwen35-mtp-normjit-f32"
+static const double bound = 1e-3; /* the trunk's bound for F32 fixtures (test_model.c) */
+
+typedef struct mtp_fixture {
+    model *m;
+    int n_prompt, V, D;
+    int32_t *prompt;       /* (n_prompt) */
+    float *ref_hidden;     /* (n_prompt, D) llama.cpp's h_nextn */
+    float *ref_mtp;        /* (n_prompt, V) llama.cpp's MTP logits */
+} mtp_fixture;
+
+static bool fixture_open(mtp_fixture *f) {
+    memset(f, 0, sizeof *f);
+    const char *gguf = fixture_path(FIXTURE ".gguf");
+    if (gguf == NULL) return false;
+    ember_error err;
+    f->m = model_load(gguf, &err);
+    if (f->m == NULL) fail_msg("model_load: %s", err.msg);
+    const model_hparams *hp = model_get_hparams(f->m);
+    f->V = hp->n_vocab;
+    f->D = hp->n_embd;
+    cJSON *j = test_load_json(fixture_path(FIXTURE ".json"));
+    cJSON *ids = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "prompt"), "ids");
+    f->n_prompt = cJSON_GetArraySize(ids);
+    f->prompt = malloc((size_t)f->n_prompt * sizeof *f->prompt);
+    for (int i = 0; i < f->n_prompt; i++) f->prompt[i] = cJSON_GetArrayItem(ids, i)->valueint;
+    cJSON_Delete(j);
+    size_t n_hidden, n_mtp;
+    f->ref_hidden = read_whole_file(fixture_path(FIXTURE ".h_nextn.f32"), &n_hidden);
+    f->ref_mtp = read_whole_file(fixture_path(FIXTURE ".mtp_logits.f32"), &n_mtp);
+    assert_non_null(f->ref_hidden);
+    assert_non_null(f->ref_mtp);
+    assert_int_equal(n_hidden, (size_t)f->n_prompt * f->D * sizeof(float));
+    assert_int_equal(n_mtp, (size_t)f->n_prompt * f->V * sizeof(float));
+    return true;
+}
+
+static void fixture_close(mtp_fixture *f) {
+    model_free(f->m);
+    free(f->prompt);
+    free(f->ref_hidden);
+    free(f->ref_mtp);
+}
+
+/* The trunk over the whole prompt: logits and hidden rows of every position. */
+static void trunk_hidden(const mtp_fixture *f, float *hidden) {
+    ember_error err;
+    kv_pool_config cfg;
+    model_kv_config(f->m, 16, &cfg);
+    kv_pool *pool = kv_pool_create(&cfg, &err);
+    assert_non_null(pool);
+    model_ctx *ctx = model_ctx_create(f->m, pool, 2, 128, &err);
+    assert_non_null(ctx);
+    model_state *state = model_state_create(f->m, &err);
+    assert_non_null(state);
+    kv_seq seq;
+    kv_seq_init(&seq);
+    int n = f->n_prompt;
+    assert_int_equal(kv_seq_prepare_append(pool, &seq, n, &err), 0);
+    int64_t *pos = malloc((size_t)n * sizeof *pos);
+    kv_seq **seqs = malloc((size_t)n * sizeof *seqs);
+    model_state **states = malloc((size_t)n * sizeof *states);
+    bool *want = malloc((size_t)n * sizeof *want);
+    float *logits = malloc((size_t)n * f->V * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        pos[i] = i;
+        seqs[i] = &seq;
+        states[i] = state;
+        want[i] = true;
+    }
+    model_batch b = {n, f->prompt, pos, seqs, want, states, hidden};
+    if (model_forward(ctx, &b, logits, &err) < 0) fail_msg("trunk: %s", err.msg);
+    free(pos);
+    free(seqs);
+    free(states);
+    free(want);
+    free(logits);
+    kv_seq_release(pool, &seq);
+    model_state_free(state);
+    model_ctx_free(ctx);
+    kv_pool_free(pool);
+}
+
+/* The MTP head over the prompt, `step` rows per forward; h_prev row p is
+ * hidden row p-1 (zeros at p = 0), as llama.cpp's draft-mtp driver feeds it. */
+static void mtp_logits(const mtp_fixture *f, const float *hidden, int step, float *logits, float *head_out) {
+    ember_error err;
+    kv_pool_config cfg;
+    model_mtp_kv_config(f->m, 16, &cfg);
+    kv_pool *pool = kv_pool_create(&cfg, &err);
+    assert_non_null(pool);
+    model_ctx *ctx = model_mtp_ctx_create(f->m, pool, 2, 128, &err);
+    if (ctx == NULL) fail_msg("model_mtp_ctx_create: %s", err.msg);
+    kv_seq seq;
+    kv_seq_init(&seq);
+    int n = f->n_prompt, D = f->D;
+    float *h_prev = calloc((size_t)n * D, sizeof(float));
+    memcpy(h_prev + D, hidden, (size_t)(n - 1) * D * sizeof(float));
+    for (int start = 0; start < n; start += step) {
+        int k = n - start < step ? n - start : step;
+        assert_int_equal(kv_seq_prepare_append(pool, &seq, k, &err), 0);
+        int64_t pos[128];
+        kv_seq *seqs[128];
+        bool want[128];
+        for (int i = 0; i < k; i++) {
+            pos[i] = start + i;
+            seqs[i] = &seq;
+            want[i] = true;
+        }
+        model_batch b = {k, f->prompt + start, pos, seqs, want, NULL, head_out ? head_out + (size_t)start * D : NULL};
+        if (model_mtp_forward(ctx, &b, h_prev + (size_t)start * D, logits + (size_t)start * f->V, &err) < 0)
+            fail_msg("mtp: %s", err.msg);
+        seq.n_tokens += k;
+    }
+    free(h_prev);
+    kv_seq_release(pool, &seq);
+    model_ctx_free(ctx);
+    kv_pool_free(pool);
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Max |mine - ref| over rows x width; argmax checked where the reference's
+ * top-1 margin exceeds twice the bound (logits only: argmax_rows true). */
+static double max_diff(const float *mine, const float *ref, int rows, int width, bool argmax_rows, int *checked) {
+    double d = 0;
+    for (int p = 0; p < rows; p++) {
+        const float *a = mine + (size_t)p * width, *r = ref + (size_t)p * width;
+        for (int i = 0; i < width; i++) d = fmax(d, fabs((double)a[i] - r[i]));
+        if (!argmax_rows) continue;
+        int rb = argmax(r, width);
+        float second = -INFINITY;
+        for (int i = 0; i < width; i++)
+            if (i != rb && r[i] > second) second = r[i];
+        if (r[rb] - second > 2 * bound) {
+            if (argmax(a, width) != rb) fail_msg("row %d: MTP argmax %d, llama.cpp %d", p, argmax(a, width), rb);
+            (*checked)++;
+        }
+    }
+    return d;
+}
+
+static void test_mtp_reference(void **unused) {
+    (void)unused;
+    mtp_fixture f;
+    if (!fixture_open(&f)) return;
+    assert_true(model_has_mtp(f.m));
+    assert_int_equal(model_get_hparams(f.m)->n_layer, 3);
+    int n = f.n_prompt, D = f.D, V = f.V;
+    float *hidden = malloc((size_t)n * D * sizeof(float));
+    trunk_hidden(&f, hidden);
+    int checked = 0;
+    double d_hidden = max_diff(hidden, f.ref_hidden, n, D, false, &checked);
+
+    float *from_ref = malloc((size_t)n * V * sizeof(float));
+    float *from_own = malloc((size_t)n * V * sizeof(float));
+    mtp_logits(&f, f.ref_hidden, n, from_ref, NULL);
+    mtp_logits(&f, hidden, n, from_own, NULL);
+    double d_ref = max_diff(from_ref, f.ref_mtp, n, V, true, &checked);
+    double d_own = max_diff(from_own, f.ref_mtp, n, V, true, &checked);
+    print_message("qwen35-mtp: %d rows; hidden max |diff| %.3g; MTP logits max |diff| %.3g (llama.cpp's h), "
+                  "%.3g (ember's h); bound %.3g; argmax checked at %d rows\n",
+                  n, d_hidden, d_ref, d_own, bound, checked);
+    assert_true(d_hidden <= bound);
+    assert_true(d_ref <= bound);
+    assert_true(d_own <= bound);
+    assert_true(checked >= n); /* every row of both runs has a margin > 2e-3 but a handful */
+    free(hidden);
+    free(from_ref);
+    free(from_own);
+    fixture_close(&f);
+}
+
+static void test_mtp_batch_invariance(void **unused) {
+    (void)unused;
+    mtp_fixture f;
+    if (!fixture_open(&f)) return;
+    int n = f.n_prompt, D = f.D, V = f.V;
+    float *whole = malloc((size_t)n * V * sizeof(float)), *rows = malloc((size_t)n * V * sizeof(float));
+    float *head_whole = malloc((size_t)n * D * sizeof(float)), *head_rows = malloc((size_t)n * D * sizeof(float));
+    mtp_logits(&f, f.ref_hidden, n, whole, head_whole);
+    mtp_logits(&f, f.ref_hidden, 1, rows, head_rows);
+    assert_memory_equal(whole, rows, (size_t)n * V * sizeof(float));
+    assert_memory_equal(head_whole, head_rows, (size_t)n * D * sizeof(float));
+    mtp_logits(&f, f.ref_hidden, 7, rows, NULL);
+    assert_memory_equal(whole, rows, (size_t)n * V * sizeof(float));
+    free(whole);
+    free(rows);
+    free(head_whole);
+    free(head_rows);
+    fixture_close(&f);
+}
+
+static void test_no_mtp(void **unused) {
+    (void)unused;
+    const char *gguf = fixture_path("reference/qwen35-f32.gguf");
+    if (gguf == NULL) return;
+    ember_error err;
+    model *m = model_load(gguf, &err);
+    assert_non_null(m);
+    assert_false(model_has_mtp(m));
+    kv_pool_config cfg;
+    model_kv_config(m, 4, &cfg);
+    kv_pool *pool = kv_pool_create(&cfg, &err);
+    assert_non_null(pool);
+    assert_null(model_mtp_ctx_create(m, pool, 1, 8, &err));
+    assert_non_null(strstr(err.msg, "no MTP"));
+    kv_pool_free(pool);
+    model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mtp_reference),
+        cmocka_unit_test(test_mtp_batch_invariance),
+        cmocka_unit_test(test_no_mtp),
+    };
+    return test_run_group(tests, NULL, NULL);
+}
