@@ -12,7 +12,10 @@
  *    takes), with the argmax equal wherever llama.cpp's margin allows;
  *  - the head is batch-invariant: one row at a time gives the same bits
  *    as the whole prompt at once;
- *  - a model without MTP tensors reports none and refuses an MTP context. */
+ *  - `ember logits --mtp` writes the same bits as the in-process head fed
+ *    ember's own hidden rows;
+ *  - a model without MTP tensors reports none and refuses an MTP context
+ *    (and `ember logits --mtp` says so). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -66,7 +69,7 @@ static void fixture_close(mtp_fixture *f) {
     free(f->ref_mtp);
 }
 
-/* The trunk over the whole prompt: logits and hidden rows of every position. */
+/* The trunk over the whole prompt: the hidden rows of every position. */
 static void trunk_hidden(const mtp_fixture *f, float *hidden) {
     ember_error err;
     kv_pool_config cfg;
@@ -79,25 +82,9 @@ static void trunk_hidden(const mtp_fixture *f, float *hidden) {
     assert_non_null(state);
     kv_seq seq;
     kv_seq_init(&seq);
-    int n = f->n_prompt;
-    assert_int_equal(kv_seq_prepare_append(pool, &seq, n, &err), 0);
-    int64_t *pos = malloc((size_t)n * sizeof *pos);
-    kv_seq **seqs = malloc((size_t)n * sizeof *seqs);
-    model_state **states = malloc((size_t)n * sizeof *states);
-    bool *want = malloc((size_t)n * sizeof *want);
-    float *logits = malloc((size_t)n * f->V * sizeof(float));
-    for (int i = 0; i < n; i++) {
-        pos[i] = i;
-        seqs[i] = &seq;
-        states[i] = state;
-        want[i] = true;
-    }
-    model_batch b = {n, f->prompt, pos, seqs, want, states, hidden};
-    if (model_forward(ctx, &b, logits, &err) < 0) fail_msg("trunk: %s", err.msg);
-    free(pos);
-    free(seqs);
-    free(states);
-    free(want);
+    float *logits = malloc((size_t)f->n_prompt * f->V * sizeof(float));
+    if (model_eval_hidden(ctx, &seq, state, f->prompt, f->n_prompt, true, logits, hidden, &err) < 0)
+        fail_msg("trunk: %s", err.msg);
     free(logits);
     kv_seq_release(pool, &seq);
     model_state_free(state);
@@ -122,19 +109,9 @@ static void mtp_logits(const mtp_fixture *f, const float *hidden, int step, floa
     memcpy(h_prev + D, hidden, (size_t)(n - 1) * D * sizeof(float));
     for (int start = 0; start < n; start += step) {
         int k = n - start < step ? n - start : step;
-        assert_int_equal(kv_seq_prepare_append(pool, &seq, k, &err), 0);
-        int64_t pos[128];
-        kv_seq *seqs[128];
-        bool want[128];
-        for (int i = 0; i < k; i++) {
-            pos[i] = start + i;
-            seqs[i] = &seq;
-            want[i] = true;
-        }
-        model_batch b = {k, f->prompt + start, pos, seqs, want, NULL, head_out ? head_out + (size_t)start * D : NULL};
-        if (model_mtp_forward(ctx, &b, h_prev + (size_t)start * D, logits + (size_t)start * f->V, &err) < 0)
+        if (model_mtp_eval(ctx, &seq, f->prompt + start, k, h_prev + (size_t)start * D, logits + (size_t)start * f->V,
+                           head_out ? head_out + (size_t)start * D : NULL, &err) < 0)
             fail_msg("mtp: %s", err.msg);
-        seq.n_tokens += k;
     }
     free(h_prev);
     kv_seq_release(pool, &seq);
@@ -220,6 +197,45 @@ static void test_mtp_batch_invariance(void **unused) {
     fixture_close(&f);
 }
 
+static void test_logits_cli_mtp(void **unused) {
+    (void)unused;
+    if (ember_binary() == NULL) {
+        print_message("skipping: EMBER_BIN is not set (run under ctest)\n");
+        skip();
+    }
+    mtp_fixture f;
+    if (!fixture_open(&f)) return;
+    int n = f.n_prompt, D = f.D, V = f.V;
+    char *dir = make_temp_dir(), out_path[512], *cmd = malloc(16384), *out;
+    snprintf(out_path, sizeof out_path, "%s/mtp.f32", dir);
+    int len = snprintf(cmd, 16384, "%s logits %s --mtp --out %s --tokens ", ember_binary(), fixture_path(FIXTURE ".gguf"),
+                       out_path);
+    for (int i = 0; i < n; i++) len += snprintf(cmd + len, 16384 - (size_t)len, "%s%d", i ? "," : "", f.prompt[i]);
+    snprintf(cmd + len, 16384 - (size_t)len, " 2>&1");
+    assert_int_equal(run_capture(cmd, &out), 0);
+    free(out);
+    size_t size;
+    float *file = read_whole_file(out_path, &size);
+    assert_int_equal(size, (size_t)n * V * sizeof(float));
+    float *hidden = malloc((size_t)n * D * sizeof(float)), *mine = malloc((size_t)n * V * sizeof(float));
+    trunk_hidden(&f, hidden);
+    mtp_logits(&f, hidden, n, mine, NULL);
+    assert_memory_equal(file, mine, (size_t)n * V * sizeof(float));
+
+    const char *plain = fixture_path("reference/qwen35-f32.gguf");
+    snprintf(cmd, 16384, "%s logits %s --mtp --tokens 1,2,3 --out %s 2>&1", ember_binary(), plain, out_path);
+    assert_int_not_equal(run_capture(cmd, &out), 0);
+    assert_non_null(strstr(out, "no MTP"));
+    free(out);
+    free(file);
+    free(hidden);
+    free(mine);
+    free(cmd);
+    remove_tree(dir);
+    free(dir);
+    fixture_close(&f);
+}
+
 static void test_no_mtp(void **unused) {
     (void)unused;
     const char *gguf = fixture_path("reference/qwen35-f32.gguf");
@@ -242,6 +258,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mtp_reference),
         cmocka_unit_test(test_mtp_batch_invariance),
+        cmocka_unit_test(test_logits_cli_mtp),
         cmocka_unit_test(test_no_mtp),
     };
     return test_run_group(tests, NULL, NULL);

@@ -15,7 +15,7 @@
 #include "cli/cli_opts.h"
 #include "cli/commands.h"
 
-enum { OPT_PROMPT, OPT_TOKENS, OPT_OUT, OPT_THREADS, OPT_BATCH };
+enum { OPT_PROMPT, OPT_TOKENS, OPT_OUT, OPT_THREADS, OPT_BATCH, OPT_MTP };
 
 static const cli_option logits_options[] = {
     {OPT_TOKENS, "--tokens", NULL, "1,2,3", "the prompt as comma-separated token ids", NULL},
@@ -23,6 +23,7 @@ static const cli_option logits_options[] = {
     {OPT_OUT, "--out", "-o", "FILE", "output file (required)", NULL},
     {OPT_THREADS, "--threads", NULL, "K", "threads per forward pass (default: all CPUs)", NULL},
     {OPT_BATCH, "--batch", NULL, "B", "largest forward batch (default 512)", NULL},
+    {OPT_MTP, "--mtp", NULL, NULL, "write the MTP (nextn) head's draft logits instead of the trunk's", NULL},
     {0, NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -34,9 +35,31 @@ const cli_command cmd_logits_command = {
     logits_options, false, false,
 };
 
+/* The MTP head over the prompt with its own pool; h_prev (n, n_embd) is the
+ * trunk's hidden rows shifted down by one. */
+static int cli_mtp_logits(const cli_engine *e, int threads, const int32_t *ids, int n, const float *h_prev,
+                          float *logits, ember_error *err) {
+    kv_pool_config cfg;
+    model_mtp_kv_config(e->m, (n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS, &cfg);
+    kv_pool *pool = kv_pool_create(&cfg, err);
+    if (pool == NULL) return -1;
+    model_ctx *ctx = model_mtp_ctx_create(e->m, pool, threads, model_ctx_max_batch(e->ctx), err);
+    int rc = -1;
+    if (ctx) {
+        kv_seq seq;
+        kv_seq_init(&seq);
+        rc = model_mtp_eval(ctx, &seq, ids, n, h_prev, logits, NULL, err);
+        kv_seq_release(pool, &seq);
+    }
+    model_ctx_free(ctx);
+    kv_pool_free(pool);
+    return rc;
+}
+
 int cmd_logits(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *token_list = NULL, *out_path = NULL;
     int threads = 0, batch = 512;
+    bool mtp = false;
     cli_args args;
     cli_args_init(&args, &cmd_logits_command, argc, argv);
     for (int id; (id = cli_next(&args)) != CLI_END;) {
@@ -46,6 +69,7 @@ int cmd_logits(int argc, char **argv) {
         case OPT_OUT: out_path = args.value; break;
         case OPT_THREADS: threads = (int)cli_parse_long(args.opt, args.value, 1, 1024); break;
         case OPT_BATCH: batch = (int)cli_parse_long(args.opt, args.value, 1, 1 << 16); break;
+        case OPT_MTP: mtp = true; break;
         case CLI_ARG:
             if (model_path)
                 return cli_usage_error(&cmd_logits_command, "one model only ('%s' and '%s')", model_path, args.value);
@@ -79,19 +103,30 @@ int cmd_logits(int argc, char **argv) {
         fprintf(stderr, "ember: %s\n", err.msg);
         goto done;
     }
-    float *logits = malloc((size_t)n * (size_t)n_vocab * sizeof(float));
-    if (logits == NULL || model_eval_state(e.ctx, &e.seq, seq_state, ids, n, true, logits, &err) < 0) {
-        fprintf(stderr, "ember: %s\n", logits ? err.msg : "out of memory");
-        free(logits);
+    if (mtp && !model_has_mtp(e.m)) {
+        fprintf(stderr, "ember: %s has no MTP (nextn) head\n", model_path);
         model_state_free(seq_state);
         goto done;
     }
+    float *logits = malloc((size_t)n * (size_t)n_vocab * sizeof(float));
+    int D = model_get_hparams(e.m)->n_embd;
+    float *hidden = mtp ? calloc((size_t)(n + 1) * D, sizeof(float)) : NULL; /* row 0: the zeros before p = 0 */
+    int eval_rc = logits == NULL || (mtp && hidden == NULL)
+                      ? ember_fail(&err, "out of memory")
+                      : model_eval_hidden(e.ctx, &e.seq, seq_state, ids, n, true, logits, hidden ? hidden + D : NULL, &err);
     model_state_free(seq_state);
+    if (eval_rc == 0 && mtp) eval_rc = cli_mtp_logits(&e, threads, ids, n, hidden, logits, &err);
+    free(hidden);
+    if (eval_rc < 0) {
+        fprintf(stderr, "ember: %s\n", err.msg);
+        free(logits);
+        goto done;
+    }
     FILE *fp = fopen(out_path, "wb");
     if (fp == NULL || fwrite(logits, sizeof(float), (size_t)n * n_vocab, fp) != (size_t)n * n_vocab || fclose(fp) != 0) {
         fprintf(stderr, "ember: cannot write %s\n", out_path);
     } else {
-        fprintf(stderr, "ember: wrote %d x %d logits to %s\n", n, n_vocab, out_path);
+        fprintf(stderr, "ember: wrote %d x %d %slogits to %s\n", n, n_vocab, mtp ? "MTP " : "", out_path);
         rc = 0;
     }
     free(logits);

@@ -624,6 +624,13 @@ int model_eval(model_ctx *c, kv_seq *seq, const int32_t *tokens, int n, bool all
 
 int model_eval_state(model_ctx *c, kv_seq *seq, model_state *state, const int32_t *tokens, int n, bool all_logits,
                      float *logits, ember_error *err) {
+    return model_eval_hidden(c, seq, state, tokens, n, all_logits, logits, NULL, err);
+}
+
+/* model_eval_hidden and model_mtp_eval: one sequence's rows at positions
+ * seq->n_tokens.., through the trunk or (h_prev set) the MTP head. */
+static int eval_rows(model_ctx *c, kv_seq *seq, model_state *state, const int32_t *tokens, int n, bool all_logits,
+                     const float *h_prev, float *logits, float *hidden, ember_error *err) {
     if (n <= 0) return 0;
     if (kv_seq_prepare_append(c->pool, seq, n, err) < 0) return -1;
     int64_t *pos = malloc((size_t)n * sizeof *pos);
@@ -641,8 +648,8 @@ int model_eval_state(model_ctx *c, kv_seq *seq, model_state *state, const int32_
         want[i] = all_logits || i == n - 1;
         if (states) states[i] = state;
     }
-    model_batch b = {n, tokens, pos, seqs, want, states};
-    rc = model_forward(c, &b, logits, err);
+    model_batch b = {n, tokens, pos, seqs, want, states, hidden};
+    rc = h_prev ? model_mtp_forward(c, &b, h_prev, logits, err) : model_forward(c, &b, logits, err);
     if (rc == 0) seq->n_tokens += n;
 done:
     free(pos);
@@ -650,4 +657,15 @@ done:
     free(want);
     free(states);
     return rc;
+}
+
+int model_eval_hidden(model_ctx *c, kv_seq *seq, model_state *state, const int32_t *tokens, int n, bool all_logits,
+                      float *logits, float *hidden, ember_error *err) {
+    return eval_rows(c, seq, state, tokens, n, all_logits, NULL, logits, hidden, err);
+}
+
+int model_mtp_eval(model_ctx *c, kv_seq *seq, const int32_t *tokens, int n, const float *h_prev, float *logits,
+                   float *hidden, ember_error *err) {
+    if (h_prev == NULL) return ember_fail(err, "model_mtp_eval needs the target's hidden rows");
+    return eval_rows(c, seq, NULL, tokens, n, true, h_prev, logits, hidden, err);
 }

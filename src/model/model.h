@@ -130,6 +130,10 @@ int model_eval(model_ctx *ctx, kv_seq *seq, const int32_t *tokens, int n, bool a
  * NULL when model_has_state() is false). */
 int model_eval_state(model_ctx *ctx, kv_seq *seq, model_state *state, const int32_t *tokens, int n,
                      bool all_logits, float *logits, ember_error *err);
+/* model_eval_state that also writes the hidden rows (model_batch.hidden) of
+ * the rows it writes logits for; hidden may be NULL. */
+int model_eval_hidden(model_ctx *ctx, kv_seq *seq, model_state *state, const int32_t *tokens, int n,
+                      bool all_logits, float *logits, float *hidden, ember_error *err);
 
 /* ---- MTP ("nextn") head ----
  *
@@ -151,6 +155,10 @@ bool model_has_mtp(const model *m);
 void model_mtp_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg);
 model_ctx *model_mtp_ctx_create(const model *m, kv_pool *mtp_pool, int n_threads, int max_batch, ember_error *err);
 int model_mtp_forward(model_ctx *ctx, const model_batch *batch, const float *h_prev, float *logits, ember_error *err);
+/* Single sequence: tokens [0, n) at positions seq->n_tokens.. of the MTP
+ * pool, h_prev (n, n_embd); logits (and hidden, may be NULL) of every row. */
+int model_mtp_eval(model_ctx *ctx, kv_seq *seq, const int32_t *tokens, int n, const float *h_prev, float *logits,
+                   float *hidden, ember_error *err);
 
 /* ---- Per-sequence recurrent state (ARR and LIST layers) ----
  *
