@@ -14,6 +14,9 @@
  *    as the whole prompt at once;
  *  - `ember logits --mtp` writes the same bits as the in-process head fed
  *    ember's own hidden rows;
+ *  - `ember mkmodel --arch qwen35 --mtp` writes a file whose head loads and
+ *    runs and whose trunk gives the same logits bit for bit as the file
+ *    without the block (as llama.cpp's fixture checks for its own);
  *  - a model without MTP tensors reports none and refuses an MTP context
  *    (and `ember logits --mtp` says so). */
 #include <cjson/cJSON.h>
@@ -236,6 +239,58 @@ static void test_logits_cli_mtp(void **unused) {
     fixture_close(&f);
 }
 
+/* ember logits over ids into out_path (run under ctest: EMBER_BIN). */
+static void logits_file(const char *model_path, const char *extra, const char *out_path) {
+    char cmd[4096], *out;
+    snprintf(cmd, sizeof cmd, "%s logits %s %s --tokens 1,40,41,42,43,44,45,46,47,48,49,50 --out %s 2>&1",
+             ember_binary(), model_path, extra, out_path);
+    int rc = run_capture(cmd, &out);
+    if (rc != 0) fail_msg("%s: %s", cmd, out);
+    free(out);
+}
+
+static void test_mkmodel_mtp(void **unused) {
+    (void)unused;
+    if (ember_binary() == NULL) {
+        print_message("skipping: EMBER_BIN is not set (run under ctest)\n");
+        skip();
+    }
+    char *dir = make_temp_dir(), with[512], without[512], a[512], b[512], c[512], cmd[2048], *out;
+    snprintf(with, sizeof with, "%s/mtp.gguf", dir);
+    snprintf(without, sizeof without, "%s/plain.gguf", dir);
+    snprintf(cmd, sizeof cmd, "%s mkmodel --arch qwen35 --mtp --out %s 2>&1 && %s mkmodel --arch qwen35 --out %s 2>&1",
+             ember_binary(), with, ember_binary(), without);
+    assert_int_equal(run_capture(cmd, &out), 0);
+    free(out);
+    ember_error err;
+    model *m = model_load(with, &err);
+    if (m == NULL) fail_msg("%s", err.msg);
+    assert_true(model_has_mtp(m));
+    model_free(m);
+    snprintf(a, sizeof a, "%s/a.f32", dir);
+    snprintf(b, sizeof b, "%s/b.f32", dir);
+    snprintf(c, sizeof c, "%s/c.f32", dir);
+    logits_file(with, "", a);
+    logits_file(without, "", b);
+    logits_file(with, "--mtp", c);
+    size_t na, nb, nc;
+    float *la = read_whole_file(a, &na), *lb = read_whole_file(b, &nb), *lc = read_whole_file(c, &nc);
+    assert_int_equal(na, nb);
+    assert_memory_equal(la, lb, na);
+    assert_int_equal(nc, na);
+    assert_memory_not_equal(la, lc, na);
+    for (size_t i = 0; i < nc / sizeof(float); i++) assert_true(isfinite(lc[i]));
+    free(la);
+    free(lb);
+    free(lc);
+    snprintf(cmd, sizeof cmd, "%s mkmodel --arch qwen3 --mtp --out %s/x.gguf 2>&1", ember_binary(), dir);
+    assert_int_not_equal(run_capture(cmd, &out), 0);
+    assert_non_null(strstr(out, "no MTP block"));
+    free(out);
+    remove_tree(dir);
+    free(dir);
+}
+
 static void test_no_mtp(void **unused) {
     (void)unused;
     const char *gguf = fixture_path("reference/qwen35-f32.gguf");
@@ -259,6 +314,7 @@ int main(void) {
         cmocka_unit_test(test_mtp_reference),
         cmocka_unit_test(test_mtp_batch_invariance),
         cmocka_unit_test(test_logits_cli_mtp),
+        cmocka_unit_test(test_mkmodel_mtp),
         cmocka_unit_test(test_no_mtp),
     };
     return test_run_group(tests, NULL, NULL);

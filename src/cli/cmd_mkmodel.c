@@ -33,9 +33,10 @@ typedef struct mk_options {
     const char *out;
     uint64_t seed;
     int threads;
+    bool mtp;
 } mk_options;
 
-enum { OPT_ARCH, OPT_PRESET, OPT_TYPE, OPT_VOCAB, OPT_TOKENIZER_DIR, OPT_OUT, OPT_SEED, OPT_THREADS };
+enum { OPT_ARCH, OPT_PRESET, OPT_TYPE, OPT_VOCAB, OPT_TOKENIZER_DIR, OPT_OUT, OPT_SEED, OPT_THREADS, OPT_MTP };
 
 static const char *weight_types(void) { return "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k"; }
 
@@ -48,6 +49,7 @@ static const cli_option mkmodel_options[] = {
     {OPT_OUT, "--out", "-o", "FILE", "output path, written via FILE.tmp and renamed (required)", NULL},
     {OPT_SEED, "--seed", NULL, "S", "weight seed (default 1); same seed, same bytes", NULL},
     {OPT_THREADS, "--threads", NULL, "N", "worker threads (default: all CPUs)", NULL},
+    {OPT_MTP, "--mtp", NULL, NULL, "qwen35: store one MTP (nextn) block after the trunk, as converted Qwen3.5 files do", NULL},
     {0, NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -80,6 +82,7 @@ static int parse_options(int argc, char **argv, mk_options *o) {
         case OPT_VOCAB: o->vocab = value; continue;
         case OPT_TOKENIZER_DIR: o->tokenizer_dir = value; continue;
         case OPT_OUT: o->out = value; continue;
+        case OPT_MTP: o->mtp = true; continue;
         case CLI_ARG: return usage_error("unexpected argument '%s'", value);
         default: break;
         }
@@ -223,12 +226,14 @@ int cmd_mkmodel(int argc, char **argv) {
     int type_id = dtype_from_name(o.type);
     if (type_id < 0 || !mk_weight_type_ok((ember_dtype)type_id)) return usage_error("unsupported --type '%s'", o.type);
     if (o.out == NULL) return usage_error("--out is required%s", "");
+    if (o.mtp && !mk_arch_has_mtp(arch)) return usage_error("--mtp: architecture '%s' has no MTP block", o.arch);
     if (o.vocab && o.tokenizer_dir) return usage_error("--vocab and --tokenizer-dir exclude each other%s", "");
 
     double t0 = now_seconds();
     ember_error err = {{0}};
     mk_config config = preset->config;
     if (preset->only_arch == NULL) config.tied = mk_arch_tied(arch);
+    config.n_nextn = o.mtp ? 1 : 0;
     gguf_writer *w = gguf_writer_create();
     ember_pool *pool = NULL;
     mk_tensor *tensors = NULL;

@@ -28,6 +28,7 @@ typedef struct mk_config {
     int64_t n_swa;                             /* gemma3 sliding window */
     float rope_base, rms_eps;
     bool tied;                                 /* no output.weight: head reuses token_embd */
+    int64_t n_nextn;                           /* MTP blocks after the trunk (qwen35 --mtp), 0: none */
 } mk_config;
 
 /* How a tensor's values are drawn. */
@@ -69,6 +70,8 @@ const char *mk_arch_name(const mk_arch *a);
 bool mk_arch_tied(const mk_arch *a);
 /* Space-separated list of the supported names, for usage messages. */
 const char *mk_arch_names(void);
+/* Whether the arch can carry an MTP ("nextn") block (--mtp). */
+bool mk_arch_has_mtp(const mk_arch *a);
 
 const mk_preset *mk_preset_find(const char *name);
 const char *mk_preset_names(void);

@@ -39,6 +39,7 @@ typedef enum mk_dim {
     DIM_GDN_DV,   /* d_inner / heads: GDN value head size */
     DIM_NORM_GRP, /* d_inner / groups: mamba2 grouped norm */
     DIM_GROUPS,
+    DIM_EMBD2,    /* 2 * n_embd: the MTP block's eh_proj input [embedding | hidden] */
 } mk_dim;
 
 static int64_t dim_value(mk_dim d, const mk_config *c) {
@@ -61,6 +62,7 @@ static int64_t dim_value(mk_dim d, const mk_config *c) {
     case DIM_GDN_DV: return c->ssm_dt_rank ? c->ssm_d_inner / c->ssm_dt_rank : 0;
     case DIM_NORM_GRP: return c->ssm_n_group ? c->ssm_d_inner / c->ssm_n_group : 0;
     case DIM_GROUPS: return c->ssm_n_group;
+    case DIM_EMBD2: return 2 * c->n_embd;
     case DIM_NONE: break;
     }
     return 1;
@@ -212,6 +214,17 @@ static const mk_rule layer_qwen35_attn[] = {
     RULES_END,
 };
 
+/* The MTP ("nextn") block after a qwen35 trunk: a gated-attention layer
+ * (layer_qwen35_attn) plus these, as llama.cpp's converter writes them
+ * (no embed_tokens / shared_head_head: the block reuses the model's). */
+static const mk_rule layer_qwen35_nextn[] = {
+    MATRIX("blk.%d.nextn.eh_proj.weight", DIM_EMBD2, DIM_EMBD),
+    NORM("blk.%d.nextn.enorm.weight", DIM_EMBD),
+    NORM("blk.%d.nextn.hnorm.weight", DIM_EMBD),
+    NORM("blk.%d.nextn.shared_head_norm.weight", DIM_EMBD),
+    RULES_END,
+};
+
 #define MAMBA2_MIXER                                                      \
     MATRIX("blk.%d.ssm_in.weight", DIM_EMBD, DIM_SSM_IN),                 \
     F32_2D("blk.%d.ssm_conv1d.weight", DIM_DCONV, DIM_CONV, MK_INIT_MATRIX), \
@@ -285,6 +298,7 @@ const mk_arch *mk_arch_find(const char *name) {
 
 const char *mk_arch_name(const mk_arch *a) { return a->name; }
 bool mk_arch_tied(const mk_arch *a) { return a->tied; }
+bool mk_arch_has_mtp(const mk_arch *a) { return (a->hparams & HP_GDN) != 0; }
 const char *mk_arch_names(void) { return "llama qwen2 qwen3 qwen3moe gemma3 qwen35 mamba2 falcon-h1"; }
 
 /* ---- presets ----
@@ -387,7 +401,8 @@ void mk_write_hparams(const mk_arch *a, const mk_config *c, const char *model_na
     } while (0)
     SET_U32("context_length", c->n_ctx);
     SET_U32("embedding_length", c->n_embd);
-    SET_U32("block_count", c->n_layer);
+    SET_U32("block_count", c->n_layer + c->n_nextn);
+    if (c->n_nextn > 0) SET_U32("nextn_predict_layers", c->n_nextn);
     SET_U32("feed_forward_length", (a->hparams & HP_NO_ATTN) ? 0 : c->n_ff);
     if (a->hparams & HP_SSM) {
         SET_U32("ssm.conv_kernel", c->ssm_d_conv);
@@ -456,7 +471,9 @@ int mk_plan_tensors(const mk_arch *a, const mk_config *c, ember_dtype wtype, mk_
     while (a->layer[per_layer].name) per_layer++;
     while (a->layer_attn && a->layer_attn[per_attn].name) per_attn++;
     if (per_attn > per_layer) per_layer = per_attn;
-    int cap = 4 + per_layer * (int)c->n_layer;
+    int per_nextn = 0;
+    while (layer_qwen35_nextn[per_nextn].name) per_nextn++;
+    int cap = 4 + per_layer * (int)c->n_layer + (per_attn + per_nextn) * (int)c->n_nextn;
     mk_tensor *ts = calloc((size_t)cap, sizeof *ts);
     if (ts == NULL) return ember_fail(err, "out of memory");
     int n = 0;
@@ -465,6 +482,12 @@ int mk_plan_tensors(const mk_arch *a, const mk_config *c, ember_dtype wtype, mk_
     for (int l = 0; l < c->n_layer; l++) {
         const mk_rule *rules = a->layer_attn && (l + 1) % a->attn_interval == 0 ? a->layer_attn : a->layer;
         for (const mk_rule *r = rules; r->name; r++)
+            if (plan_rule(r, l, c, wtype, &ts[n++], err) < 0) goto fail;
+    }
+    for (int l = (int)c->n_layer; l < c->n_layer + c->n_nextn; l++) {
+        for (const mk_rule *r = a->layer_attn; r->name; r++)
+            if (plan_rule(r, l, c, wtype, &ts[n++], err) < 0) goto fail;
+        for (const mk_rule *r = layer_qwen35_nextn; r->name; r++)
             if (plan_rule(r, l, c, wtype, &ts[n++], err) < 0) goto fail;
     }
     for (const mk_rule *r = rules_head; r->name; r++) {
