@@ -36,6 +36,7 @@ struct engine {
     engine_config cfg;
     kv_pool *pool;
     apc *cache;
+    spec_drafter *drafter;          /* speculative decoding, or NULL */
     int n_vocab;
     pthread_mutex_t ctx_lock;
     model_ctx *idle[ENGINE_MAX_IDLE_CTX];
@@ -133,6 +134,12 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
     if (e->stateful) state_ops.bytes = model_state_bytes(m);
     e->cache = apc_create(e->pool, &kc, model_cache_stack(m), &state_ops, &cfg.cache, err);
     if (e->cache == NULL) goto fail;
+    if (cfg.spec.kind != SPEC_OFF) {
+        e->drafter = spec_drafter_create(m, &cfg.spec, cfg.num_blocks, cfg.n_threads, cfg.prefill_step, err);
+        if (e->drafter == NULL) goto fail;
+        ember_log(EMBER_LOG_INFO, "speculative decoding: %s drafter, k = %d%s", spec_kind_name(cfg.spec.kind),
+                  cfg.spec.k, cfg.spec.adaptive ? " (adaptive)" : "");
+    }
     return e;
 fail:
     engine_free(e);
@@ -161,6 +168,7 @@ void engine_free(engine *e) {
         engine__fetch_unref(j);
     }
     for (int i = 0; i < e->n_idle; i++) model_ctx_free(e->idle[i]);
+    spec_drafter_free(e->drafter);
     apc_free(e->cache);
     kv_pool_free(e->pool);
     pthread_mutex_destroy(&e->ctx_lock);
@@ -177,6 +185,7 @@ apc *engine_cache(engine *e) { return e->cache; }
 kv_pool *engine_pool(engine *e) { return e->pool; }
 const model *engine_model(const engine *e) { return e->m; }
 int engine_n_ctx(const engine *e) { return e->cfg.n_ctx; }
+spec_drafter *engine_drafter(engine *e) { return e->drafter; }
 int engine__prefill_step(const engine *e) { return e->cfg.prefill_step; }
 
 /* ---- The predictor thread ---- */
@@ -341,6 +350,7 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
     rp.prefill_step = step;
     rp.plan = req->plan;
     rp.async = false; /* a scheduler of one stalls nobody */
+    rp.drafter = e->drafter;
     engine_req *q = engine_req_create(e, &rp, err);
     if (q == NULL) return -1;
     const int64_t N = req->n_prompt;
@@ -351,10 +361,11 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
     engine_batch b;
     memset(&b, 0, sizeof b);
     sampler *smp = sampler_create(&req->sampling);
-    float *logits = malloc((size_t)V * sizeof(float));
+    float *logits = malloc((size_t)(1 + SPEC_MAX_K) * (size_t)V * sizeof(float)); /* a step's logit rows */
+    float *logits_scratch = malloc((size_t)V * sizeof(float));
     out->tokens = malloc((size_t)(max_tokens ? max_tokens : 1) * sizeof(int32_t));
     if (req->want_logits) out->logits = malloc((size_t)(max_tokens ? max_tokens : 1) * (size_t)V * sizeof(float));
-    if (smp == NULL || logits == NULL || out->tokens == NULL || (req->want_logits && out->logits == NULL) ||
+    if (smp == NULL || logits == NULL || logits_scratch == NULL || out->tokens == NULL || (req->want_logits && out->logits == NULL) ||
         engine_batch_init(&b, step, e->stateful) < 0) {
         ember_fail(err, "out of memory for a request of %lld tokens", (long long)N);
         goto done;
@@ -380,7 +391,8 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
         prefilled += len;
         if (req->on_prefill) req->on_prefill(req->user, prefilled, N);
     }
-    if (engine_req_add_rows(q, &b, 1, err) < 0 || forward_rows(ctx, &b, logits, err) < 0) goto done;
+    if (engine_req_add_rows(q, &b, engine_req_step_rows(q, 1), err) < 0 || forward_rows(ctx, &b, logits, err) < 0)
+        goto done;
     engine_req_forwarded(q, 1);
     out->ttft_s = ember_now() - t0;
     out->prompt_forwarded = engine_req_forwarded_total(q);
@@ -389,12 +401,23 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
         prefill_locked = false;
     }
 
-    /* Decode. */
+    /* Decode: sample the step's logit rows in order (one, or more while
+     * the drafts hold), then forward the next step. */
     out->finish = ENGINE_FINISH_LENGTH;
     const tokenizer *tok = model_get_tokenizer(e->m);
-    for (int i = 0; i < max_tokens; i++) {
-        if (out->logits) memcpy(out->logits + (size_t)i * V, logits, (size_t)V * sizeof(float));
-        int32_t next = sampler_sample(smp, logits, V);
+    int row = 0;
+    while (max_tokens > 0) {
+        if (engine_req_get_phase(q) == ENGINE_REQ_DECODE) {
+            int64_t rows = engine_req_step_rows(q, step);
+            if (engine_req_add_rows(q, &b, rows, err) < 0 || forward_rows(ctx, &b, logits, err) < 0) goto done;
+            engine_req_forwarded(q, rows);
+            row = 0;
+        }
+        const float *lr = logits + (size_t)row++ * V;
+        int i = out->n_tokens;
+        if (out->logits) memcpy(out->logits + (size_t)i * V, lr, (size_t)V * sizeof(float));
+        memcpy(logits_scratch, lr, (size_t)V * sizeof(float)); /* the sampler may change its row */
+        int32_t next = sampler_sample(smp, logits_scratch, V);
         sampler_accept_generated(smp, next);
         out->tokens[out->n_tokens++] = next;
         engine_req_accept(q, next);
@@ -406,13 +429,11 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
             out->finish = ENGINE_FINISH_EOG;
             break;
         }
-        if (i + 1 == max_tokens) break;
-        if (engine_req_n_kv(q) >= e->cfg.n_ctx) {
+        if (out->n_tokens == max_tokens) break;
+        if (engine_req_context_full(q)) {
             out->finish = ENGINE_FINISH_CTX;
             break;
         }
-        if (engine_req_add_rows(q, &b, 1, err) < 0 || forward_rows(ctx, &b, logits, err) < 0) goto done;
-        engine_req_forwarded(q, 1);
     }
 
     /* Retirement (the extra forward is a cost of the store). */
@@ -422,12 +443,13 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
             double tc = ember_now();
             ember_error ignored;
             /* Best effort: without the extra token the store is one shorter. */
-            if (engine_req_add_rows(q, &b, 1, &ignored) < 0) {
+            int64_t rows = engine_req_step_rows(q, step);
+            if (rows == 0 || engine_req_add_rows(q, &b, rows, &ignored) < 0) {
                 engine_req_retire_row_failed(q, true);
             } else if (forward_rows(ctx, &b, logits, &ignored) < 0) {
                 engine_req_retire_row_failed(q, false);
             } else {
-                engine_req_forwarded(q, 1);
+                engine_req_forwarded(q, rows);
             }
             out->cache_s += ember_now() - tc;
         }
@@ -437,6 +459,7 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
     out->n_vocab = V;
     out->n_prompt = N;
     out->forwarded = engine_req_forwarded_total(q);
+    out->spec = engine_req_spec_stats(q);
     out->total_s = ember_now() - t0;
     rc = 0;
 done:
@@ -446,6 +469,7 @@ done:
     engine_batch_free(&b);
     sampler_free(smp);
     free(logits);
+    free(logits_scratch);
     if (rc < 0) engine_result_free(out);
     return rc;
 }

@@ -27,7 +27,8 @@
  *    request, restored and stored with the K/V.
  *    Because every kernel is batch-invariant and the chunk grid is fixed,
  *    the logits of every generated step are bit-identical whether the
- *    prefix came from the cache or not.
+ *    prefix came from the cache or not, and whether or not the engine
+ *    speculates (cfg.spec: drafts verified in one forward; engine_req.h).
  *  - engine_generate may be called from several threads at once: each call
  *    borrows its own model context; the pool and the cache are shared under
  *    the cache's lock. A request that cannot fit in the pool at all fails at
@@ -42,6 +43,7 @@
 #include "apc/apc.h"
 #include "chat/chat_plan.h"
 #include "core/error.h"
+#include "engine/engine_spec.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "sample/sampler.h"
@@ -54,6 +56,7 @@ typedef struct engine_config {
     int32_t num_blocks;   /* KV pool size; 0: default (see engine_default_blocks) */
     int n_ctx;            /* largest sequence; 0: the model's training context */
     apc_config cache;
+    spec_config spec;     /* speculative decoding (engine_spec.h); kind SPEC_OFF: none */
 } engine_config;
 
 typedef enum engine_cache_mode {
@@ -108,6 +111,7 @@ typedef struct engine_result {
     double ttft_s;            /* request start to the first token's logits */
     double total_s;
     double cache_s;           /* time inside the cache's lookup and stores */
+    spec_stats spec;          /* speculative decoding: rounds, drafted, accepted */
 } engine_result;
 
 /* ---- Lifetime ---- */
@@ -127,6 +131,7 @@ apc *engine_cache(engine *e);
 kv_pool *engine_pool(engine *e);
 const model *engine_model(const engine *e);
 int engine_n_ctx(const engine *e);
+spec_drafter *engine_drafter(engine *e);   /* NULL without speculative decoding */
 
 /* ---- Running ---- */
 engine_request engine_default_request(void);

@@ -54,6 +54,18 @@ struct engine_req {
     /* predictions in flight, oldest first; the last one may be the retirement's */
     engine_predict_job *pending_head, *pending_tail;
     engine_predict_job *retire_job;
+    /* speculative decoding */
+    spec_drafter *drafter;       /* borrowed, or NULL */
+    spec_seq *spec;
+    int32_t draft[SPEC_MAX_K];   /* the drafts of the current step */
+    int n_draft;
+    int64_t step_rows;           /* FIRST/DECODE/RETIRE rows decided by engine_req_step_rows */
+    int64_t round_p0;            /* sequence length before the step's forward */
+    bool round_decode;           /* the step was a DECODE step (not FIRST) */
+    int rows_sampled;            /* logit rows of the step sampled so far */
+    int round_matched;           /* of those, tokens equal to their draft */
+    void *round_snap;            /* recurrent state at round_p0 (model_state_bytes), or NULL */
+    bool round_snapped;
 };
 
 /* ---- Lifetime ---- */
@@ -109,6 +121,12 @@ engine_req *engine_req_create(engine *e, const engine_req_params *p, ember_error
     kv_seq_init(&q->seq);
     q->all = malloc((size_t)(N + max_tokens + 1) * sizeof(int32_t));
     if (q->all == NULL) goto oom;
+    if (p->drafter) {
+        q->drafter = p->drafter;
+        q->spec = spec_seq_create(p->drafter, err);
+        if (q->spec == NULL) goto fail;
+        if (model_has_state(m) && (q->round_snap = malloc(model_state_bytes(m))) == NULL) goto oom;
+    }
     memcpy(q->all, p->prompt, (size_t)N * sizeof(int32_t));
     if (model_has_state(m)) {
         q->state = model_state_create(m, err);
@@ -151,6 +169,8 @@ void engine_req_free(engine_req *q) {
     drop_pending(q);
     engine__fetch_unref(q->fetch); /* a read still running finishes on its own */
     apc_req_free(q->ar);
+    if (q->spec) spec_seq_free(q->drafter, q->spec);
+    free(q->round_snap);
     model_state_free(q->state);
     apc_seq_release(q->cache, &q->seq);
     free(q->all);
@@ -250,19 +270,62 @@ int64_t engine_req_prompt_chunk(const engine_req *q, int64_t allow) {
     return end > p ? end - p : 0;
 }
 
+/* Committed tokens: the prompt and every generated token. */
+static int64_t committed(const engine_req *q) { return q->N + q->n_gen; }
+
+int64_t engine_req_step_rows(engine_req *q, int64_t allow) {
+    int64_t pending = committed(q) - q->seq.n_tokens, rows = 0;
+    q->n_draft = 0;
+    switch (q->phase) {
+    case ENGINE_REQ_FIRST: rows = 1; break;
+    case ENGINE_REQ_RETIRE: rows = q->step_rows; break;
+    case ENGINE_REQ_DECODE: {
+        rows = pending;
+        if (q->drafter == NULL || allow <= pending) break;
+        /* Drafts stay inside the context and the reply's admitted length
+         * (so inside the request's reserved blocks). */
+        int64_t k = spec_next_k(q->drafter, q->spec);
+        if (k > allow - pending) k = allow - pending;
+        if (k > q->n_ctx - committed(q)) k = q->n_ctx - committed(q);
+        if (k > q->max_tokens - q->n_gen - 1) k = q->max_tokens - q->n_gen - 1;
+        if (k > 0) q->n_draft = spec_draft(q->drafter, q->spec, q->all, committed(q), (int)k, NULL, q->draft);
+        rows += q->n_draft;
+        break;
+    }
+    default: assert(!"no step rows in this phase"); break;
+    }
+    if (rows > allow) {
+        q->n_draft = 0;
+        return 0;
+    }
+    q->step_rows = rows;
+    return rows;
+}
+
+int engine_req_logit_rows(const engine_req *q) {
+    if (q->phase == ENGINE_REQ_FIRST) return 1;
+    if (q->phase == ENGINE_REQ_DECODE) return 1 + q->n_draft;
+    return 0;
+}
+
 int engine_req_add_rows(engine_req *q, engine_batch *b, int64_t n, ember_error *err) {
-    assert(q->phase == ENGINE_REQ_PROMPT || n == 1);
+    assert(q->phase == ENGINE_REQ_PROMPT || n == q->step_rows);
     assert(q->phase == ENGINE_REQ_PROMPT || q->phase == ENGINE_REQ_FIRST || q->phase == ENGINE_REQ_DECODE ||
            q->phase == ENGINE_REQ_RETIRE);
     assert(b->n + n <= b->cap);
     if (apc_seq_prepare_append(q->cache, &q->seq, n, err) < 0) return -1;
-    int64_t p = q->seq.n_tokens;
+    int64_t p = q->seq.n_tokens, pending = committed(q) - p;
+    q->round_snapped = false;
+    if (q->phase == ENGINE_REQ_DECODE && q->n_draft > 0 && q->round_snap) {
+        model_state_snapshot(q->state, q->round_snap);
+        q->round_snapped = true;
+    }
     for (int64_t j = 0; j < n; j++) {
         int i = b->n++;
-        b->tok[i] = q->all[p + j];
+        b->tok[i] = j < pending ? q->all[p + j] : q->draft[j - pending];
         b->pos[i] = p + j;
         b->seq[i] = &q->seq;
-        b->want[i] = q->phase == ENGINE_REQ_FIRST || q->phase == ENGINE_REQ_DECODE;
+        b->want[i] = q->phase == ENGINE_REQ_FIRST || (q->phase == ENGINE_REQ_DECODE && j >= pending - 1);
         if (b->state) b->state[i] = q->state;
     }
     q->last_rows = n;
@@ -326,14 +389,19 @@ void engine_req_forwarded(engine_req *q, int64_t n) {
     case ENGINE_REQ_FIRST:
         apc_req_prefilled(q->ar, &q->seq, q->state);
         q->phase = ENGINE_REQ_SAMPLE;
+        q->round_decode = false;
+        q->round_p0 = q->seq.n_tokens - n;
+        q->rows_sampled = 0;
+        q->round_matched = 0;
         break;
-    case ENGINE_REQ_DECODE: {
-        int64_t p = apc_req_decode(q->ar, q->all, &q->seq, q->state);
-        if (p > 0 && q->predictor) submit_prediction(q, p, false);
-        else if (p > 0) apc_req_predicted(q->ar, p, -1);
+    case ENGINE_REQ_DECODE:
+        /* The cache sees the step once it is settled (engine_req_accept). */
         q->phase = ENGINE_REQ_SAMPLE;
+        q->round_decode = true;
+        q->round_p0 = q->seq.n_tokens - n;
+        q->rows_sampled = 0;
+        q->round_matched = 0;
         break;
-    }
     case ENGINE_REQ_RETIRE:
         q->cache_s += ember_now() - t;
         retire_now(q);
@@ -346,17 +414,61 @@ void engine_req_forwarded(engine_req *q, int64_t n) {
 
 /* ---- Generation ---- */
 
+/* Ends the step: keeps the K/V of the committed tokens but the newest,
+ * drops the rest (rejected drafts), restores a recurrent state that ran
+ * past them, then lets the cache see the step. SAMPLE -> DECODE. */
+static void settle(engine_req *q) {
+    assert(q->phase == ENGINE_REQ_SAMPLE);
+    int64_t keep = committed(q) - 1;
+    if (q->seq.n_tokens > keep) {
+        if (q->state && q->round_snapped) {
+            ember_error ignored;
+            int rc = model_state_restore(q->state, q->round_snap, model_state_bytes(engine_model(q->e)), &ignored);
+            assert(rc == 0); /* a snapshot of this very model */
+            (void)rc;
+            keep = q->round_p0;
+        }
+        assert(q->state == NULL || keep == q->round_p0 || keep == q->seq.n_tokens);
+        apc_seq_truncate(q->cache, &q->seq, keep);
+    }
+    if (q->drafter && q->round_decode) spec_verified(q->drafter, q->spec, q->n_draft, q->round_matched);
+    q->n_draft = 0;
+    q->phase = ENGINE_REQ_DECODE;
+    if (!q->round_decode) return;
+    double t = ember_now();
+    int64_t p = apc_req_decode(q->ar, q->all, &q->seq, q->state);
+    if (p > 0 && q->predictor) submit_prediction(q, p, false);
+    else if (p > 0) apc_req_predicted(q->ar, p, -1);
+    q->cache_s += ember_now() - t;
+}
+
 void engine_req_accept(engine_req *q, int32_t token) {
     assert(q->phase == ENGINE_REQ_SAMPLE && q->n_gen < q->max_tokens);
+    assert(q->rows_sampled < (q->round_decode ? 1 + q->n_draft : 1));
     q->all[q->N + q->n_gen++] = token;
-    q->phase = ENGINE_REQ_DECODE;
+    int row = q->rows_sampled++;
+    /* The next row was fed draft[row]: it is valid iff that is what came. */
+    if (row < q->n_draft && token == q->draft[row]) {
+        q->round_matched++;
+        return;
+    }
+    settle(q);
 }
+
+bool engine_req_context_full(const engine_req *q) { return committed(q) - 1 >= q->n_ctx; }
 
 void engine_req_finish(engine_req *q) {
     assert(q->phase == ENGINE_REQ_SAMPLE || q->phase == ENGINE_REQ_DECODE);
-    int64_t have = q->seq.n_tokens, total = q->N + q->n_gen;
-    if (have == total - 1 && have < q->n_ctx && apc_req_retire_wants_last_token(q->ar, have)) {
-        q->phase = ENGINE_REQ_RETIRE; /* one more row: the last generated token */
+    if (q->phase == ENGINE_REQ_SAMPLE) settle(q);
+    int64_t have = q->seq.n_tokens, total = committed(q);
+    /* The K/V the retirement stores: every committed token but the newest
+     * (forwarded again after a speculative rollback), and the newest too
+     * when the cache wants it. */
+    int64_t rows = total - 1 - have;
+    if (total - 1 < q->n_ctx && apc_req_retire_wants_last_token(q->ar, total - 1)) rows++;
+    if (rows > 0) {
+        q->phase = ENGINE_REQ_RETIRE;
+        q->step_rows = rows;
         return;
     }
     retire_now(q);
@@ -397,6 +509,10 @@ int64_t engine_req_cached(const engine_req *q) { return q->cached; }
 apc_source engine_req_cache_source(const engine_req *q) { return q->source; }
 int64_t engine_req_forwarded_total(const engine_req *q) { return q->forwarded; }
 double engine_req_cache_seconds(const engine_req *q) { return q->cache_s; }
+spec_stats engine_req_spec_stats(const engine_req *q) {
+    spec_stats none = {0, 0, 0};
+    return q->spec ? spec_seq_stats(q->spec) : none;
+}
 
 /* ---- Batches ---- */
 

@@ -16,11 +16,26 @@
  *   (PROMPT while prompt[0, N-1) is not all in; FIRST is one row: prompt[N-1])
  *   FIRST --engine_req_forwarded--> SAMPLE (the runner samples from the logits)
  *   SAMPLE --engine_req_accept--> DECODE --engine_req_forwarded--> SAMPLE
- *   SAMPLE --engine_req_finish--> RETIRE (one more row, no logits)
+ *          (or stays SAMPLE: speculation, below)
+ *   SAMPLE | DECODE --engine_req_finish--> RETIRE (rows without logits)
  *                              |  PREDICT (waiting for a render prediction)
  *                              |  DONE
  *   RETIRE --engine_req_forwarded--> PREDICT | DONE
  *   PREDICT --engine_req_poll--> DONE
+ *
+ * Speculative decoding (params.drafter): a DECODE step's rows are the
+ * committed tokens the sequence lacks (one, or more after a rollback) and
+ * then up to k drafts; every row from the newest committed token on wants
+ * logits. After the forward the runner samples row after row: a sampled
+ * token equal to the draft the next row was fed keeps the request in
+ * SAMPLE with that next row valid (engine_req_accept); the first that
+ * differs, or the last row, settles the round: the sequence keeps the K/V
+ * of the committed tokens but the newest, the rest is dropped, and a
+ * recurrent state that ran past them is restored from the snapshot taken
+ * before the round (its committed tokens are forwarded again next step,
+ * batched with the new drafts). Each emitted token is sampled from the
+ * target's own row at its position, and rows are batch-invariant, so the
+ * output (tokens and logits) is the same bits as without speculation.
  *
  * Invariants: the sequence holds exactly the tokens forwarded; PROMPT rows
  * end at min(grid end, N-1, the cache's next stop); the last prompt token
@@ -50,6 +65,7 @@
 #include "apc/apc_req.h"
 #include "chat/chat_plan.h"
 #include "engine/engine.h"
+#include "engine/engine_spec.h"
 
 typedef enum engine_req_phase {
     ENGINE_REQ_ADMITTED = 0,
@@ -74,6 +90,7 @@ typedef struct engine_req_params {
     bool async;              /* predictions and disk reads on the engine's threads
                               * (the server); else inline (engine_generate) */
     int disk_wait_ms;        /* async: longest wait for the SSD reads; <= 0: 1000 */
+    spec_drafter *drafter;   /* borrowed; NULL: no speculation */
 } engine_req_params;
 
 /* The arrays of one forward (model_batch), filled by engine_req_add_rows. */
@@ -125,18 +142,28 @@ engine_req_phase engine_req_get_phase(const engine_req *q);
  * allow tokens (0: none fit); it never crosses a multiple of the request's
  * prefill_step and is cut on a block boundary when shortened. */
 int64_t engine_req_prompt_chunk(const engine_req *q, int64_t allow);
-/* Appends n rows (PROMPT: n prompt tokens; FIRST, DECODE, RETIRE: n = 1)
- * to the batch, after making room in the pool. */
+/* FIRST, DECODE, RETIRE: the rows the next step adds when at most allow
+ * fit (0: they do not fit now). DECODE asks the drafter here. */
+int64_t engine_req_step_rows(engine_req *q, int64_t allow);
+/* Rows of the last step that want logits (FIRST 1, DECODE 1 + drafts,
+ * PROMPT and RETIRE 0), in batch order. */
+int engine_req_logit_rows(const engine_req *q);
+/* Appends n rows (PROMPT: n prompt tokens; FIRST, DECODE, RETIRE: the
+ * engine_req_step_rows answer) to the batch, after making room in the pool. */
 int engine_req_add_rows(engine_req *q, engine_batch *b, int64_t n, ember_error *err);
 /* The rows added last were forwarded: advances the sequence and makes the
  * cache's stores at that point. */
 void engine_req_forwarded(engine_req *q, int64_t n);
 
 /* ---- Generation (SAMPLE) ---- */
-/* The token sampled from the last row's logits; SAMPLE -> DECODE. */
+/* The token sampled from the next unsampled logit row; SAMPLE -> DECODE,
+ * or stays SAMPLE while it equals the draft the following row was fed. */
 void engine_req_accept(engine_req *q, int32_t token);
+/* Whether the committed tokens fill the context (the newest could not be
+ * forwarded). */
+bool engine_req_context_full(const engine_req *q);
 /* The generation ended after n_generated tokens (the last one sampled, not
- * forwarded): SAMPLE -> RETIRE, PREDICT or DONE. */
+ * forwarded): SAMPLE | DECODE -> RETIRE, PREDICT or DONE. */
 void engine_req_finish(engine_req *q);
 /* RETIRE: its row could not be forwarded; retire one shorter (when the
  * recurrent state was not touched by a failed pass) or store nothing. */
@@ -152,6 +179,7 @@ int64_t engine_req_cached(const engine_req *q);          /* adopted at the looku
 apc_source engine_req_cache_source(const engine_req *q);
 int64_t engine_req_forwarded_total(const engine_req *q); /* every row forwarded */
 double engine_req_cache_seconds(const engine_req *q);    /* inside the cache's calls */
+spec_stats engine_req_spec_stats(const engine_req *q);   /* zeros without a drafter */
 
 /* ---- Batches ---- */
 int engine_batch_init(engine_batch *b, int cap, bool with_states);

@@ -112,9 +112,11 @@ struct sched {
     int n_running;
     int64_t reserved;
     engine_batch batch;          /* (max_batch) rows of one forward */
-    sreq **b_req;                /* (max_batch) the request of each decode row */
+    sreq **b_req;                /* (max_batch) the request of each decode step */
+    int64_t *b_rows;             /* (max_batch) rows each of them added */
+    int logit_rows_cap;          /* rows s->logits holds */
     int64_t forwarded;           /* rows forwarded this iteration */
-    float *logits;               /* (max_running, n_vocab) */
+    float *logits;               /* (logit_rows_cap, n_vocab): a step's logit rows */
     float *scratch;              /* (n_vocab) */
 };
 
@@ -529,7 +531,7 @@ static void take_token(sched *s, sreq *r, float *row) {
 }
 
 static void decode_step(sched *s) {
-    int n = 0;
+    int n = 0, n_logit_rows = 0;
     ember_error err;
     engine_batch *b = &s->batch;
     b->n = 0;
@@ -538,7 +540,13 @@ static void decode_step(sched *s) {
         if (r->state != ST_RUNNING) continue;
         engine_req_phase ph = engine_req_get_phase(r->q);
         if (ph != ENGINE_REQ_FIRST && ph != ENGINE_REQ_DECODE && ph != ENGINE_REQ_RETIRE) continue;
-        if (engine_req_add_rows(r->q, b, 1, &err) < 0) {
+        /* Drafts only where the logits buffer has room for their rows. */
+        int64_t allow = b->cap - b->n, logit_room = (int64_t)s->logit_rows_cap - n_logit_rows;
+        if (ph == ENGINE_REQ_DECODE && allow > logit_room) allow = logit_room;
+        int64_t rows = engine_req_step_rows(r->q, allow);
+        if (rows == 0) continue; /* no room this step */
+        s->b_rows[n] = rows;
+        if (engine_req_add_rows(r->q, b, rows, &err) < 0) {
             if (ph == ENGINE_REQ_RETIRE) { /* best effort: store one shorter (the state was not advanced) */
                 engine_req_retire_row_failed(r->q, true);
                 if (engine_req_get_phase(r->q) == ENGINE_REQ_DONE) complete(s, r, r->fin, NULL);
@@ -547,6 +555,7 @@ static void decode_step(sched *s) {
             }
             continue;
         }
+        n_logit_rows += engine_req_logit_rows(r->q);
         s->b_req[n++] = r;
     }
     if (n == 0) return;
@@ -563,20 +572,26 @@ static void decode_step(sched *s) {
     for (int i = 0; i < n; i++) {
         sreq *r = s->b_req[i];
         engine_req_phase ph = engine_req_get_phase(r->q);
-        engine_req_forwarded(r->q, 1);
+        int rows_of_r = engine_req_logit_rows(r->q);
+        engine_req_forwarded(r->q, s->b_rows[i]);
         if (ph == ENGINE_REQ_RETIRE) {
             if (engine_req_get_phase(r->q) == ENGINE_REQ_DONE) complete(s, r, r->fin, NULL);
             continue;
         }
-        float *row = s->logits + (size_t)(k++) * s->n_vocab;
-        if (ph == ENGINE_REQ_FIRST) {
-            r->t_first = now;
-            serve_metrics_observe(s->metrics, HIST_TTFT_SECONDS, now - r->t_arrive);
-        } else {
-            serve_metrics_observe(s->metrics, HIST_TPOT_SECONDS, now - r->t_last);
+        /* One token per logit row while the drafts hold (engine_req.h). */
+        int base = k;
+        k += rows_of_r;
+        for (int j = 0; j < rows_of_r && r->state == ST_RUNNING && engine_req_get_phase(r->q) == ENGINE_REQ_SAMPLE; j++) {
+            float *row = s->logits + (size_t)(base + j) * s->n_vocab;
+            if (ph == ENGINE_REQ_FIRST) {
+                r->t_first = now;
+                serve_metrics_observe(s->metrics, HIST_TTFT_SECONDS, now - r->t_arrive);
+            } else {
+                serve_metrics_observe(s->metrics, HIST_TPOT_SECONDS, now - r->t_last);
+            }
+            r->t_last = now;
+            take_token(s, r, row);
         }
-        r->t_last = now;
-        take_token(s, r, row);
     }
 }
 
@@ -723,9 +738,13 @@ sched *sched_create(engine *e, const sched_config *cfg, serve_metrics *metrics, 
     pthread_cond_init(&s->wake, NULL);
     s->running = calloc((size_t)s->cfg.max_running, sizeof *s->running);
     s->b_req = malloc((size_t)s->max_batch * sizeof *s->b_req);
-    s->logits = malloc((size_t)s->cfg.max_running * (size_t)s->n_vocab * sizeof(float));
+    s->b_rows = malloc((size_t)s->max_batch * sizeof *s->b_rows);
+    /* With a drafter every running request may verify up to k drafts. */
+    const spec_drafter *drafter = engine_drafter(e);
+    s->logit_rows_cap = s->cfg.max_running * (drafter ? 1 + spec_drafter_config(drafter)->k : 1);
+    s->logits = malloc((size_t)s->logit_rows_cap * (size_t)s->n_vocab * sizeof(float));
     s->scratch = malloc((size_t)s->n_vocab * sizeof(float));
-    if (!s->running || !s->b_req || !s->logits || !s->scratch ||
+    if (!s->running || !s->b_req || !s->b_rows || !s->logits || !s->scratch ||
         engine_batch_init(&s->batch, s->max_batch, s->stateful) < 0) {
         ember_fail(err, "scheduler: out of memory for batches of %d", s->max_batch);
         sched_free(s);
@@ -762,6 +781,7 @@ void sched_free(sched *s) {
     free(s->running);
     engine_batch_free(&s->batch);
     free(s->b_req);
+    free(s->b_rows);
     free(s->logits);
     free(s->scratch);
     pthread_mutex_destroy(&s->lock);
@@ -815,6 +835,7 @@ sched_status sched_submit(sched *s, sreq_params *p, sreq **out, ember_error *err
     ep.prefill_step = s->cfg.prefill_step;
     ep.plan = p->plan;
     ep.async = true;
+    ep.drafter = engine_drafter(s->e);
     ep.disk_wait_ms = s->cfg.disk_wait_ms;
     engine_req *q = engine_req_create(s->e, &ep, err);
     if (q == NULL) {

@@ -1,0 +1,298 @@
+/* engine_spec.c - the drafters (see engine_spec.h).
+ *
+ * Prompt lookup is a pure function of the tokens so far. A draft model is a
+ * second, smaller model run greedily: its sequence lags the target's by one
+ * token (it has forwarded all[0, n-1) when asked to draft after all[n-1]),
+ * and a draft step forwards all[n-1], then each draft but the last, one row
+ * at a time, taking the argmax as the next draft.
+ *
+ * Catching up after a verification: the draft's K/V of the tokens it saw
+ * that the target committed stay; the rest is dropped (kv_seq_truncate).
+ * A recurrent draft model cannot drop tokens from its state, so each round
+ * snapshots the state before it drafts (at n-1) and restores it when the
+ * round's drafts were not all kept; then it forwards what was committed.
+ *
+ * Adaptive k: a round whose drafts were all accepted doubles k (up to the
+ * configured k), one whose first draft was rejected halves it; at 0 the
+ * request probes with one draft every SPEC_PROBE rounds, so a drafter that
+ * keeps missing costs one draft row in SPEC_PROBE steps. */
+#include "engine/engine_spec.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { SPEC_PROBE = 8 };
+
+struct spec_drafter {
+    spec_config cfg;
+    const model *target;
+    int n_vocab;
+    /* SPEC_DRAFT */
+    kv_pool *pool;           /* the draft model's K/V, all requests */
+    model_ctx *ctx;
+    int max_batch;
+    pthread_mutex_t lock;    /* ctx is single-threaded */
+};
+
+struct spec_seq {
+    spec_stats stats;
+    int k_now;               /* adaptive k; 0: probing */
+    int idle_rounds;         /* rounds without a draft while k_now == 0 */
+    /* SPEC_DRAFT */
+    kv_seq seq;              /* K/V of seen[0, seq.n_tokens) */
+    model_state *state;      /* recurrent draft models; at seq.n_tokens */
+    void *snap;              /* state at snap_pos, or NULL */
+    int64_t snap_pos;        /* -1: no snapshot */
+    int32_t *seen;           /* (cap) tokens the draft model forwarded */
+    int64_t cap;
+    float *logits;           /* (n_vocab) */
+};
+
+const char *spec_kind_name(spec_kind kind) {
+    switch (kind) {
+    case SPEC_OFF: return "off";
+    case SPEC_LOOKUP: return "lookup";
+    case SPEC_DRAFT: return "draft";
+    case SPEC_MTP: return "mtp";
+    }
+    return "?";
+}
+
+/* ---- Lifetime ---- */
+
+spec_drafter *spec_drafter_create(const model *target, const spec_config *cfg, int32_t n_blocks, int n_threads,
+                                  int max_batch, ember_error *err) {
+    if (cfg->kind == SPEC_OFF || cfg->k < 1 || cfg->k > SPEC_MAX_K) {
+        ember_fail(err, "speculative decoding needs a drafter and 1 <= k <= %d (got k = %d)", SPEC_MAX_K, cfg->k);
+        return NULL;
+    }
+    if (cfg->kind == SPEC_MTP) {
+        ember_fail(err, "the MTP drafter is not available yet");
+        return NULL;
+    }
+    const model_hparams *th = model_get_hparams(target);
+    if (cfg->kind == SPEC_DRAFT) {
+        if (cfg->draft == NULL) {
+            ember_fail(err, "speculative decoding with a draft model needs the draft model");
+            return NULL;
+        }
+        const model_hparams *dh = model_get_hparams(cfg->draft);
+        if (dh->n_vocab != th->n_vocab) {
+            ember_fail(err, "the draft model has %d tokens in its vocabulary, the target %d: they must be the same",
+                       dh->n_vocab, th->n_vocab);
+            return NULL;
+        }
+    }
+    spec_drafter *d = calloc(1, sizeof *d);
+    if (d == NULL) {
+        ember_fail(err, "out of memory");
+        return NULL;
+    }
+    d->cfg = *cfg;
+    if (d->cfg.ngram_max < 1) d->cfg.ngram_max = 3;
+    if (d->cfg.ngram_min < 1) d->cfg.ngram_min = 1;
+    if (d->cfg.ngram_min > d->cfg.ngram_max) d->cfg.ngram_min = d->cfg.ngram_max;
+    d->target = target;
+    d->n_vocab = th->n_vocab;
+    d->max_batch = max_batch > 0 ? max_batch : 512;
+    pthread_mutex_init(&d->lock, NULL);
+    if (cfg->kind == SPEC_DRAFT) {
+        kv_pool_config pc;
+        model_kv_config(cfg->draft, n_blocks, &pc);
+        d->pool = kv_pool_create(&pc, err);
+        if (d->pool) d->ctx = model_ctx_create(cfg->draft, d->pool, n_threads, d->max_batch, err);
+        if (d->ctx == NULL) {
+            ember_fail_prefix(err, "draft model");
+            spec_drafter_free(d);
+            return NULL;
+        }
+    }
+    return d;
+}
+
+void spec_drafter_free(spec_drafter *d) {
+    if (d == NULL) return;
+    model_ctx_free(d->ctx);
+    kv_pool_free(d->pool);
+    pthread_mutex_destroy(&d->lock);
+    free(d);
+}
+
+const spec_config *spec_drafter_config(const spec_drafter *d) { return &d->cfg; }
+
+spec_seq *spec_seq_create(spec_drafter *d, ember_error *err) {
+    spec_seq *s = calloc(1, sizeof *s);
+    if (s == NULL) goto oom;
+    s->k_now = d->cfg.k;
+    s->snap_pos = -1;
+    kv_seq_init(&s->seq);
+    if (d->cfg.kind == SPEC_DRAFT) {
+        s->logits = malloc((size_t)d->n_vocab * sizeof(float));
+        if (s->logits == NULL) goto oom;
+        if (model_has_state(d->cfg.draft)) {
+            s->state = model_state_create(d->cfg.draft, err);
+            s->snap = malloc(model_state_bytes(d->cfg.draft));
+            if (s->state == NULL || s->snap == NULL) goto oom;
+        }
+    }
+    return s;
+oom:
+    spec_seq_free(d, s);
+    ember_fail(err, "out of memory for a draft sequence");
+    return NULL;
+}
+
+void spec_seq_free(spec_drafter *d, spec_seq *s) {
+    if (s == NULL) return;
+    if (d->pool) {
+        pthread_mutex_lock(&d->lock);
+        kv_seq_release(d->pool, &s->seq);
+        pthread_mutex_unlock(&d->lock);
+    }
+    model_state_free(s->state);
+    free(s->snap);
+    free(s->seen);
+    free(s->logits);
+    free(s);
+}
+
+/* ---- Prompt lookup ---- */
+
+/* The continuation of the most recent earlier occurrence of the last n
+ * tokens of all[0, n_all), longest n first. */
+static int lookup_draft(const spec_config *cfg, const int32_t *all, int64_t n_all, int k, int32_t *out) {
+    for (int n = cfg->ngram_max; n >= cfg->ngram_min; n--) {
+        if (n_all <= n) continue;
+        const int32_t *tail = all + n_all - n;
+        /* an occurrence at j must end before the tail starts */
+        for (int64_t j = n_all - n - 1; j >= 0; j--) {
+            if (all[j] != tail[0] || memcmp(all + j, tail, (size_t)n * sizeof(int32_t)) != 0) continue;
+            int got = 0;
+            for (int64_t i = j + n; i < n_all && got < k; i++) out[got++] = all[i];
+            if (got > 0) return got;
+        }
+    }
+    return 0;
+}
+
+/* ---- Draft model ---- */
+
+static int remember(spec_seq *s, int64_t pos, int32_t token) {
+    if (pos >= s->cap) {
+        int64_t cap = s->cap ? s->cap * 2 : 1024;
+        while (cap <= pos) cap *= 2;
+        int32_t *seen = realloc(s->seen, (size_t)cap * sizeof(int32_t));
+        if (seen == NULL) return -1;
+        s->seen = seen;
+        s->cap = cap;
+    }
+    s->seen[pos] = token;
+    return 0;
+}
+
+/* Forwards tokens [0, n) at the draft sequence's end, no logits needed. */
+static int draft_forward(spec_drafter *d, spec_seq *s, const int32_t *tokens, int64_t n) {
+    ember_error err;
+    for (int64_t done = 0; done < n;) {
+        int64_t len = n - done < d->max_batch ? n - done : d->max_batch;
+        for (int64_t i = 0; i < len; i++)
+            if (remember(s, s->seq.n_tokens + i, tokens[done + i]) < 0) return -1;
+        if (model_eval_state(d->ctx, &s->seq, s->state, tokens + done, (int)len, false, s->logits, &err) < 0) return -1;
+        done += len;
+    }
+    return 0;
+}
+
+static int argmax_row(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Brings the draft sequence to all[0, n-1): keeps what it saw that was
+ * committed, restores or resets a recurrent state that went further. */
+static int draft_catch_up(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n) {
+    int64_t want = n - 1, have = s->seq.n_tokens, keep = 0;
+    while (keep < have && keep < want && s->seen[keep] == all[keep]) keep++;
+    if (keep < have) {
+        if (s->state == NULL) {
+            kv_seq_truncate(d->pool, &s->seq, keep);
+        } else if (s->snap_pos >= 0 && s->snap_pos <= keep) {
+            ember_error err;
+            if (model_state_restore(s->state, s->snap, model_state_bytes(d->cfg.draft), &err) < 0) return -1;
+            kv_seq_truncate(d->pool, &s->seq, s->snap_pos);
+        } else {
+            model_state_reset(s->state);
+            kv_seq_release(d->pool, &s->seq);
+        }
+    }
+    int64_t from = s->seq.n_tokens;
+    if (from < want && draft_forward(d, s, all + from, want - from) < 0) return -1;
+    if (s->state) {
+        model_state_snapshot(s->state, s->snap);
+        s->snap_pos = s->seq.n_tokens;
+    }
+    return 0;
+}
+
+static int model_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int k, int32_t *out) {
+    if (draft_catch_up(d, s, all, n) < 0) return 0;
+    int32_t x = all[n - 1];
+    int got = 0;
+    ember_error err;
+    while (got < k) {
+        if (remember(s, s->seq.n_tokens, x) < 0 ||
+            model_eval_state(d->ctx, &s->seq, s->state, &x, 1, false, s->logits, &err) < 0)
+            break;
+        x = argmax_row(s->logits, d->n_vocab);
+        out[got++] = x;
+    }
+    return got;
+}
+
+/* ---- Drafting ---- */
+
+int spec_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int k, const float *hidden, int32_t *out) {
+    (void)hidden;
+    if (k > SPEC_MAX_K) k = SPEC_MAX_K;
+    if (k < 1 || n < 1) return 0;
+    switch (d->cfg.kind) {
+    case SPEC_LOOKUP: return lookup_draft(&d->cfg, all, n, k, out);
+    case SPEC_DRAFT: {
+        pthread_mutex_lock(&d->lock);
+        int got = model_draft(d, s, all, n, k, out);
+        pthread_mutex_unlock(&d->lock);
+        return got;
+    }
+    default: return 0;
+    }
+}
+
+void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
+    if (drafted > 0) {
+        s->stats.rounds++;
+        s->stats.drafted += drafted;
+        s->stats.accepted += accepted;
+    }
+    if (!d->cfg.adaptive) return;
+    if (drafted == 0) {
+        if (s->k_now == 0) s->idle_rounds++;
+        return;
+    }
+    if (accepted == drafted) {
+        s->k_now = s->k_now * 2 > d->cfg.k ? d->cfg.k : (s->k_now < 1 ? 1 : s->k_now * 2);
+    } else if (accepted == 0) {
+        s->k_now /= 2;
+        s->idle_rounds = 0;
+    }
+}
+
+int spec_next_k(const spec_drafter *d, const spec_seq *s) {
+    if (!d->cfg.adaptive) return d->cfg.k;
+    if (s->k_now > 0) return s->k_now;
+    return s->idle_rounds >= SPEC_PROBE ? 1 : 0;
+}
+
+spec_stats spec_seq_stats(const spec_seq *s) { return s->stats; }

@@ -1,0 +1,91 @@
+/* engine_spec.h - drafters for speculative decoding.
+ *
+ * A drafter proposes the next few tokens of a request cheaply; the target
+ * model verifies them in one batched forward (engine_req.h), and the output
+ * is the target's, token for token and bit for bit: a draft only decides
+ * how many target rows one forward computes, never what they compute.
+ *
+ * Contract:
+ *  - spec_drafter is engine-wide. Its kinds:
+ *      SPEC_LOOKUP  prompt lookup: the continuation of the most recent
+ *                   earlier occurrence of the text's last n-gram (n from
+ *                   ngram_max down to ngram_min) among the prompt and the
+ *                   reply so far. No model, no state.
+ *      SPEC_DRAFT   a second model with the target's vocabulary, greedy,
+ *                   with K/V in a pool of its own (its own namespace: it
+ *                   never touches the target's pool or cache) and, for
+ *                   recurrent draft models, a model_state per request.
+ *      SPEC_MTP     the target's own MTP ("nextn") head (model.h), fed the
+ *                   target's hidden row of the last committed position.
+ *  - spec_seq is one request's drafter state. spec_draft(d, s, all, n, ...)
+ *    proposes up to k tokens to follow all[0, n), where all[n-1] is the
+ *    newest committed token (sampled, not yet forwarded by the target). It
+ *    may return fewer (0: no proposal); it never fails a request: a draft
+ *    pool that is full or a forward that fails means no draft.
+ *  - Drafts may be wrong; the drafter catches up on what was committed at
+ *    its next call (drops what it guessed wrong, forwards what it missed).
+ *  - spec_draft on one drafter may be called from several threads: calls
+ *    that run a model are serialised on the drafter's lock.
+ *  - Drafters hold no pointer into a request; the request frees its
+ *    spec_seq before the drafter is freed. */
+#ifndef EMBER_ENGINE_SPEC_H
+#define EMBER_ENGINE_SPEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "model/model.h"
+
+typedef enum spec_kind {
+    SPEC_OFF = 0,
+    SPEC_LOOKUP = 1,
+    SPEC_DRAFT = 2,
+    SPEC_MTP = 3,
+} spec_kind;
+
+typedef struct spec_config {
+    spec_kind kind;
+    int k;                   /* most tokens drafted per step (1..SPEC_MAX_K) */
+    bool adaptive;           /* shrink k while drafts are rejected, grow it while accepted */
+    int ngram_min, ngram_max;/* SPEC_LOOKUP: n-gram lengths tried, longest first */
+    const model *draft;      /* SPEC_DRAFT: borrowed, outlives the drafter */
+} spec_config;
+
+enum { SPEC_MAX_K = 16 };
+
+typedef struct spec_drafter spec_drafter;
+typedef struct spec_seq spec_seq;
+
+/* Per-request acceptance counters (for stats and the bench). */
+typedef struct spec_stats {
+    int64_t rounds;          /* verification forwards that carried drafts */
+    int64_t drafted;         /* tokens proposed */
+    int64_t accepted;        /* of those, equal to what the target emitted */
+} spec_stats;
+
+/* ---- Lifetime ---- */
+/* target: the model the drafts are verified by (vocabulary and, for
+ * SPEC_MTP, the head). n_blocks sizes a draft model's or MTP head's pool. */
+spec_drafter *spec_drafter_create(const model *target, const spec_config *cfg, int32_t n_blocks, int n_threads,
+                                  int max_batch, ember_error *err);
+void spec_drafter_free(spec_drafter *d);
+const spec_config *spec_drafter_config(const spec_drafter *d);
+const char *spec_kind_name(spec_kind kind);
+
+spec_seq *spec_seq_create(spec_drafter *d, ember_error *err);
+void spec_seq_free(spec_drafter *d, spec_seq *s);
+
+/* ---- Drafting ---- */
+/* Up to k (<= SPEC_MAX_K) tokens to follow all[0, n) into out; returns how
+ * many. hidden: SPEC_MTP only, the target's hidden row (n_embd) of
+ * position n-2, the row whose logits chose all[n-1]; NULL otherwise. */
+int spec_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int k, const float *hidden, int32_t *out);
+/* The target verified a round: `drafted` proposed, `accepted` of them
+ * emitted. Updates the counters and the adaptive k. */
+void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted);
+/* The k the next round should ask for (adaptive, or the configured k). */
+int spec_next_k(const spec_drafter *d, const spec_seq *s);
+spec_stats spec_seq_stats(const spec_seq *s);
+
+#endif
