@@ -434,7 +434,9 @@ static void settle(engine_req *q) {
     if (q->drafter && q->round_decode) spec_verified(q->drafter, q->spec, q->n_draft, q->round_matched);
     q->n_draft = 0;
     q->phase = ENGINE_REQ_DECODE;
-    if (!q->round_decode) return;
+    /* A rolled-back recurrent step may have kept no new K/V (the cache's
+     * decode points need the sequence past the prompt). */
+    if (!q->round_decode || q->seq.n_tokens <= q->N) return;
     double t = ember_now();
     int64_t p = apc_req_decode(q->ar, q->all, &q->seq, q->state);
     if (p > 0 && q->predictor) submit_prediction(q, p, false);
