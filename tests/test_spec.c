@@ -15,13 +15,23 @@
  * Tokens and the logits of every generated step must be identical
  * (memcmp), greedy (every k) and with seeded sampling (k = 4), cold and warm (the prompt
  * cache on: the speculating engine's second run starts from its cache),
- * and the draft accounting must add up (self-drafts are all accepted). */
+ * and the draft accounting must add up (self-drafts are all accepted).
+ *
+ * Through the API: `ember serve` with --spec lookup and with --draft answers
+ * a batch of concurrent completions (greedy and seeded sampling, with
+ * logprobs) byte for byte as the server without speculation does, and
+ * /v1/cache/stats and /metrics count the drafts. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include "engine/engine.h"
+#include "http_client.h"
+#include "serve/serve_metrics.h"
 #include "test_util.h"
 
 static const char *const families[] = {
@@ -180,10 +190,114 @@ static void test_draft_model(void **unused) {
     model_free(d);
 }
 
+/* ---- through the API ---- */
+
+enum { N_CALLS = 4 };
+
+typedef struct call {
+    int port;
+    char body[1024];
+    char *answer;    /* choices[0] (text and logprobs) as JSON */
+} call;
+
+static void *run_call(void *arg) {
+    call *c = arg;
+    char *resp = NULL;
+    int status = http_call(c->port, "POST", "/v1/completions", NULL, c->body, &resp);
+    c->answer = NULL;
+    if (status == 200) {
+        cJSON *j = cJSON_Parse(resp);
+        cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+        if (choice) c->answer = cJSON_PrintUnformatted(choice);
+        cJSON_Delete(j);
+    }
+    if (c->answer == NULL) fprintf(stderr, "completion failed: %d %.300s\n", status, resp ? resp : "");
+    free(resp);
+    return NULL;
+}
+
+/* The answers of N_CALLS concurrent completions of one server. */
+static void answers_of(const char *model_path, char *const extra[], const char *log, char *out[N_CALLS],
+                       int64_t *drafted) {
+    pid_t pid;
+    int port = http_spawn_ember(ember_binary(), model_path, extra, log, &pid);
+    assert_true(port > 0);
+    call calls[N_CALLS];
+    pthread_t th[N_CALLS];
+    for (int i = 0; i < N_CALLS; i++) {
+        calls[i].port = port;
+        /* two greedy and two seeded-sampling requests, prompts of ids */
+        snprintf(calls[i].body, sizeof calls[i].body,
+                 "{\"prompt\": [1, %d, %d, %d, %d, %d], \"max_tokens\": 40, \"temperature\": %s, \"seed\": %d, "
+                 "\"logprobs\": 3, \"ignore_eos\": true}",
+                 10 + i, 20 + i, 30, 40 + i, 50, i < 2 ? "0" : "0.9", 7 + i);
+        pthread_create(&th[i], NULL, run_call, &calls[i]);
+    }
+    for (int i = 0; i < N_CALLS; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < N_CALLS; i++) {
+        if (calls[i].answer == NULL) {
+            char *text = read_whole_file(log, NULL);
+            fail_msg("call %d failed; server log:\n%s", i, text ? text : "(none)");
+        }
+        out[i] = calls[i].answer;
+    }
+    char *stats = NULL;
+    assert_int_equal(http_call(port, "GET", "/v1/cache/stats", NULL, NULL, &stats), 200);
+    cJSON *j = cJSON_Parse(stats);
+    *drafted = (int64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "spec"), "drafted"));
+    cJSON_Delete(j);
+    free(stats);
+    char *metrics = NULL;
+    assert_int_equal(http_call(port, "GET", "/metrics", NULL, NULL, &metrics), 200);
+    assert_int_equal((int64_t)serve_metrics_text_sum(metrics, "ember_spec_draft_tokens_total"), *drafted);
+    free(metrics);
+    assert_int_equal(http_stop_server(&pid, 5000), 0);
+}
+
+static void test_api(void **unused) {
+    (void)unused;
+    if (ember_binary() == NULL) {
+        print_message("skipping: EMBER_BIN is not set (run under ctest)\n");
+        skip();
+    }
+    const char *models[2] = {"reference/llama-gqa-f32.gguf", "reference/qwen35-f32.gguf"};
+    for (int mi = 0; mi < 2; mi++) {
+        const char *fp = fixture_path(models[mi]);
+        if (fp == NULL) continue;
+        char path[1024], log[3][1200];
+        snprintf(path, sizeof path, "%s", fp);
+        char *dir = make_temp_dir();
+        for (int i = 0; i < 3; i++) snprintf(log[i], sizeof log[i], "%s/server%d.log", dir, i); /* one each */
+        char *plain[N_CALLS], *lookup[N_CALLS], *draft[N_CALLS];
+        int64_t d_plain, d_lookup, d_draft;
+        char *const extra_plain[] = {"--spec", "off", NULL};
+        char *const extra_lookup[] = {"--spec", "lookup", "--spec-k", "4", "--no-spec-adaptive", NULL};
+        char *const extra_draft[] = {"--draft", path, "--spec-k", "3", NULL};
+        answers_of(path, extra_plain, log[0], plain, &d_plain);
+        answers_of(path, extra_lookup, log[1], lookup, &d_lookup);
+        answers_of(path, extra_draft, log[2], draft, &d_draft);
+        for (int i = 0; i < N_CALLS; i++) {
+            assert_string_equal(plain[i], lookup[i]);
+            assert_string_equal(plain[i], draft[i]);
+            free(plain[i]);
+            free(lookup[i]);
+            free(draft[i]);
+        }
+        print_message("%s through the API: drafted %lld (lookup), %lld (self-draft), %lld (off)\n", models[mi],
+                      (long long)d_lookup, (long long)d_draft, (long long)d_plain);
+        assert_int_equal(d_plain, 0);
+        assert_true(d_lookup > 0);
+        assert_true(d_draft > 0);
+        remove_tree(dir);
+        free(dir);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_families),
         cmocka_unit_test(test_draft_model),
+        cmocka_unit_test(test_api),
     };
     return test_run_group(tests, NULL, NULL);
 }

@@ -260,7 +260,17 @@ int serve_config_validate(const serve_config *c, ember_error *err) {
         return ember_fail(err, "cache.block_size: %d is not supported; ember's KV blocks hold 16 tokens", c->block_size);
     if (c->host[0] == 0) return ember_fail(err, "server.host: empty");
     if (c->max_body_bytes < 1024) return ember_fail(err, "server.max_body_bytes: at least 1024");
+    if (serve_config_spec_kind(c) == SPEC_DRAFT && c->draft[0] == 0)
+        return ember_fail(err, "spec.mode: draft needs a draft model (server.draft, --draft GGUF)");
     return 0;
+}
+
+spec_kind serve_config_spec_kind(const serve_config *c) {
+    if (!strcmp(c->spec_mode, "lookup")) return SPEC_LOOKUP;
+    if (!strcmp(c->spec_mode, "draft")) return SPEC_DRAFT;
+    if (!strcmp(c->spec_mode, "mtp")) return SPEC_MTP;
+    if (!strcmp(c->spec_mode, "auto") && c->draft[0]) return SPEC_DRAFT;
+    return SPEC_OFF;
 }
 
 void serve_config_engine(const serve_config *c, engine_config *ec) {
@@ -269,6 +279,11 @@ void serve_config_engine(const serve_config *c, engine_config *ec) {
     ec->prefill_step = c->prefill_step;
     ec->n_ctx = c->n_ctx;
     ec->num_blocks = c->num_blocks;
+    ec->spec.kind = serve_config_spec_kind(c);
+    ec->spec.k = c->spec_k;
+    ec->spec.adaptive = c->spec_adaptive;
+    ec->spec.ngram_max = c->spec_ngram_max;
+    ec->spec.ngram_min = 1;
     apc_disk_config disk = ec->cache.disk;
     ec->cache = c->cache;
     ec->cache.disk = disk;

@@ -48,6 +48,12 @@ typedef struct serve_config {
                                  previous answer, default 30 */
     int idle_timeout;         /* seconds of silence before a connection is closed, default 60 */
     int http_threads;         /* event-loop threads of the HTTP layer, default 2 */
+    char draft[512];          /* draft model path, or empty */
+    /* speculative decoding */
+    char spec_mode[16];       /* auto|off|lookup|draft|mtp */
+    int spec_k;
+    bool spec_adaptive;
+    int spec_ngram_max;
     /* cache: */
     int block_size;           /* only 16 is supported */
     int32_t num_blocks;       /* KV pool = cache; 0: engine default */
@@ -75,6 +81,8 @@ int serve_config_validate(const serve_config *c, ember_error *err);
 /* The engine's configuration: threads, prefill step, pool, cache and disk
  * (disk strings point into c). n_ctx is copied as is (0: caller decides). */
 void serve_config_engine(const serve_config *c, engine_config *ec);
+/* The drafter spec.mode asks for (auto: draft when server.draft is set). */
+spec_kind serve_config_spec_kind(const serve_config *c);
 
 /* ---- Paths ---- */
 /* The per-user directory ember keeps its files under: $XDG_CACHE_HOME/ember,

@@ -98,6 +98,7 @@ typedef struct gen gen;
 struct server {
     serve_config cfg;
     model *m;
+    model *draft_m;             /* speculative decoding: the draft model, or NULL */
     engine *e;
     sched *s;
     serve_chat *chat;
@@ -324,6 +325,18 @@ static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool 
             cJSON_AddStringToObject(o, "fresh_last_hold_reason", why);
             if (apc_has_disk(cache))
                 cJSON_AddNumberToObject(o, "disk_read_deadline_misses", (double)sched_disk_deadline_misses(srv->s));
+        }
+        if (o) { /* speculative decoding */
+            const spec_drafter *d = engine_drafter(srv->e);
+            int64_t rounds, drafted, accepted;
+            serve_metrics_spec_totals(srv->metrics, &rounds, &drafted, &accepted);
+            cJSON *sp = cJSON_AddObjectToObject(o, "spec");
+            cJSON_AddStringToObject(sp, "mode", spec_kind_name(d ? spec_drafter_config(d)->kind : SPEC_OFF));
+            cJSON_AddNumberToObject(sp, "k", d ? spec_drafter_config(d)->k : 0);
+            cJSON_AddNumberToObject(sp, "steps", (double)rounds);
+            cJSON_AddNumberToObject(sp, "drafted", (double)drafted);
+            cJSON_AddNumberToObject(sp, "accepted", (double)accepted);
+            cJSON_AddNumberToObject(sp, "acceptance", drafted ? (double)accepted / (double)drafted : 0.0);
         }
         return send_cjson(srv, c, label, 200, o);
     }
@@ -1147,6 +1160,14 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
     }
     engine_config ec;
     serve_config_engine(cfg, &ec);
+    if (ec.spec.kind == SPEC_DRAFT) {
+        srv->draft_m = model_load(cfg->draft, err);
+        if (srv->draft_m == NULL) {
+            ember_fail_prefix(err, "draft model");
+            goto fail;
+        }
+        ec.spec.draft = srv->draft_m;
+    }
     ec.n_ctx = cfg->n_ctx > 0 ? cfg->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     srv->e = engine_create(srv->m, &ec, err);
     if (srv->e == NULL) goto fail;
@@ -1288,6 +1309,7 @@ void server_free(server *srv) {
     serve_recent_free(srv->recent);
     engine_free(srv->e);
     model_free(srv->m);
+    model_free(srv->draft_m);
     if (srv->lock_ready) {
         pthread_mutex_destroy(&srv->lock);
         pthread_cond_destroy(&srv->pump_wake);

@@ -38,6 +38,7 @@ struct serve_metrics {
     route_row rows[MAX_ROUTE_ROWS];
     int n_rows;
     uint64_t prompt_tokens, cached_tokens, completion_tokens, generations;
+    uint64_t spec_rounds, spec_drafted, spec_accepted;
     char finish_name[MAX_FINISH][16];
     uint64_t finish_n[MAX_FINISH];
     int n_finish;
@@ -89,6 +90,23 @@ void serve_metrics_request(serve_metrics *m, const char *route, int status) {
         m->n_rows++;
     }
     if (i < m->n_rows) m->rows[i].n++;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void serve_metrics_spec(serve_metrics *m, int64_t rounds, int64_t drafted, int64_t accepted) {
+    if (m == NULL) return;
+    pthread_mutex_lock(&m->lock);
+    m->spec_rounds += (uint64_t)rounds;
+    m->spec_drafted += (uint64_t)drafted;
+    m->spec_accepted += (uint64_t)accepted;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void serve_metrics_spec_totals(serve_metrics *m, int64_t *rounds, int64_t *drafted, int64_t *accepted) {
+    pthread_mutex_lock(&m->lock);
+    *rounds = (int64_t)m->spec_rounds;
+    *drafted = (int64_t)m->spec_drafted;
+    *accepted = (int64_t)m->spec_accepted;
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -182,6 +200,9 @@ char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waitin
     counter(&b, "ember_prompt_cached_tokens_total", "Prompt tokens adopted from the prompt cache.",
             (double)m->cached_tokens);
     counter(&b, "ember_completion_tokens_total", "Generated tokens.", (double)m->completion_tokens);
+    counter(&b, "ember_spec_steps_total", "Verification forwards that carried draft tokens.", (double)m->spec_rounds);
+    counter(&b, "ember_spec_draft_tokens_total", "Tokens proposed by the drafter.", (double)m->spec_drafted);
+    counter(&b, "ember_spec_accepted_tokens_total", "Drafted tokens the target emitted.", (double)m->spec_accepted);
     for (int h = 0; h < HIST_COUNT_; h++) {
         const hist *hh = &m->h[h];
         family(&b, hist_desc[h].name, "histogram", hist_desc[h].help);

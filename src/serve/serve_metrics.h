@@ -34,6 +34,11 @@ void serve_metrics_request(serve_metrics *m, const char *route, int status);
 /* Tokens of one finished generation. */
 void serve_metrics_tokens(serve_metrics *m, int64_t prompt, int64_t cached, int64_t completion);
 void serve_metrics_finish(serve_metrics *m, const char *reason);
+/* Speculative decoding of one finished request: verification steps that
+ * carried drafts, tokens drafted, drafts the target emitted. */
+void serve_metrics_spec(serve_metrics *m, int64_t rounds, int64_t drafted, int64_t accepted);
+/* The totals so far (for /v1/cache/stats). */
+void serve_metrics_spec_totals(serve_metrics *m, int64_t *rounds, int64_t *drafted, int64_t *accepted);
 /* Renders everything (gauges passed in) into a malloc'd NUL-terminated buffer. */
 char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waiting, size_t *len);
 

@@ -339,6 +339,10 @@ static const char *finish_name(sreq_finish f) {
  * by the caller for a request that never ran), so the request stays valid
  * for the rest of the iteration. */
 static void complete(sched *s, sreq *r, sreq_finish f, const char *error) {
+    if (r->q) {
+        spec_stats st = engine_req_spec_stats(r->q);
+        serve_metrics_spec(s->metrics, st.rounds, st.drafted, st.accepted);
+    }
     engine_req_free(r->q); /* its blocks go back; nothing more is stored */
     r->q = NULL;
     double now = ember_now();

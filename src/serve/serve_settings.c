@@ -66,6 +66,25 @@ static const serve_setting table[] = {
     {"server.http_threads", "EMBER_HTTP_THREADS", "http-threads", SETTING_INT, "2", 1, 64, NULL, NULL,
      "event-loop threads of the HTTP layer (libmicrohttpd, epoll)", NULL, false, SRV(http_threads)},
 
+    {"server.draft", "EMBER_SPEC_DRAFT", "draft", SETTING_STR, "", 0, 0, NULL, "GGUF",
+     "draft model for speculative decoding (its vocabulary must be the target's); empty: none",
+     "With `spec.mode` auto, a draft model turns speculation on. Its K/V live in a pool of their own, as large as "
+     "the target's in blocks.", false, SRV(draft)},
+
+    /* ---- speculative decoding ---- */
+    {"spec.mode", "EMBER_SPEC_MODE", "spec", SETTING_STR, "auto", 0, 0, "auto|off|lookup|draft|mtp", NULL,
+     "drafter: auto (draft when server.draft is set, else off), off, lookup (prompt n-grams), draft, mtp",
+     "Whatever drafts, the output is the target's, bit for bit (tokens, logprobs, seeded samples): a draft only "
+     "decides how many rows one verification forward computes.", false, SRV(spec_mode)},
+    {"spec.k", "EMBER_SPEC_K", "spec-k", SETTING_INT, "4", 1, 16, NULL, NULL,
+     "most tokens drafted per decode step", NULL, false, SRV(spec_k)},
+    {"spec.adaptive", "EMBER_SPEC_ADAPTIVE", "spec-adaptive", SETTING_BOOL, "true", 0, 0, NULL, NULL,
+     "halve k after a step whose first draft was rejected, double it after one whose drafts all held",
+     "At k = 0 a request probes with one draft every 8 steps, so a drafter that keeps missing costs one extra "
+     "row in 8 steps.", false, SRV(spec_adaptive)},
+    {"spec.ngram_max", "EMBER_SPEC_NGRAM_MAX", "spec-ngram-max", SETTING_INT, "3", 1, 16, NULL, NULL,
+     "prompt lookup: longest n-gram matched (tried first)", NULL, false, SRV(spec_ngram_max)},
+
     /* ---- cache ---- */
     {"cache.enabled", "APC_ENABLED", "cache", SETTING_BOOL, "true", 0, 0, NULL, NULL,
      "the prompt cache; --no-cache turns it off (tier none)", NULL, false, APC(enabled)},
@@ -450,6 +469,7 @@ static void put_cell(FILE *out, const char *s) {
 
 static const char *section_of(const serve_setting *s) {
     if (strncmp(s->key, "server.", 7) == 0) return "server";
+    if (strncmp(s->key, "spec.", 5) == 0) return "spec";
     if (strncmp(s->key, "cache.disk.", 11) == 0) return "cache.disk";
     if (strncmp(s->key, "cache.ckpt.", 11) == 0) return "cache.ckpt";
     if (strncmp(s->key, "cache.anchor.", 13) == 0) return "cache.anchor";
@@ -459,6 +479,7 @@ static const char *section_of(const serve_setting *s) {
 static const char *section_title(const char *section) {
     if (!strcmp(section, "server")) return "the HTTP server and the engine";
     if (!strcmp(section, "cache.disk")) return "the SSD tier";
+    if (!strcmp(section, "spec")) return "speculative decoding";
     if (!strcmp(section, "cache.ckpt")) return "the checkpoint tier (hybrid and sliding-window stacks)";
     if (!strcmp(section, "cache.anchor")) return "the exact tier's system-prompt anchors";
     return "the prompt cache";
