@@ -12,6 +12,9 @@
  *    takes), with the argmax equal wherever llama.cpp's margin allows;
  *  - the head is batch-invariant: one row at a time gives the same bits
  *    as the whole prompt at once;
+ *  - the MTP drafter (engine_spec.h), fed the trunk's hidden rows through
+ *    spec_observe in uneven chunks, drafts at every prefix length the
+ *    token llama.cpp's MTP logits rank first;
  *  - `ember logits --mtp` writes the same bits as the in-process head fed
  *    ember's own hidden rows;
  *  - `ember mkmodel --arch qwen35 --mtp` writes a file whose head loads and
@@ -25,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine_spec.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -200,6 +204,42 @@ static void test_mtp_batch_invariance(void **unused) {
     fixture_close(&f);
 }
 
+static void test_mtp_drafter_matches_head(void **unused) {
+    (void)unused;
+    mtp_fixture f;
+    if (!fixture_open(&f)) return;
+    int n = f.n_prompt, D = f.D, V = f.V;
+    float *hidden = malloc((size_t)n * D * sizeof(float));
+    trunk_hidden(&f, hidden);
+    ember_error err;
+    spec_config cfg = {.kind = SPEC_MTP, .k = 1};
+    spec_drafter *d = spec_drafter_create(f.m, &cfg, 16, 2, 32, &err);
+    if (d == NULL) fail_msg("%s", err.msg);
+    assert_true(spec_drafter_wants_hidden(d));
+    spec_seq *s = spec_seq_create(d, &err);
+    assert_non_null(s);
+    /* Observe in chunks of 1, 2, 3, ... rows; after each, the draft for
+     * the next position is the head's argmax at the newest committed row. */
+    int64_t at = 0;
+    int checked = 0;
+    for (int chunk = 1; at < n - 1; chunk++) {
+        int64_t len = at + chunk < n - 1 ? chunk : n - 1 - at;
+        spec_observe(d, s, f.prompt, at, len, hidden + (size_t)at * D);
+        at += len;
+        int32_t draft[4];
+        assert_int_equal(spec_draft(d, s, f.prompt, at + 1, 1, draft), 1);
+        assert_int_equal(draft[0], argmax(f.ref_mtp + (size_t)at * V, V));
+        checked++;
+        /* asking before the head has seen the newest row drafts nothing */
+        if (at + 2 <= n) assert_int_equal(spec_draft(d, s, f.prompt, at + 2, 1, draft), 0);
+    }
+    print_message("MTP drafter: first draft equals llama.cpp's MTP argmax at %d prefix lengths\n", checked);
+    spec_seq_free(d, s);
+    spec_drafter_free(d);
+    free(hidden);
+    fixture_close(&f);
+}
+
 static void test_logits_cli_mtp(void **unused) {
     (void)unused;
     if (ember_binary() == NULL) {
@@ -313,6 +353,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mtp_reference),
         cmocka_unit_test(test_mtp_batch_invariance),
+        cmocka_unit_test(test_mtp_drafter_matches_head),
         cmocka_unit_test(test_logits_cli_mtp),
         cmocka_unit_test(test_mkmodel_mtp),
         cmocka_unit_test(test_no_mtp),

@@ -330,7 +330,7 @@ void engine_result_free(engine_result *r) {
 
 /* Forwards the rows the driver added; logits of the wanted row. */
 static int forward_rows(model_ctx *ctx, engine_batch *b, float *logits, ember_error *err) {
-    model_batch mb = {b->n, b->tok, b->pos, b->seq, b->want, b->state};
+    model_batch mb = engine_batch_model(b);
     int rc = model_forward(ctx, &mb, logits, err);
     b->n = 0;
     return rc;
@@ -366,7 +366,8 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
     out->tokens = malloc((size_t)(max_tokens ? max_tokens : 1) * sizeof(int32_t));
     if (req->want_logits) out->logits = malloc((size_t)(max_tokens ? max_tokens : 1) * (size_t)V * sizeof(float));
     if (smp == NULL || logits == NULL || logits_scratch == NULL || out->tokens == NULL || (req->want_logits && out->logits == NULL) ||
-        engine_batch_init(&b, step, e->stateful) < 0) {
+        engine_batch_init(&b, step, e->stateful) < 0 ||
+        (e->drafter && spec_drafter_wants_hidden(e->drafter) && engine_batch_want_hidden(&b, model_get_hparams(e->m)->n_embd) < 0)) {
         ember_fail(err, "out of memory for a request of %lld tokens", (long long)N);
         goto done;
     }

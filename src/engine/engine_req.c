@@ -66,6 +66,8 @@ struct engine_req {
     int round_matched;           /* of those, tokens equal to their draft */
     void *round_snap;            /* recurrent state at round_p0 (model_state_bytes), or NULL */
     bool round_snapped;
+    const float *rows_hidden;    /* hidden rows of the step's first row in the runner's batch, or NULL */
+    int n_embd;
 };
 
 /* ---- Lifetime ---- */
@@ -118,6 +120,7 @@ engine_req *engine_req_create(engine *e, const engine_req_params *p, ember_error
     q->async = p->async;
     q->disk_wait_ms = p->disk_wait_ms > 0 ? p->disk_wait_ms : 1000;
     q->lookup = p->cache == ENGINE_CACHE_ON || p->cache == ENGINE_CACHE_LOOKUP;
+    q->n_embd = model_get_hparams(m)->n_embd;
     kv_seq_init(&q->seq);
     q->all = malloc((size_t)(N + max_tokens + 1) * sizeof(int32_t));
     if (q->all == NULL) goto oom;
@@ -288,7 +291,7 @@ int64_t engine_req_step_rows(engine_req *q, int64_t allow) {
         if (k > allow - pending) k = allow - pending;
         if (k > q->n_ctx - committed(q)) k = q->n_ctx - committed(q);
         if (k > q->max_tokens - q->n_gen - 1) k = q->max_tokens - q->n_gen - 1;
-        if (k > 0) q->n_draft = spec_draft(q->drafter, q->spec, q->all, committed(q), (int)k, NULL, q->draft);
+        if (k > 0) q->n_draft = spec_draft(q->drafter, q->spec, q->all, committed(q), (int)k, q->draft);
         rows += q->n_draft;
         break;
     }
@@ -329,7 +332,13 @@ int engine_req_add_rows(engine_req *q, engine_batch *b, int64_t n, ember_error *
         if (b->state) b->state[i] = q->state;
     }
     q->last_rows = n;
+    q->rows_hidden = b->hidden ? b->hidden + (size_t)(b->n - n) * (size_t)q->n_embd : NULL;
     return 0;
+}
+
+/* The MTP drafter reads the hidden rows of committed positions. */
+static void observe(engine_req *q, int64_t p0, int64_t n) {
+    if (q->drafter && q->rows_hidden && n > 0) spec_observe(q->drafter, q->spec, q->all, p0, n, q->rows_hidden);
 }
 
 static void submit_prediction(engine_req *q, int64_t n, bool for_retire) {
@@ -380,6 +389,7 @@ void engine_req_forwarded(engine_req *q, int64_t n) {
     assert(n == q->last_rows);
     q->seq.n_tokens += n;
     q->forwarded += n;
+    if (q->phase == ENGINE_REQ_PROMPT || q->phase == ENGINE_REQ_FIRST) observe(q, q->seq.n_tokens - n, n);
     double t = ember_now();
     switch (q->phase) {
     case ENGINE_REQ_PROMPT:
@@ -431,6 +441,7 @@ static void settle(engine_req *q) {
         assert(q->state == NULL || keep == q->round_p0 || keep == q->seq.n_tokens);
         apc_seq_truncate(q->cache, &q->seq, keep);
     }
+    if (q->round_decode) observe(q, q->round_p0, q->seq.n_tokens - q->round_p0);
     if (q->drafter && q->round_decode) spec_verified(q->drafter, q->spec, q->n_draft, q->round_matched);
     q->n_draft = 0;
     q->phase = ENGINE_REQ_DECODE;
@@ -533,7 +544,18 @@ int engine_batch_init(engine_batch *b, int cap, bool with_states) {
     return 0;
 }
 
+int engine_batch_want_hidden(engine_batch *b, int n_embd) {
+    b->hidden = malloc((size_t)b->cap * (size_t)n_embd * sizeof(float));
+    return b->hidden ? 0 : -1;
+}
+
+model_batch engine_batch_model(const engine_batch *b) {
+    model_batch mb = {b->n, b->tok, b->pos, b->seq, b->want, b->state, b->hidden, b->hidden != NULL};
+    return mb;
+}
+
 void engine_batch_free(engine_batch *b) {
+    free(b->hidden);
     free(b->tok);
     free(b->pos);
     free(b->seq);

@@ -101,6 +101,8 @@ typedef struct engine_batch {
     kv_seq **seq;            /* (cap) */
     bool *want;              /* (cap) */
     model_state **state;     /* (cap) when the model has recurrent state, else NULL */
+    float *hidden;           /* (cap, n_embd) every row's hidden state when the drafter
+                              * reads them (spec_drafter_wants_hidden), else NULL */
 } engine_batch;
 
 typedef struct engine_req engine_req;
@@ -183,6 +185,10 @@ spec_stats engine_req_spec_stats(const engine_req *q);   /* zeros without a draf
 
 /* ---- Batches ---- */
 int engine_batch_init(engine_batch *b, int cap, bool with_states);
+/* Adds the hidden rows an MTP drafter reads (n_embd floats a row). */
+int engine_batch_want_hidden(engine_batch *b, int n_embd);
+/* The model_batch of b's rows (hidden_all when b carries hidden rows). */
+model_batch engine_batch_model(const engine_batch *b);
 void engine_batch_free(engine_batch *b);
 
 #endif

@@ -12,6 +12,16 @@
  * snapshots the state before it drafts (at n-1) and restores it when the
  * round's drafts were not all kept; then it forwards what was committed.
  *
+ * The MTP head drafts from the target's own hidden states: the driver hands
+ * it the hidden row of every committed position the target forwards
+ * (spec_observe), and its K/V follow the target's positions one for one
+ * (row p is token p with the hidden row of p-1). A draft step runs the
+ * head at the newest committed token with the last observed hidden row,
+ * then feeds each draft back with the head's own output as the hidden
+ * row; those speculative rows are dropped afterwards (the committed row at
+ * n-1 is computed again, to the same bits, when the target's row is
+ * observed).
+ *
  * Adaptive k: a round whose drafts were all accepted doubles k (up to the
  * configured k), one whose first draft was rejected halves it; at 0 the
  * request probes with one draft every SPEC_PROBE rounds, so a drafter that
@@ -28,8 +38,9 @@ struct spec_drafter {
     spec_config cfg;
     const model *target;
     int n_vocab;
-    /* SPEC_DRAFT */
-    kv_pool *pool;           /* the draft model's K/V, all requests */
+    int n_embd;
+    /* SPEC_DRAFT, SPEC_MTP */
+    kv_pool *pool;           /* the draft model's (or MTP head's) K/V, all requests */
     model_ctx *ctx;
     int max_batch;
     pthread_mutex_t lock;    /* ctx is single-threaded */
@@ -47,6 +58,11 @@ struct spec_seq {
     int32_t *seen;           /* (cap) tokens the draft model forwarded */
     int64_t cap;
     float *logits;           /* (n_vocab) */
+    /* SPEC_MTP */
+    int64_t mtp_done;        /* head rows [0, mtp_done) hold committed positions */
+    float *h_last;           /* (n_embd) target hidden row of mtp_done - 1 (zeros at 0) */
+    float *h_prev;           /* (max_batch, n_embd) the head's hidden inputs of a chunk */
+    float *y;                /* (n_embd) the head's own output (fed back while drafting) */
 };
 
 const char *spec_kind_name(spec_kind kind) {
@@ -67,11 +83,11 @@ spec_drafter *spec_drafter_create(const model *target, const spec_config *cfg, i
         ember_fail(err, "speculative decoding needs a drafter and 1 <= k <= %d (got k = %d)", SPEC_MAX_K, cfg->k);
         return NULL;
     }
-    if (cfg->kind == SPEC_MTP) {
-        ember_fail(err, "the MTP drafter is not available yet");
+    const model_hparams *th = model_get_hparams(target);
+    if (cfg->kind == SPEC_MTP && !model_has_mtp(target)) {
+        ember_fail(err, "spec.mode mtp: %s has no MTP (nextn) head", th->name[0] ? th->name : th->arch_name);
         return NULL;
     }
-    const model_hparams *th = model_get_hparams(target);
     if (cfg->kind == SPEC_DRAFT) {
         if (cfg->draft == NULL) {
             ember_fail(err, "speculative decoding with a draft model needs the draft model");
@@ -95,6 +111,7 @@ spec_drafter *spec_drafter_create(const model *target, const spec_config *cfg, i
     if (d->cfg.ngram_min > d->cfg.ngram_max) d->cfg.ngram_min = d->cfg.ngram_max;
     d->target = target;
     d->n_vocab = th->n_vocab;
+    d->n_embd = th->n_embd;
     d->max_batch = max_batch > 0 ? max_batch : 512;
     pthread_mutex_init(&d->lock, NULL);
     if (cfg->kind == SPEC_DRAFT) {
@@ -104,6 +121,17 @@ spec_drafter *spec_drafter_create(const model *target, const spec_config *cfg, i
         if (d->pool) d->ctx = model_ctx_create(cfg->draft, d->pool, n_threads, d->max_batch, err);
         if (d->ctx == NULL) {
             ember_fail_prefix(err, "draft model");
+            spec_drafter_free(d);
+            return NULL;
+        }
+    }
+    if (cfg->kind == SPEC_MTP) {
+        kv_pool_config pc;
+        model_mtp_kv_config(target, n_blocks, &pc);
+        d->pool = kv_pool_create(&pc, err);
+        if (d->pool) d->ctx = model_mtp_ctx_create(target, d->pool, n_threads, d->max_batch, err);
+        if (d->ctx == NULL) {
+            ember_fail_prefix(err, "MTP head");
             spec_drafter_free(d);
             return NULL;
         }
@@ -127,6 +155,13 @@ spec_seq *spec_seq_create(spec_drafter *d, ember_error *err) {
     s->k_now = d->cfg.k;
     s->snap_pos = -1;
     kv_seq_init(&s->seq);
+    if (d->cfg.kind == SPEC_MTP) {
+        s->logits = malloc((size_t)d->n_vocab * sizeof(float));
+        s->h_last = calloc((size_t)d->n_embd, sizeof(float));
+        s->h_prev = malloc((size_t)d->max_batch * (size_t)d->n_embd * sizeof(float));
+        s->y = malloc((size_t)d->n_embd * sizeof(float));
+        if (!s->logits || !s->h_last || !s->h_prev || !s->y) goto oom;
+    }
     if (d->cfg.kind == SPEC_DRAFT) {
         s->logits = malloc((size_t)d->n_vocab * sizeof(float));
         if (s->logits == NULL) goto oom;
@@ -154,6 +189,9 @@ void spec_seq_free(spec_drafter *d, spec_seq *s) {
     free(s->snap);
     free(s->seen);
     free(s->logits);
+    free(s->h_last);
+    free(s->h_prev);
+    free(s->y);
     free(s);
 }
 
@@ -252,17 +290,82 @@ static int model_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t
     return got;
 }
 
+/* ---- MTP head ---- */
+
+/* Head rows for positions [p0, p0+n) of all: row p reads token p and the
+ * target hidden row of p-1 (h_last for the first, then hidden's rows, or
+ * zeros when hidden is NULL). Leaves h_last at the last input row's
+ * successor: hidden's last row (or zeros). */
+static int mtp_rows(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0, int64_t n, const float *hidden) {
+    const size_t D = (size_t)d->n_embd;
+    ember_error err;
+    for (int64_t done = 0; done < n;) {
+        int64_t len = n - done < d->max_batch ? n - done : d->max_batch;
+        for (int64_t i = 0; i < len; i++) {
+            int64_t at = done + i; /* the hidden row of p0 + at - 1 */
+            const float *h = at == 0 ? s->h_last : hidden ? hidden + (size_t)(at - 1) * D : NULL;
+            if (h) memcpy(s->h_prev + (size_t)i * D, h, D * sizeof(float));
+            else memset(s->h_prev + (size_t)i * D, 0, D * sizeof(float));
+        }
+        if (model_mtp_eval(d->ctx, &s->seq, all + p0 + done, (int)len, s->h_prev, NULL, NULL, &err) < 0)
+            return -1;
+        done += len;
+    }
+    if (hidden) memcpy(s->h_last, hidden + (size_t)(n - 1) * D, D * sizeof(float));
+    else memset(s->h_last, 0, D * sizeof(float));
+    s->mtp_done = p0 + n;
+    return 0;
+}
+
+bool spec_drafter_wants_hidden(const spec_drafter *d) { return d->cfg.kind == SPEC_MTP; }
+
+void spec_observe(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0, int64_t n, const float *hidden) {
+    if (d->cfg.kind != SPEC_MTP || n <= 0) return;
+    pthread_mutex_lock(&d->lock);
+    if (p0 < s->mtp_done) { /* not expected: start over from p0's gap */
+        kv_seq_release(d->pool, &s->seq);
+        memset(s->h_last, 0, (size_t)d->n_embd * sizeof(float));
+        s->mtp_done = 0;
+    }
+    kv_seq_truncate(d->pool, &s->seq, s->mtp_done); /* the last draft's speculative rows */
+    int rc = 0;
+    if (s->mtp_done < p0) rc = mtp_rows(d, s, all, s->mtp_done, p0 - s->mtp_done, NULL);
+    if (rc == 0) rc = mtp_rows(d, s, all, p0, n, hidden);
+    if (rc < 0) { /* pool full: the head starts over at the next observation */
+        kv_seq_release(d->pool, &s->seq);
+        memset(s->h_last, 0, (size_t)d->n_embd * sizeof(float));
+        s->mtp_done = 0;
+    }
+    pthread_mutex_unlock(&d->lock);
+}
+
+static int mtp_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int k, int32_t *out) {
+    if (s->mtp_done != n - 1) return 0; /* the head has not seen the target's row of n-2 */
+    ember_error err;
+    kv_seq_truncate(d->pool, &s->seq, s->mtp_done);
+    int32_t x = all[n - 1];
+    const float *h = s->h_last;
+    int got = 0;
+    while (got < k) {
+        if (model_mtp_eval(d->ctx, &s->seq, &x, 1, h, s->logits, s->y, &err) < 0) break;
+        x = argmax_row(s->logits, d->n_vocab);
+        out[got++] = x;
+        h = s->y;
+    }
+    return got;
+}
+
 /* ---- Drafting ---- */
 
-int spec_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int k, const float *hidden, int32_t *out) {
-    (void)hidden;
+int spec_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int k, int32_t *out) {
     if (k > SPEC_MAX_K) k = SPEC_MAX_K;
     if (k < 1 || n < 1) return 0;
     switch (d->cfg.kind) {
     case SPEC_LOOKUP: return lookup_draft(&d->cfg, all, n, k, out);
-    case SPEC_DRAFT: {
+    case SPEC_DRAFT:
+    case SPEC_MTP: {
         pthread_mutex_lock(&d->lock);
-        int got = model_draft(d, s, all, n, k, out);
+        int got = d->cfg.kind == SPEC_DRAFT ? model_draft(d, s, all, n, k, out) : mtp_draft(d, s, all, n, k, out);
         pthread_mutex_unlock(&d->lock);
         return got;
     }

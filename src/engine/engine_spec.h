@@ -78,9 +78,16 @@ void spec_seq_free(spec_drafter *d, spec_seq *s);
 
 /* ---- Drafting ---- */
 /* Up to k (<= SPEC_MAX_K) tokens to follow all[0, n) into out; returns how
- * many. hidden: SPEC_MTP only, the target's hidden row (n_embd) of
- * position n-2, the row whose logits chose all[n-1]; NULL otherwise. */
-int spec_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int k, const float *hidden, int32_t *out);
+ * many. SPEC_MTP drafts only when it has observed all[0, n-1). */
+int spec_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int k, int32_t *out);
+/* SPEC_MTP: whether the drafter reads the target's hidden rows. */
+bool spec_drafter_wants_hidden(const spec_drafter *d);
+/* The target forwarded the committed tokens all[p0, p0+n) with hidden rows
+ * hidden (n, n_embd): the MTP head takes them in (its own K/V of those
+ * positions). A gap (positions the target never forwarded here, such as a
+ * cached prefix) is filled with zero hidden rows: the head drafts, less
+ * well, until the sidecar restores its K/V. No-op for other drafters. */
+void spec_observe(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0, int64_t n, const float *hidden);
 /* The target verified a round: `drafted` proposed, `accepted` of them
  * emitted. Updates the counters and the adaptive k. */
 void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted);

@@ -521,6 +521,17 @@ static int forward_layer(model_ctx *c, const model_batch *b, const layer_weights
 static int head_rows(model_ctx *c, const model_batch *b, const float *norm, float *logits, ember_error *err) {
     const model *m = c->m;
     int n = b->n_tokens, D = m->hp.n_embd, n_out = 0;
+    if (b->hidden && b->hidden_all) {
+        /* every row normed (row by row, so the same bits as below), then
+         * the wanted ones gathered for the LM head */
+        rmsnorm_rows(c, c->xn, c->x, norm, n, D);
+        memcpy(b->hidden, c->xn, (size_t)n * D * sizeof(float));
+        for (int r = 0; r < n; r++) {
+            bool want = b->want_logits ? b->want_logits[r] : r == n - 1;
+            if (want) memcpy(c->proj + (size_t)n_out++ * D, c->xn + (size_t)r * D, (size_t)D * sizeof(float));
+        }
+        return n_out ? matmul(c, &m->output, c->proj, n_out, logits, err) : 0;
+    }
     for (int r = 0; r < n; r++) {
         bool want = b->want_logits ? b->want_logits[r] : r == n - 1;
         if (!want) continue;
@@ -583,7 +594,7 @@ static int forward_pieces(model_ctx *c, const model_batch *b, const float *h_pre
         }
         model_batch piece = {n, b->tokens + start, b->pos + start, b->seqs + start,
                              b->want_logits ? b->want_logits + start : want, b->states ? b->states + start : NULL,
-                             hidden};
+                             hidden, b->hidden_all};
         int rc = h_prev ? mtp_chunk(c, &piece, h_prev + (size_t)start * D, logits, err)
                         : forward_chunk(c, &piece, logits, err);
         int wanted = 0;
@@ -591,7 +602,7 @@ static int forward_pieces(model_ctx *c, const model_batch *b, const float *h_pre
         free(want);
         if (rc < 0) return -1;
         logits += (size_t)wanted * n_vocab;
-        if (hidden) hidden += (size_t)wanted * D;
+        if (hidden) hidden += (size_t)(b->hidden_all ? n : wanted) * D;
     }
     return 0;
 }
@@ -645,10 +656,10 @@ static int eval_rows(model_ctx *c, kv_seq *seq, model_state *state, const int32_
     for (int i = 0; i < n; i++) {
         pos[i] = seq->n_tokens + i;
         seqs[i] = seq;
-        want[i] = all_logits || i == n - 1;
+        want[i] = logits && (all_logits || i == n - 1);
         if (states) states[i] = state;
     }
-    model_batch b = {n, tokens, pos, seqs, want, states, hidden};
+    model_batch b = {n, tokens, pos, seqs, want, states, hidden, false};
     rc = h_prev ? model_mtp_forward(c, &b, h_prev, logits, err) : model_forward(c, &b, logits, err);
     if (rc == 0) seq->n_tokens += n;
 done:

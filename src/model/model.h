@@ -101,6 +101,7 @@ typedef struct model_batch {
     model_state *const *states; /* (n_tokens) or NULL for models without recurrent layers */
     float *hidden;            /* (tokens that want logits, n_embd): the output-normed rows the
                                * LM head reads (an MTP head's input), or NULL */
+    bool hidden_all;          /* hidden gets every row (n_tokens, n_embd), not only the wanted */
 } model_batch;
 
 /* ---- Loading ---- */
@@ -156,7 +157,8 @@ void model_mtp_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg);
 model_ctx *model_mtp_ctx_create(const model *m, kv_pool *mtp_pool, int n_threads, int max_batch, ember_error *err);
 int model_mtp_forward(model_ctx *ctx, const model_batch *batch, const float *h_prev, float *logits, ember_error *err);
 /* Single sequence: tokens [0, n) at positions seq->n_tokens.. of the MTP
- * pool, h_prev (n, n_embd); logits (and hidden, may be NULL) of every row. */
+ * pool, h_prev (n, n_embd); logits (and hidden, may be NULL) of every row.
+ * logits NULL: the rows only write the head's K/V (no LM head). */
 int model_mtp_eval(model_ctx *ctx, kv_seq *seq, const int32_t *tokens, int n, const float *h_prev, float *logits,
                    float *hidden, ember_error *err);
 

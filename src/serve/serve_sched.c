@@ -490,7 +490,7 @@ static void prefill_step(sched *s) {
     }
     nreq = k;
     if (b->n == 0) return;
-    model_batch mb = {b->n, b->tok, b->pos, b->seq, b->want, b->state};
+    model_batch mb = engine_batch_model(b);
     s->forwarded += b->n;
     b->n = 0;
     if (model_forward(s->ctx, &mb, s->logits, &err) < 0) {
@@ -563,7 +563,7 @@ static void decode_step(sched *s) {
         s->b_req[n++] = r;
     }
     if (n == 0) return;
-    model_batch mb = {b->n, b->tok, b->pos, b->seq, b->want, b->state};
+    model_batch mb = engine_batch_model(b);
     s->forwarded += b->n;
     b->n = 0;
     if (model_forward(s->ctx, &mb, s->logits, &err) < 0) {
@@ -749,7 +749,9 @@ sched *sched_create(engine *e, const sched_config *cfg, serve_metrics *metrics, 
     s->logits = malloc((size_t)s->logit_rows_cap * (size_t)s->n_vocab * sizeof(float));
     s->scratch = malloc((size_t)s->n_vocab * sizeof(float));
     if (!s->running || !s->b_req || !s->b_rows || !s->logits || !s->scratch ||
-        engine_batch_init(&s->batch, s->max_batch, s->stateful) < 0) {
+        engine_batch_init(&s->batch, s->max_batch, s->stateful) < 0 ||
+        (drafter && spec_drafter_wants_hidden(drafter) &&
+         engine_batch_want_hidden(&s->batch, model_get_hparams(s->m)->n_embd) < 0)) {
         ember_fail(err, "scheduler: out of memory for batches of %d", s->max_batch);
         sched_free(s);
         return NULL;
