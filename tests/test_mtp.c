@@ -216,7 +216,7 @@ static void test_mtp_drafter_matches_head(void **unused) {
     spec_drafter *d = spec_drafter_create(f.m, &cfg, 16, 2, 32, &err);
     if (d == NULL) fail_msg("%s", err.msg);
     assert_true(spec_drafter_wants_hidden(d));
-    spec_seq *s = spec_seq_create(d, &err);
+    spec_seq *s = spec_seq_create(d, 0, &err);
     assert_non_null(s);
     /* Observe in chunks of 1, 2, 3, ... rows; after each, the draft for
      * the next position is the head's argmax at the newest committed row. */

@@ -84,7 +84,7 @@ static engine *open_spec(const model *m, spec_kind kind, int k, const model *dra
 /* Plain vs one speculating configuration, cold and warm, greedy and sampled. */
 static spec_stats check_same(const model *m, const prompt_ids *p, spec_kind kind, int k, const model *draft,
                              const char *what, spec_stats *greedy, bool sampled_too) {
-    spec_stats total = {0, 0, 0};
+    spec_stats total = {0, 0, 0, 0};
     const float temps[2] = {0.0f, 0.9f};
     for (int t = 0; t < (sampled_too ? 2 : 1); t++) {
         engine *plain = open_spec(m, SPEC_OFF, 0, NULL), *spec = open_spec(m, kind, k, draft);
@@ -223,6 +223,60 @@ static void test_mtp_drafter(void **unused) {
     model_free(m);
 }
 
+/* The MTP head's sidecar: a warm resend, whose target prefix comes from the
+ * prompt cache, drafts exactly what the cold run drafted (same tokens at
+ * the same positions: the digest), so its acceptance is the cold run's
+ * token for token; without the sidecar the head starts from zero rows and
+ * drafts differently. Output equals plain either way. */
+static void test_mtp_sidecar(void **unused) {
+    (void)unused;
+    const char *fp = fixture_path("reference/qwen35-mtp-normjit-f32.gguf");
+    prompt_ids p;
+    if (fp == NULL || !load_prompt("qwen35-mtp-normjit-f32", &p)) return;
+    model *m = test_load_model(fp);
+    engine *plain = open_spec(m, SPEC_OFF, 0, NULL);
+    engine_result want;
+    generate(plain, &p, 40, 0.0f, &want);
+    for (int with = 1; with >= 0; with--) {
+        engine_config cfg = engine_default_config();
+        cfg.n_threads = 2;
+        cfg.n_ctx = 1024;
+        cfg.spec.kind = SPEC_MTP;
+        cfg.spec.k = 4;
+        cfg.spec.sidecar_entries = with ? 4 : 0;
+        cfg.spec.sidecar_bytes = (size_t)64 << 20;
+        engine *e = test_open_engine(m, &cfg);
+        engine_result cold, warm;
+        generate(e, &p, 40, 0.0f, &cold);
+        generate(e, &p, 40, 0.0f, &warm);
+        assert_warm_equals_cold(&want, &cold, "MTP sidecar: cold");
+        assert_warm_equals_cold(&want, &warm, "MTP sidecar: warm");
+        assert_true(warm.cached_tokens > 0);
+        spec_sidecar_stats st = spec_sidecar_get_stats(engine_drafter(e));
+        print_message("sidecar %s: warm start at %lld of %d; writes %lld, hits %lld, %lld entries, %zu bytes; "
+                      "draft digests cold %016llx warm %016llx\n",
+                      with ? "on" : "off", (long long)warm.cached_tokens, p.n, (long long)st.writes, (long long)st.hits,
+                      (long long)st.entries, st.bytes, (unsigned long long)cold.spec.digest,
+                      (unsigned long long)warm.spec.digest);
+        if (with) {
+            assert_true(st.writes >= 1);
+            assert_int_equal(st.hits, 1);
+            assert_true(cold.spec.drafted > 0);
+            assert_true(warm.spec.digest == cold.spec.digest);
+            assert_int_equal(warm.spec.accepted, cold.spec.accepted);
+        } else {
+            assert_int_equal(st.writes, 0);
+            assert_true(warm.spec.digest != cold.spec.digest);
+        }
+        engine_result_free(&cold);
+        engine_result_free(&warm);
+        engine_free(e);
+    }
+    engine_result_free(&want);
+    engine_free(plain);
+    model_free(m);
+}
+
 /* ---- through the API ---- */
 
 enum { N_CALLS = 4 };
@@ -334,6 +388,7 @@ int main(void) {
         cmocka_unit_test(test_families),
         cmocka_unit_test(test_draft_model),
         cmocka_unit_test(test_mtp_drafter),
+        cmocka_unit_test(test_mtp_sidecar),
         cmocka_unit_test(test_api),
     };
     return test_run_group(tests, NULL, NULL);

@@ -36,6 +36,7 @@ struct engine_req {
     int64_t need_blocks;
     uint64_t salt;
     bool lookup;                 /* the request's cache mode looks up */
+    bool stores;                 /* ... and stores (the drafter's sidecar follows it) */
     kv_seq seq;
     model_state *state;          /* recurrent layers; else NULL */
     apc_req *ar;
@@ -120,13 +121,14 @@ engine_req *engine_req_create(engine *e, const engine_req_params *p, ember_error
     q->async = p->async;
     q->disk_wait_ms = p->disk_wait_ms > 0 ? p->disk_wait_ms : 1000;
     q->lookup = p->cache == ENGINE_CACHE_ON || p->cache == ENGINE_CACHE_LOOKUP;
+    q->stores = p->cache == ENGINE_CACHE_ON || p->cache == ENGINE_CACHE_STORE;
     q->n_embd = model_get_hparams(m)->n_embd;
     kv_seq_init(&q->seq);
     q->all = malloc((size_t)(N + max_tokens + 1) * sizeof(int32_t));
     if (q->all == NULL) goto oom;
     if (p->drafter) {
         q->drafter = p->drafter;
-        q->spec = spec_seq_create(p->drafter, err);
+        q->spec = spec_seq_create(p->drafter, p->salt, err);
         if (q->spec == NULL) goto fail;
         if (model_has_state(m) && (q->round_snap = malloc(model_state_bytes(m))) == NULL) goto oom;
     }
@@ -373,6 +375,7 @@ static void submit_prediction(engine_req *q, int64_t n, bool for_retire) {
 
 /* The retirement store, once every prediction it depends on has landed. */
 static void retire_now(engine_req *q) {
+    if (q->drafter && q->stores) spec_sidecar_store(q->drafter, q->spec, q->all, q->seq.n_tokens);
     if (q->predictor && apc_req_retire_wants_prediction(q->ar)) {
         submit_prediction(q, q->seq.n_tokens, true);
         q->phase = ENGINE_REQ_PREDICT;
@@ -398,6 +401,7 @@ void engine_req_forwarded(engine_req *q, int64_t n) {
         break;
     case ENGINE_REQ_FIRST:
         apc_req_prefilled(q->ar, &q->seq, q->state);
+        if (q->drafter && q->stores) spec_sidecar_store(q->drafter, q->spec, q->all, q->seq.n_tokens);
         q->phase = ENGINE_REQ_SAMPLE;
         q->round_decode = false;
         q->round_p0 = q->seq.n_tokens - n;
@@ -523,7 +527,7 @@ apc_source engine_req_cache_source(const engine_req *q) { return q->source; }
 int64_t engine_req_forwarded_total(const engine_req *q) { return q->forwarded; }
 double engine_req_cache_seconds(const engine_req *q) { return q->cache_s; }
 spec_stats engine_req_spec_stats(const engine_req *q) {
-    spec_stats none = {0, 0, 0};
+    spec_stats none = {0, 0, 0, 0};
     return q->spec ? spec_seq_stats(q->spec) : none;
 }
 

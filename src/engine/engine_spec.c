@@ -32,7 +32,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { SPEC_PROBE = 8 };
+enum { SPEC_PROBE = 8, SIDECAR_MAX = 64 };
+
+/* One sidecar entry: the head's K/V rows [0, n) (blocks of the drafter's
+ * pool, referenced) and the target hidden rows it read, for tokens ids. */
+typedef struct sidecar_entry {
+    uint64_t salt;
+    int64_t n;
+    int32_t *ids;            /* (n) */
+    kv_seq seq;              /* head blocks of [0, n) */
+    float *hidden;           /* (n, n_embd) target hidden row of each position */
+    size_t bytes;
+    uint64_t used;           /* LRU clock */
+} sidecar_entry;
 
 struct spec_drafter {
     spec_config cfg;
@@ -43,7 +55,13 @@ struct spec_drafter {
     kv_pool *pool;           /* the draft model's (or MTP head's) K/V, all requests */
     model_ctx *ctx;
     int max_batch;
-    pthread_mutex_t lock;    /* ctx is single-threaded */
+    pthread_mutex_t lock;    /* ctx is single-threaded; also guards the sidecar */
+    /* SPEC_MTP sidecar */
+    sidecar_entry *side[SIDECAR_MAX];
+    int n_side;
+    size_t side_bytes;
+    uint64_t side_clock;
+    int64_t side_writes, side_hits;
 };
 
 struct spec_seq {
@@ -63,6 +81,11 @@ struct spec_seq {
     float *h_last;           /* (n_embd) target hidden row of mtp_done - 1 (zeros at 0) */
     float *h_prev;           /* (max_batch, n_embd) the head's hidden inputs of a chunk */
     float *y;                /* (n_embd) the head's own output (fed back while drafting) */
+    float *hist;             /* (hist_cap, n_embd) target hidden row of each observed position */
+    int64_t hist_cap;
+    bool faithful;           /* every head row came from a real hidden row */
+    bool looked;             /* the sidecar was consulted (first observation) */
+    uint64_t salt;
 };
 
 const char *spec_kind_name(spec_kind kind) {
@@ -76,6 +99,8 @@ const char *spec_kind_name(spec_kind kind) {
 }
 
 /* ---- Lifetime ---- */
+
+static void side_drop(spec_drafter *d, int i);
 
 spec_drafter *spec_drafter_create(const model *target, const spec_config *cfg, int32_t n_blocks, int n_threads,
                                   int max_batch, ember_error *err) {
@@ -141,6 +166,7 @@ spec_drafter *spec_drafter_create(const model *target, const spec_config *cfg, i
 
 void spec_drafter_free(spec_drafter *d) {
     if (d == NULL) return;
+    while (d->n_side > 0) side_drop(d, d->n_side - 1);
     model_ctx_free(d->ctx);
     kv_pool_free(d->pool);
     pthread_mutex_destroy(&d->lock);
@@ -149,9 +175,11 @@ void spec_drafter_free(spec_drafter *d) {
 
 const spec_config *spec_drafter_config(const spec_drafter *d) { return &d->cfg; }
 
-spec_seq *spec_seq_create(spec_drafter *d, ember_error *err) {
+spec_seq *spec_seq_create(spec_drafter *d, uint64_t salt, ember_error *err) {
     spec_seq *s = calloc(1, sizeof *s);
     if (s == NULL) goto oom;
+    s->salt = salt;
+    s->faithful = true;
     s->k_now = d->cfg.k;
     s->snap_pos = -1;
     kv_seq_init(&s->seq);
@@ -192,7 +220,129 @@ void spec_seq_free(spec_drafter *d, spec_seq *s) {
     free(s->h_last);
     free(s->h_prev);
     free(s->y);
+    free(s->hist);
     free(s);
+}
+
+/* ---- MTP sidecar ---- */
+
+static void side_drop(spec_drafter *d, int i) {
+    sidecar_entry *e = d->side[i];
+    kv_seq_release(d->pool, &e->seq);
+    d->side_bytes -= e->bytes;
+    free(e->ids);
+    free(e->hidden);
+    free(e);
+    d->side[i] = d->side[--d->n_side];
+}
+
+static void side_evict_lru(spec_drafter *d) {
+    int lru = 0;
+    for (int i = 1; i < d->n_side; i++)
+        if (d->side[i]->used < d->side[lru]->used) lru = i;
+    side_drop(d, lru);
+}
+
+/* Keeps the hidden row of position pos for the sidecar. */
+static int hist_put(spec_drafter *d, spec_seq *s, int64_t pos, const float *row) {
+    const size_t D = (size_t)d->n_embd;
+    if (pos >= s->hist_cap) {
+        int64_t cap = s->hist_cap ? s->hist_cap * 2 : 512;
+        while (cap <= pos) cap *= 2;
+        float *h = realloc(s->hist, (size_t)cap * D * sizeof(float));
+        if (h == NULL) return -1;
+        s->hist = h;
+        s->hist_cap = cap;
+    }
+    if (row) memcpy(s->hist + (size_t)pos * D, row, D * sizeof(float));
+    else memset(s->hist + (size_t)pos * D, 0, D * sizeof(float));
+    return 0;
+}
+
+void spec_sidecar_store(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n) {
+    if (d->cfg.kind != SPEC_MTP || d->cfg.sidecar_entries < 1 || n < 1) return;
+    pthread_mutex_lock(&d->lock);
+    if (n > s->mtp_done) n = s->mtp_done;
+    if (!s->faithful || n < 1 || s->hist == NULL) goto done;
+    const size_t D = (size_t)d->n_embd;
+    int32_t n_blocks = (int32_t)((n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    size_t bytes = (size_t)n * (D * sizeof(float) + sizeof(int32_t)) + (size_t)n_blocks * kv_pool_block_bytes(d->pool);
+    if (bytes > d->cfg.sidecar_bytes) goto done;
+    /* An entry this one extends (or equals) is replaced. */
+    for (int i = 0; i < d->n_side; i++) {
+        sidecar_entry *e = d->side[i];
+        if (e->salt == s->salt && e->n <= n && memcmp(e->ids, all, (size_t)e->n * sizeof(int32_t)) == 0) {
+            side_drop(d, i);
+            i--;
+        }
+    }
+    while (d->n_side > 0 && (d->n_side >= d->cfg.sidecar_entries || d->n_side >= SIDECAR_MAX ||
+                             d->side_bytes + bytes > d->cfg.sidecar_bytes))
+        side_evict_lru(d);
+    sidecar_entry *e = calloc(1, sizeof *e);
+    if (e == NULL) goto done;
+    e->ids = malloc((size_t)n * sizeof(int32_t));
+    e->hidden = malloc((size_t)n * D * sizeof(float));
+    kv_seq_init(&e->seq);
+    ember_error err;
+    bool ok = e->ids && e->hidden;
+    for (int32_t b = 0; ok && b < n_blocks; b++) ok = kv_seq_adopt_block(d->pool, &e->seq, s->seq.blocks[b], &err) == 0;
+    if (!ok) {
+        kv_seq_release(d->pool, &e->seq);
+        free(e->ids);
+        free(e->hidden);
+        free(e);
+        goto done;
+    }
+    kv_seq_truncate(d->pool, &e->seq, n);
+    memcpy(e->ids, all, (size_t)n * sizeof(int32_t));
+    memcpy(e->hidden, s->hist, (size_t)n * D * sizeof(float));
+    e->salt = s->salt;
+    e->n = n;
+    e->bytes = bytes;
+    e->used = ++d->side_clock;
+    d->side[d->n_side++] = e;
+    d->side_bytes += bytes;
+    d->side_writes++;
+done:
+    pthread_mutex_unlock(&d->lock);
+}
+
+/* The head state for exactly all[0, p0) from an entry that extends it, into
+ * a request whose head holds nothing yet. Returns whether it was restored. */
+static bool side_restore(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0) {
+    const size_t D = (size_t)d->n_embd;
+    for (int i = 0; i < d->n_side; i++) {
+        sidecar_entry *e = d->side[i];
+        if (e->salt != s->salt || e->n < p0 || memcmp(e->ids, all, (size_t)p0 * sizeof(int32_t)) != 0) continue;
+        ember_error err;
+        int32_t n_blocks = (int32_t)((p0 + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+        kv_seq_release(d->pool, &s->seq);
+        for (int32_t b = 0; b < n_blocks; b++)
+            if (kv_seq_adopt_block(d->pool, &s->seq, e->seq.blocks[b], &err) < 0) {
+                kv_seq_release(d->pool, &s->seq);
+                return false;
+            }
+        kv_seq_truncate(d->pool, &s->seq, p0);
+        for (int64_t p = 0; p < p0; p++)
+            if (hist_put(d, s, p, e->hidden + (size_t)p * D) < 0) {
+                kv_seq_release(d->pool, &s->seq);
+                return false;
+            }
+        memcpy(s->h_last, e->hidden + (size_t)(p0 - 1) * D, D * sizeof(float));
+        s->mtp_done = p0;
+        e->used = ++d->side_clock;
+        d->side_hits++;
+        return true;
+    }
+    return false;
+}
+
+spec_sidecar_stats spec_sidecar_get_stats(spec_drafter *d) {
+    pthread_mutex_lock(&d->lock);
+    spec_sidecar_stats st = {d->side_writes, d->side_hits, d->n_side, d->side_bytes};
+    pthread_mutex_unlock(&d->lock);
+    return st;
 }
 
 /* ---- Prompt lookup ---- */
@@ -311,8 +461,13 @@ static int mtp_rows(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0
             return -1;
         done += len;
     }
+    for (int64_t i = 0; i < n; i++)
+        if (hist_put(d, s, p0 + i, hidden ? hidden + (size_t)i * D : NULL) < 0) return -1;
     if (hidden) memcpy(s->h_last, hidden + (size_t)(n - 1) * D, D * sizeof(float));
-    else memset(s->h_last, 0, D * sizeof(float));
+    else {
+        memset(s->h_last, 0, D * sizeof(float));
+        s->faithful = false; /* rows read zeros where the target's hidden rows were */
+    }
     s->mtp_done = p0 + n;
     return 0;
 }
@@ -328,13 +483,25 @@ void spec_observe(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0, 
         s->mtp_done = 0;
     }
     kv_seq_truncate(d->pool, &s->seq, s->mtp_done); /* the last draft's speculative rows */
-    int rc = 0;
-    if (s->mtp_done < p0) rc = mtp_rows(d, s, all, s->mtp_done, p0 - s->mtp_done, NULL);
-    if (rc == 0) rc = mtp_rows(d, s, all, p0, n, hidden);
+    /* First sight of a request whose target prefix came from the cache:
+     * the sidecar may hold the head for exactly that prefix. */
+    if (!s->looked && s->mtp_done == 0 && p0 > 0 && d->cfg.sidecar_entries > 0) side_restore(d, s, all, p0);
+    s->looked = true;
+    int rc;
+    for (;;) {
+        rc = 0;
+        if (s->mtp_done < p0) rc = mtp_rows(d, s, all, s->mtp_done, p0 - s->mtp_done, NULL);
+        if (rc == 0) rc = mtp_rows(d, s, all, p0, n, hidden);
+        if (rc == 0 || d->n_side == 0) break;
+        /* the head's pool is full: sidecar entries give their blocks back first */
+        kv_seq_truncate(d->pool, &s->seq, s->mtp_done);
+        side_evict_lru(d);
+    }
     if (rc < 0) { /* pool full: the head starts over at the next observation */
         kv_seq_release(d->pool, &s->seq);
         memset(s->h_last, 0, (size_t)d->n_embd * sizeof(float));
         s->mtp_done = 0;
+        s->faithful = false;
     }
     pthread_mutex_unlock(&d->lock);
 }
@@ -357,9 +524,7 @@ static int mtp_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n
 
 /* ---- Drafting ---- */
 
-int spec_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int k, int32_t *out) {
-    if (k > SPEC_MAX_K) k = SPEC_MAX_K;
-    if (k < 1 || n < 1) return 0;
+static int draft_any(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int k, int32_t *out) {
     switch (d->cfg.kind) {
     case SPEC_LOOKUP: return lookup_draft(&d->cfg, all, n, k, out);
     case SPEC_DRAFT:
@@ -371,6 +536,19 @@ int spec_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int 
     }
     default: return 0;
     }
+}
+
+int spec_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int k, int32_t *out) {
+    if (k > SPEC_MAX_K) k = SPEC_MAX_K;
+    if (k < 1 || n < 1) return 0;
+    int got = draft_any(d, s, all, n, k, out);
+    if (s->stats.digest == 0) s->stats.digest = 14695981039346656037ull;
+    for (int i = 0; i < got; i++) {
+        uint64_t v[2] = {(uint64_t)(n + i), (uint64_t)(uint32_t)out[i]};
+        for (int w = 0; w < 2; w++)
+            for (int byte = 0; byte < 8; byte++) s->stats.digest = (s->stats.digest ^ ((v[w] >> (8 * byte)) & 0xff)) * 1099511628211ull;
+    }
+    return got;
 }
 
 void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted) {

@@ -27,7 +27,19 @@
  *  - spec_draft on one drafter may be called from several threads: calls
  *    that run a model are serialised on the drafter's lock.
  *  - Drafters hold no pointer into a request; the request frees its
- *    spec_seq before the drafter is freed. */
+ *    spec_seq before the drafter is freed.
+ *  - The MTP head's sidecar (reference §13.2): the head's K/V and the
+ *    target hidden rows it read, kept beside the prompt cache so that a
+ *    request whose target prefix came from the cache does not draft with a
+ *    cold head. spec_sidecar_store saves a request's head state (only when
+ *    every row it holds was computed from real hidden rows); the first
+ *    spec_observe of a request whose target starts at p0 > 0 looks for an
+ *    entry of the same salt whose tokens extend the request's first p0 and
+ *    adopts exactly p0 rows. Entries pin blocks of the head's own pool, live
+ *    in their own LRU (entry count and byte budget) and never touch the
+ *    prompt cache's tiers. Exactness: a restored head holds the same bits a
+ *    cold run computes for those positions, so its drafts, and therefore
+ *    the acceptance, are the cold run's. */
 #ifndef EMBER_ENGINE_SPEC_H
 #define EMBER_ENGINE_SPEC_H
 
@@ -50,6 +62,8 @@ typedef struct spec_config {
     bool adaptive;           /* shrink k while drafts are rejected, grow it while accepted */
     int ngram_min, ngram_max;/* SPEC_LOOKUP: n-gram lengths tried, longest first */
     const model *draft;      /* SPEC_DRAFT: borrowed, outlives the drafter */
+    int sidecar_entries;     /* SPEC_MTP: sidecar LRU entries (0: no sidecar) */
+    size_t sidecar_bytes;    /* and their byte budget (hidden rows + pinned head blocks) */
 } spec_config;
 
 enum { SPEC_MAX_K = 16 };
@@ -62,6 +76,8 @@ typedef struct spec_stats {
     int64_t rounds;          /* verification forwards that carried drafts */
     int64_t drafted;         /* tokens proposed */
     int64_t accepted;        /* of those, equal to what the target emitted */
+    uint64_t digest;         /* FNV-1a over every (position, draft) proposed: two runs
+                              * drafted the same tokens at the same places iff equal */
 } spec_stats;
 
 /* ---- Lifetime ---- */
@@ -73,7 +89,8 @@ void spec_drafter_free(spec_drafter *d);
 const spec_config *spec_drafter_config(const spec_drafter *d);
 const char *spec_kind_name(spec_kind kind);
 
-spec_seq *spec_seq_create(spec_drafter *d, ember_error *err);
+/* salt: the request's tenant salt (sidecar entries never cross tenants). */
+spec_seq *spec_seq_create(spec_drafter *d, uint64_t salt, ember_error *err);
 void spec_seq_free(spec_drafter *d, spec_seq *s);
 
 /* ---- Drafting ---- */
@@ -91,6 +108,15 @@ void spec_observe(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0, 
 /* The target verified a round: `drafted` proposed, `accepted` of them
  * emitted. Updates the counters and the adaptive k. */
 void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted);
+/* SPEC_MTP: saves s's head state over all[0, n) (clamped to the rows it
+ * has observed) in the sidecar; no-op when the head was not faithful. */
+void spec_sidecar_store(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n);
+/* Sidecar counters: entries stored, requests whose head was restored. */
+typedef struct spec_sidecar_stats {
+    int64_t writes, hits, entries;
+    size_t bytes;
+} spec_sidecar_stats;
+spec_sidecar_stats spec_sidecar_get_stats(spec_drafter *d);
 /* The k the next round should ask for (adaptive, or the configured k). */
 int spec_next_k(const spec_drafter *d, const spec_seq *s);
 spec_stats spec_seq_stats(const spec_seq *s);

@@ -284,6 +284,8 @@ void serve_config_engine(const serve_config *c, engine_config *ec) {
     ec->spec.adaptive = c->spec_adaptive;
     ec->spec.ngram_max = c->spec_ngram_max;
     ec->spec.ngram_min = 1;
+    ec->spec.sidecar_entries = c->spec_sidecar_entries;
+    ec->spec.sidecar_bytes = c->spec_sidecar_bytes;
     apc_disk_config disk = ec->cache.disk;
     ec->cache = c->cache;
     ec->cache.disk = disk;

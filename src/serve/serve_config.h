@@ -54,6 +54,8 @@ typedef struct serve_config {
     int spec_k;
     bool spec_adaptive;
     int spec_ngram_max;
+    int spec_sidecar_entries;
+    size_t spec_sidecar_bytes;
     /* cache: */
     int block_size;           /* only 16 is supported */
     int32_t num_blocks;       /* KV pool = cache; 0: engine default */

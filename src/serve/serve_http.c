@@ -337,6 +337,13 @@ static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool 
             cJSON_AddNumberToObject(sp, "drafted", (double)drafted);
             cJSON_AddNumberToObject(sp, "accepted", (double)accepted);
             cJSON_AddNumberToObject(sp, "acceptance", drafted ? (double)accepted / (double)drafted : 0.0);
+            if (d && spec_drafter_config(d)->kind == SPEC_MTP) {
+                spec_sidecar_stats side = spec_sidecar_get_stats(engine_drafter(srv->e));
+                cJSON_ReplaceItemInObject(o, "sidecar_writes", cJSON_CreateNumber((double)side.writes));
+                cJSON_AddNumberToObject(sp, "sidecar_hits", (double)side.hits);
+                cJSON_AddNumberToObject(sp, "sidecar_entries", (double)side.entries);
+                cJSON_AddNumberToObject(sp, "sidecar_bytes", (double)side.bytes);
+            }
         }
         return send_cjson(srv, c, label, 200, o);
     }
@@ -352,6 +359,10 @@ static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool 
 
 static enum MHD_Result handle_metrics(server *srv, struct MHD_Connection *c) {
     int running = 0, waiting = 0;
+    if (engine_drafter(srv->e)) {
+        spec_sidecar_stats side = spec_sidecar_get_stats(engine_drafter(srv->e));
+        serve_metrics_set_sidecar(srv->metrics, side.writes, side.hits);
+    }
     sched_counts(srv->s, &running, &waiting);
     size_t len;
     char *text = serve_metrics_render(srv->metrics, engine_cache(srv->e), running, waiting, &len);

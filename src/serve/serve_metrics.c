@@ -39,6 +39,7 @@ struct serve_metrics {
     int n_rows;
     uint64_t prompt_tokens, cached_tokens, completion_tokens, generations;
     uint64_t spec_rounds, spec_drafted, spec_accepted;
+    int64_t sidecar_writes, sidecar_hits;
     char finish_name[MAX_FINISH][16];
     uint64_t finish_n[MAX_FINISH];
     int n_finish;
@@ -99,6 +100,13 @@ void serve_metrics_spec(serve_metrics *m, int64_t rounds, int64_t drafted, int64
     m->spec_rounds += (uint64_t)rounds;
     m->spec_drafted += (uint64_t)drafted;
     m->spec_accepted += (uint64_t)accepted;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void serve_metrics_set_sidecar(serve_metrics *m, int64_t writes, int64_t hits) {
+    pthread_mutex_lock(&m->lock);
+    m->sidecar_writes = writes;
+    m->sidecar_hits = hits;
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -203,6 +211,10 @@ char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waitin
     counter(&b, "ember_spec_steps_total", "Verification forwards that carried draft tokens.", (double)m->spec_rounds);
     counter(&b, "ember_spec_draft_tokens_total", "Tokens proposed by the drafter.", (double)m->spec_drafted);
     counter(&b, "ember_spec_accepted_tokens_total", "Drafted tokens the target emitted.", (double)m->spec_accepted);
+    counter(&b, "ember_apc_sidecar_writes_total", "Drafter sidecar stores (the MTP head's K/V and hidden rows).",
+            (double)m->sidecar_writes);
+    counter(&b, "ember_apc_sidecar_hits_total", "Requests whose MTP head was restored from the sidecar.",
+            (double)m->sidecar_hits);
     for (int h = 0; h < HIST_COUNT_; h++) {
         const hist *hh = &m->h[h];
         family(&b, hist_desc[h].name, "histogram", hist_desc[h].help);
@@ -266,7 +278,6 @@ char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waitin
         {"ember_apc_ckpt_matched_tokens_total", "Tokens adopted from checkpoints."},
         {"ember_apc_ckpt_missed_adoptions_total", "Lookups that found a record and adopted nothing."},
         {"ember_apc_ckpt_skeleton_writes_total", "Checkpoint skeletons written to disk."},
-        {"ember_apc_sidecar_writes_total", "Drafter sidecar stores."},
         {"ember_apc_retire_fallback_full_total", "Full-sequence retirement fallbacks."},
         {"ember_apc_ckpt_pool_evictions_total", "Checkpoint records evicted for chain stores."},
         {"ember_apc_ckpt_grid_truncate_total", "Grid-truncated terminal stores."},

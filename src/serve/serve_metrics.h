@@ -37,6 +37,8 @@ void serve_metrics_finish(serve_metrics *m, const char *reason);
 /* Speculative decoding of one finished request: verification steps that
  * carried drafts, tokens drafted, drafts the target emitted. */
 void serve_metrics_spec(serve_metrics *m, int64_t rounds, int64_t drafted, int64_t accepted);
+/* The drafter's sidecar counters as of now (read before a render). */
+void serve_metrics_set_sidecar(serve_metrics *m, int64_t writes, int64_t hits);
 /* The totals so far (for /v1/cache/stats). */
 void serve_metrics_spec_totals(serve_metrics *m, int64_t *rounds, int64_t *drafted, int64_t *accepted);
 /* Renders everything (gauges passed in) into a malloc'd NUL-terminated buffer. */
