@@ -15,7 +15,7 @@ MODEL ?= models/stories260K.gguf
 
 PREFIX ?= /usr/local
 
-.PHONY: all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-serve bench-multiturn bench-predict bench-retire-stall load-test install docs fuzz-all clean
+.PHONY: all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-serve bench-multiturn bench-predict bench-retire-stall bench-spec load-test install docs fuzz-all clean
 
 all: build
 
@@ -118,6 +118,21 @@ bench-retire-stall: build
 	  --seed 1 --vocab ../shared/fixtures/models/vocab/ggml-vocab-gpt-2.gguf --out $(BENCH_MODELS)/qwen35-small-gpt2.gguf
 	./build/ember serve $(BENCH_MODELS)/qwen35-small-gpt2.gguf --port 18081 --ctx 16384 --threads 2 2>/dev/null & \
 	  pid=$$!; sleep 3; python3 bench/bench_retire_stall.py 18081 30; rc=$$?; kill $$pid; exit $$rc
+
+# Speculative decoding (issue 11): the cost of verifying k drafts in one
+# forward on the qwen3-0.6b shape (Q8_0), then decode speed and acceptance on
+# stories260K drafted by its own Q8_0 and Q4_0 copies, by itself, by prompt
+# lookup; and the qwen35 MTP head (a random fixture: acceptance near 0).
+bench-spec: build
+	mkdir -p $(BENCH_MODELS)
+	[ -f $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf ] || ./build/ember mkmodel --arch qwen3 --preset qwen3-0.6b --type q8_0 \
+	  --seed 1 --out $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf
+	./build/bench_spec verify $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf --ctx 512
+	for t in q8_0 q4_0; do [ -f $(BENCH_MODELS)/stories260K-$$t.gguf ] || \
+	  ./build/ember quantize models/stories260K.gguf $(BENCH_MODELS)/stories260K-$$t.gguf --type $$t || exit 1; done
+	./build/bench_spec decode models/stories260K.gguf --draft $(BENCH_MODELS)/stories260K-q8_0.gguf \
+	  --draft $(BENCH_MODELS)/stories260K-q4_0.gguf --self --lookup --tokens 256 2>/dev/null
+	./build/bench_spec decode ../shared/fixtures/reference/qwen35-mtp-normjit-f32.gguf --mtp --lookup --tokens 128 2>/dev/null
 
 # Load test (not CI): 32 concurrent streaming clients for 60 s against ember
 # serve on loopback; fails on any failed or malformed response, or when the

@@ -21,6 +21,7 @@ int cmd_serve(int argc, char **argv);
 int cmd_settings(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 /* ---- Their option tables ---- */
 extern const cli_command cmd_run_command;
@@ -32,6 +33,7 @@ extern const cli_command cmd_serve_command;
 extern const cli_command cmd_settings_command;
 extern const cli_command cmd_chat_command;
 extern const cli_command cmd_bench_command;
+extern const cli_command cmd_quantize_command;
 
 /* ---- Shared by serve and settings ---- */
 /* Resolves defaults < --config FILE < environment < flags into cfg. The

@@ -15,7 +15,7 @@
 static const cli_command *const commands[] = {
     &cmd_serve_command,   &cmd_run_command,      &cmd_logits_command,   &cmd_inspect_command,
     &cmd_tokenize_command, &cmd_mkmodel_command, &cmd_settings_command,
-    &cmd_chat_command,    &cmd_bench_command,
+    &cmd_chat_command,    &cmd_bench_command,    &cmd_quantize_command,
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

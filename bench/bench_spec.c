@@ -1,0 +1,255 @@
+/* bench_spec.c - what speculative decoding costs and buys.
+ *
+ * Usage:
+ *   bench_spec verify MODEL [--ctx C] [--reps R]
+ *   bench_spec decode TARGET [--draft D]... [--lookup] [--mtp] [--self] [--tokens T] [--k K] [--prompt TEXT]...
+ *
+ * verify: the cost of one forward of k+1 rows of a sequence at position C
+ * (what verifying k drafts takes) relative to one decode row, k = 1, 2, 4,
+ * 8, median of R. On a memory-bound decode the weights are read once for
+ * all rows, so the ratio stays well below k+1.
+ *
+ * decode: greedy generation of T tokens from each prompt, plain and with
+ * each drafter (a draft model per --draft, prompt lookup, the MTP head, the
+ * target drafting itself), at a fixed k (--k, default 4) and adaptive k.
+ * Prints per drafter: acceptance (accepted / drafted), mean tokens per
+ * verification step, decode tokens/s and the speed-up over plain. Every
+ * speculative run's tokens are checked against plain (exit 1 if one
+ * differs: that would be a bug, not a measurement). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/clock.h"
+#include "engine/engine.h"
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+/* ---- verify cost ---- */
+
+static int bench_verify(const char *path, int ctx, int reps) {
+    ember_error err;
+    model *m = model_load(path, &err);
+    if (m == NULL) {
+        fprintf(stderr, "bench_spec: %s\n", err.msg);
+        return 1;
+    }
+    const model_hparams *hp = model_get_hparams(m);
+    kv_pool_config kc;
+    model_kv_config(m, (ctx + 64) / KV_BLOCK_TOKENS + 2, &kc);
+    kv_pool *pool = kv_pool_create(&kc, &err);
+    model_ctx *c = pool ? model_ctx_create(m, pool, 2, 512, &err) : NULL;
+    model_state *st = model_has_state(m) ? model_state_create(m, &err) : NULL;
+    if (c == NULL) {
+        fprintf(stderr, "bench_spec: %s\n", err.msg);
+        return 1;
+    }
+    int32_t *tok = malloc((size_t)(ctx + 16) * sizeof(int32_t));
+    for (int i = 0; i < ctx + 16; i++) tok[i] = 1 + (int32_t)((i * 7919u) % (unsigned)(hp->n_vocab - 1));
+    float *logits = malloc((size_t)16 * hp->n_vocab * sizeof(float));
+    kv_seq seq;
+    kv_seq_init(&seq);
+    if (model_eval_state(c, &seq, st, tok, ctx, false, logits, &err) < 0) {
+        fprintf(stderr, "bench_spec: %s\n", err.msg);
+        return 1;
+    }
+    void *snap = st ? malloc(model_state_bytes(m)) : NULL;
+    if (st) model_state_snapshot(st, snap);
+    printf("verify cost on %s at position %d (2 threads, median of %d):\n", hp->name[0] ? hp->name : path, ctx, reps);
+    double base = 0;
+    const int rows[5] = {1, 2, 3, 5, 9};
+    for (int i = 0; i < 5; i++) {
+        double *t = malloc((size_t)reps * sizeof(double));
+        for (int r = 0; r < reps; r++) {
+            kv_seq_truncate(pool, &seq, ctx);
+            if (st) model_state_restore(st, snap, model_state_bytes(m), &err);
+            double t0 = ember_now();
+            if (model_eval_state(c, &seq, st, tok + ctx, rows[i], true, logits, &err) < 0) {
+                fprintf(stderr, "bench_spec: %s\n", err.msg);
+                return 1;
+            }
+            t[r] = ember_now() - t0;
+        }
+        double med = median(t, reps);
+        if (i == 0) base = med;
+        printf("  k = %d (%d rows): %8.2f ms = %.2fx one decode row\n", rows[i] - 1, rows[i], med * 1e3, med / base);
+        free(t);
+    }
+    free(snap);
+    free(tok);
+    free(logits);
+    kv_seq_release(pool, &seq);
+    model_state_free(st);
+    model_ctx_free(c);
+    kv_pool_free(pool);
+    model_free(m);
+    return 0;
+}
+
+/* ---- decode ---- */
+
+typedef struct run {
+    double seconds;
+    int64_t tokens, steps, drafted, accepted; /* steps: verification forwards that carried drafts */
+} run;
+
+static int generate_all(const model *m, const spec_config *sc, char **prompts, int n_prompts, int n_tokens,
+                        int32_t **want, run *out) {
+    ember_error err;
+    engine_config cfg = engine_default_config();
+    cfg.n_threads = 2;
+    cfg.n_ctx = 2048;
+    cfg.cache.force_tier = APC_FORCE_OFF; /* every run cold: measure decoding, not the cache */
+    if (sc) cfg.spec = *sc;
+    engine *e = engine_create(m, &cfg, &err);
+    if (e == NULL) {
+        fprintf(stderr, "bench_spec: %s\n", err.msg);
+        return -1;
+    }
+    memset(out, 0, sizeof *out);
+    const tokenizer *tk = model_get_tokenizer(m);
+    for (int p = 0; p < n_prompts; p++) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (tokenizer_encode(tk, prompts[p], strlen(prompts[p]), true, false, &ids, &n, &err) < 0) {
+            fprintf(stderr, "bench_spec: %s\n", err.msg);
+            engine_free(e);
+            return -1;
+        }
+        engine_request req = engine_default_request();
+        req.prompt = ids;
+        req.n_prompt = (int64_t)n;
+        req.max_tokens = n_tokens;
+        req.stop_at_eog = false;
+        engine_result r;
+        int grc = engine_generate(e, &req, &r, &err);
+        free(ids);
+        if (grc < 0) {
+            fprintf(stderr, "bench_spec: %s\n", err.msg);
+            engine_free(e);
+            return -1;
+        }
+        if (want[p] == NULL) {
+            want[p] = malloc((size_t)n_tokens * sizeof(int32_t));
+            memcpy(want[p], r.tokens, (size_t)r.n_tokens * sizeof(int32_t));
+        } else if (memcmp(want[p], r.tokens, (size_t)r.n_tokens * sizeof(int32_t)) != 0) {
+            fprintf(stderr, "bench_spec: speculative output differs from plain on prompt %d\n", p);
+            engine_free(e);
+            return -1;
+        }
+        out->seconds += r.total_s - r.ttft_s;
+        out->tokens += r.n_tokens - 1; /* the first token comes from the prefill */
+        out->steps += r.spec.rounds;
+        out->drafted += r.spec.drafted;
+        out->accepted += r.spec.accepted;
+        engine_result_free(&r);
+    }
+    engine_free(e);
+    return 0;
+}
+
+static void report(const char *name, const run *r, const run *plain) {
+    double tps = r->tokens / r->seconds, base = plain->tokens / plain->seconds;
+    if (r->drafted == 0) {
+        printf("  %-28s %8.1f tok/s\n", name, tps);
+        return;
+    }
+    printf("  %-28s %8.1f tok/s  %5.2fx  acceptance %5.1f%% (%lld/%lld)  %.2f tokens per drafted step\n", name, tps,
+           tps / base, 100.0 * r->accepted / r->drafted, (long long)r->accepted, (long long)r->drafted,
+           (double)(r->accepted + r->steps) / (double)(r->steps ? r->steps : 1));
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: bench_spec verify MODEL [--ctx C] [--reps R]\n"
+                        "       bench_spec decode TARGET [--draft D]... [--lookup] [--mtp] [--self] [--tokens T] "
+                        "[--k K] [--prompt TEXT]...\n");
+        return 2;
+    }
+    if (!strcmp(argv[1], "verify")) {
+        int ctx = 512, reps = 7;
+        for (int i = 3; i < argc; i++) {
+            if (!strcmp(argv[i], "--ctx") && i + 1 < argc) ctx = atoi(argv[++i]);
+            else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        }
+        return bench_verify(argv[2], ctx, reps);
+    }
+    const char *drafts[8];
+    char *prompts[16];
+    int n_drafts = 0, n_prompts = 0, n_tokens = 128, k = 4;
+    bool lookup = false, mtp = false, self = false;
+    for (int i = 3; i < argc; i++) {
+        if (!strcmp(argv[i], "--draft") && i + 1 < argc && n_drafts < 8) drafts[n_drafts++] = argv[++i];
+        else if (!strcmp(argv[i], "--prompt") && i + 1 < argc && n_prompts < 16) prompts[n_prompts++] = argv[++i];
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) n_tokens = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--k") && i + 1 < argc) k = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--lookup")) lookup = true;
+        else if (!strcmp(argv[i], "--mtp")) mtp = true;
+        else if (!strcmp(argv[i], "--self")) self = true;
+    }
+    static char *default_prompts[] = {"Once upon a time", "Lily and Tom went to the park.",
+                                      "The cat sat on the mat. The cat sat on the mat. The cat"};
+    if (n_prompts == 0) {
+        for (int i = 0; i < 3; i++) prompts[i] = default_prompts[i];
+        n_prompts = 3;
+    }
+    ember_error err;
+    model *m = model_load(argv[2], &err);
+    if (m == NULL) {
+        fprintf(stderr, "bench_spec: %s\n", err.msg);
+        return 1;
+    }
+    int32_t *want[16] = {0};
+    run plain;
+    if (generate_all(m, NULL, prompts, n_prompts, n_tokens, want, &plain) < 0) return 1;
+    printf("decode on %s: %d prompts x %d greedy tokens, 2 threads, k = %d (fixed) and adaptive\n", argv[2], n_prompts,
+           n_tokens, k);
+    report("plain", &plain, &plain);
+    for (int adaptive = 0; adaptive < 2; adaptive++) {
+        spec_config sc = {.k = k, .adaptive = adaptive == 1, .ngram_min = 1, .ngram_max = 3};
+        char name[160];
+        run r;
+        for (int d = 0; d <= n_drafts + 2; d++) {
+            model *dm = NULL;
+            if (d < n_drafts) {
+                dm = model_load(drafts[d], &err);
+                if (dm == NULL) {
+                    fprintf(stderr, "bench_spec: %s\n", err.msg);
+                    return 1;
+                }
+                sc.kind = SPEC_DRAFT;
+                sc.draft = dm;
+                const char *base = strrchr(drafts[d], '/');
+                snprintf(name, sizeof name, "draft %s%s", base ? base + 1 : drafts[d], adaptive ? " (adaptive)" : "");
+            } else if (d == n_drafts) {
+                if (!self) continue;
+                sc.kind = SPEC_DRAFT;
+                sc.draft = m;
+                snprintf(name, sizeof name, "self-draft%s", adaptive ? " (adaptive)" : "");
+            } else if (d == n_drafts + 1) {
+                if (!lookup) continue;
+                sc.kind = SPEC_LOOKUP;
+                snprintf(name, sizeof name, "prompt lookup%s", adaptive ? " (adaptive)" : "");
+            } else {
+                if (!mtp) continue;
+                sc.kind = SPEC_MTP;
+                snprintf(name, sizeof name, "MTP head%s", adaptive ? " (adaptive)" : "");
+            }
+            int rc = generate_all(m, &sc, prompts, n_prompts, n_tokens, want, &r);
+            model_free(dm);
+            if (rc < 0) return 1;
+            report(name, &r, &plain);
+        }
+    }
+    for (int p = 0; p < n_prompts; p++) free(want[p]);
+    model_free(m);
+    return 0;
+}
