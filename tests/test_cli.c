@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include "model/model.h"
+#include "tensor/dtype.h"
 #include "test_util.h"
 
 static const char *bin_or_skip(void) {
@@ -119,12 +120,64 @@ static void test_bad_arguments(void **state) {
     free(dir);
 }
 
+/* ember quantize: matrices converted, norms kept, the copy loads and runs;
+ * a bad type or a missing file is refused. */
+static void test_quantize(void **state) {
+    (void)state;
+    const char *bin = bin_or_skip();
+    if (bin == NULL) skip();
+    REQUIRE_FIXTURE(model_path, "models/stories260K.gguf");
+    char *dir = make_temp_dir(), copy[512], cmd[2048], *out;
+    snprintf(copy, sizeof copy, "%s/q8.gguf", dir);
+    snprintf(cmd, sizeof cmd, "%s quantize %s %s --type q8_0 2>&1", bin, model_path, copy);
+    assert_int_equal(run_capture(cmd, &out), 0);
+    assert_non_null(strstr(out, "converted to q8_0"));
+    free(out);
+    ember_error err;
+    model *orig = model_load(model_path, &err), *q = model_load(copy, &err);
+    assert_non_null(orig);
+    assert_non_null(q);
+    const gguf_file *fo = model_get_gguf(orig), *fq = model_get_gguf(q);
+    assert_int_equal(gguf_tensor_count(fo), gguf_tensor_count(fq));
+    int quantized = 0;
+    for (int64_t i = 0; i < gguf_tensor_count(fq); i++) {
+        const gguf_tensor *a = gguf_tensor_at(fo, i), *b = gguf_tensor_at(fq, i);
+        assert_string_equal(a->name, b->name);
+        assert_memory_equal(a->ne, b->ne, sizeof a->ne);
+        if (a->n_dims >= 2) {
+            /* rows that 32-element blocks do not divide fall back to f16 */
+            assert_int_equal(b->type, a->ne[0] % 32 == 0 ? DT_Q8_0 : DT_F16);
+            quantized += b->type == DT_Q8_0;
+        } else {
+            assert_int_equal(b->type, a->type);
+            assert_memory_equal(a->data, b->data, a->nbytes);
+        }
+    }
+    assert_true(quantized > 0);
+    model_free(orig);
+    model_free(q);
+    /* it generates (Q8_0 keeps stories260K's greedy story) */
+    snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon a time' -n 16 --threads 2 2>/dev/null", bin, copy);
+    assert_int_equal(run_capture(cmd, &out), 0);
+    assert_non_null(strstr(out, "there was a little girl"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s quantize %s %s/x.gguf --type q9_9 2>&1", bin, model_path, dir);
+    assert_int_equal(run_capture(cmd, &out), 2);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s quantize %s/none.gguf %s/x.gguf --type q8_0 2>&1", bin, dir, dir);
+    assert_int_equal(run_capture(cmd, &out), 1);
+    free(out);
+    remove_tree(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_run_greedy_matches_golden),
         cmocka_unit_test(test_logits_file_matches_in_process),
         cmocka_unit_test(test_inspect_and_tokenize),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_quantize),
     };
     return test_run_group(tests, NULL, NULL);
 }
