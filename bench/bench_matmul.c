@@ -69,7 +69,7 @@ int main(int argc, char **argv) {
     }
     printf("threads %d, isa %s\n", threads, quant_isa_name(quant_get_isa()));
     ember_pool *pool = ember_pool_create(threads);
-    const ember_dtype types[] = {DT_Q8_0, DT_Q4_K, DT_Q6_K};
+    const ember_dtype types[] = {DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_F16, DT_BF16};
     const int64_t shapes[][2] = {{1024, 3072}, {3072, 1024}};
     const int64_t tokens[] = {1, 512};
     for (size_t t = 0; t < 3; t++)

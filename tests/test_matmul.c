@@ -27,8 +27,8 @@ static const ember_dtype tm_types[] = {DT_F32,  DT_F16,  DT_BF16, DT_Q4_0, DT_Q4
                                        DT_Q5_0, DT_Q5_1, DT_Q8_0, DT_Q2_K, DT_Q3_K,
                                        DT_Q4_K, DT_Q5_K, DT_Q6_K};
 
-static void check_type(ember_dtype type, ember_pool *pool, matmul_scratch *scratch) {
-    const int64_t n_in = 512, n_out = 37; /* ragged against a 4-row tile */
+static void check_type(ember_dtype type, int64_t n_in, ember_pool *pool, matmul_scratch *scratch) {
+    const int64_t n_out = 37; /* ragged against a 4-row tile */
     const int64_t token_counts[] = {1, 3, 7, 64, 100};
     const int64_t max_tokens = 100;
     size_t row_bytes = dtype_row_bytes(type, n_in);
@@ -79,8 +79,11 @@ static void test_bit_identity(void **state) {
         ember_pool *pool = ember_pool_create(threads);
         for (int isa = 0; isa <= (int)best; isa++) {
             assert_true(quant_set_isa((quant_isa)isa));
-            for (size_t t = 0; t < sizeof tm_types / sizeof tm_types[0]; t++)
-                check_type(tm_types[t], pool, scratch);
+            for (size_t t = 0; t < sizeof tm_types / sizeof tm_types[0]; t++) {
+                check_type(tm_types[t], 512, pool, scratch);
+                /* float rows also end in a 16-chunk and a masked tail */
+                if (dtype_info_of(tm_types[t])->block_elems == 1) check_type(tm_types[t], 512 + 16 + 9, pool, scratch);
+            }
         }
         ember_pool_free(pool);
     }
