@@ -1,6 +1,6 @@
 /* bench_matmul.c - throughput of tensor_matmul on qwen3-0.6b-like shapes.
  *
- * Times 1024->3072 and 3072->1024 matmuls in Q8_0, Q4_K and Q6_K at n_tokens 1
+ * Times 1024->3072 and 3072->1024 matmuls in Q8_0, Q4_K, Q6_K, F16 and BF16 at n_tokens 1
  * (decode GEMV: also reports weight bandwidth) and 512 (prefill), and the
  * 1024 x 151936 output matrix at n_tokens 1 (out of cache), on a pool
  * of N threads (argv[1], default 2), and prints the best of several runs in
@@ -72,7 +72,7 @@ int main(int argc, char **argv) {
     const ember_dtype types[] = {DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_F16, DT_BF16};
     const int64_t shapes[][2] = {{1024, 3072}, {3072, 1024}};
     const int64_t tokens[] = {1, 512};
-    for (size_t t = 0; t < 3; t++)
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t s = 0; s < 2; s++)
             for (size_t k = 0; k < 2; k++) bench_one(pool, types[t], shapes[s][0], shapes[s][1], tokens[k]);
     /* The tied output matrix: a GEMV that does not fit in any cache. */
