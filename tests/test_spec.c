@@ -81,22 +81,32 @@ static engine *open_spec(const model *m, spec_kind kind, int k, const model *dra
     return test_open_engine(m, &cfg);
 }
 
-/* Plain vs one speculating configuration, cold and warm, greedy and sampled. */
-static spec_stats check_same(const model *m, const prompt_ids *p, spec_kind kind, int k, const model *draft,
-                             const char *what, spec_stats *greedy, bool sampled_too) {
+enum { GEN = 24 }; /* tokens per generation */
+
+/* The plain engine's greedy and seeded-sampling results for p. */
+static void plain_results(const model *m, const prompt_ids *p, engine_result want[2]) {
+    engine *plain = open_spec(m, SPEC_OFF, 0, NULL);
+    generate(plain, p, GEN, 0.0f, &want[0]);
+    generate(plain, p, GEN, 0.9f, &want[1]);
+    engine_free(plain);
+}
+
+/* One speculating configuration against the plain results, cold and warm,
+ * greedy (and seeded sampling when sampled_too). */
+static spec_stats check_same(const model *m, const prompt_ids *p, const engine_result want[2], spec_kind kind, int k,
+                             const model *draft, const char *what, spec_stats *greedy, bool sampled_too) {
     spec_stats total = {0, 0, 0, 0};
     const float temps[2] = {0.0f, 0.9f};
+    engine *spec = open_spec(m, kind, k, draft);
     for (int t = 0; t < (sampled_too ? 2 : 1); t++) {
-        engine *plain = open_spec(m, SPEC_OFF, 0, NULL), *spec = open_spec(m, kind, k, draft);
-        engine_result want, cold, warm;
-        generate(plain, p, 40, temps[t], &want);
-        generate(spec, p, 40, temps[t], &cold);
-        generate(spec, p, 40, temps[t], &warm);
+        engine_result cold, warm;
+        generate(spec, p, GEN, temps[t], &cold);
+        generate(spec, p, GEN, temps[t], &warm);
         char label[160];
         snprintf(label, sizeof label, "%s, temperature %.1f, cold", what, temps[t]);
-        assert_warm_equals_cold(&want, &cold, label);
+        assert_warm_equals_cold(&want[t], &cold, label);
         snprintf(label, sizeof label, "%s, temperature %.1f, warm", what, temps[t]);
-        assert_warm_equals_cold(&want, &warm, label);
+        assert_warm_equals_cold(&want[t], &warm, label);
         assert_true(warm.cached_tokens > 0 || p->n < 32);
         assert_true(cold.spec.accepted <= cold.spec.drafted);
         if (t == 0 && greedy) *greedy = cold.spec;
@@ -105,13 +115,11 @@ static spec_stats check_same(const model *m, const prompt_ids *p, spec_kind kind
         total.accepted += cold.spec.accepted + warm.spec.accepted;
         /* Rows forwarded: each draft costs one; a recurrent model also
          * forwards the committed tokens of a rejected round again. */
-        if (!model_has_state(m)) assert_true(cold.forwarded <= want.forwarded + cold.spec.drafted);
-        engine_result_free(&want);
+        if (!model_has_state(m)) assert_true(cold.forwarded <= want[t].forwarded + cold.spec.drafted);
         engine_result_free(&cold);
         engine_result_free(&warm);
-        engine_free(plain);
-        engine_free(spec);
     }
+    engine_free(spec);
     return total;
 }
 
@@ -125,24 +133,28 @@ static void test_families(void **unused) {
         prompt_ids p;
         if (path == NULL || !load_prompt(families[f], &p)) continue;
         model *m = test_load_model(path);
+        engine_result want[2];
+        plain_results(m, &p, want);
         const int ks[4] = {1, 2, 4, 8};
         for (int i = 0; i < 4; i++) {
             char what[128];
             snprintf(what, sizeof what, "%s lookup k=%d", families[f], ks[i]);
-            spec_stats st = check_same(m, &p, SPEC_LOOKUP, ks[i], NULL, what, NULL, ks[i] == 4);
+            spec_stats st = check_same(m, &p, want, SPEC_LOOKUP, ks[i], NULL, what, NULL, ks[i] == 4);
             lookup_drafted += st.drafted;
             lookup_accepted += st.accepted;
         }
         char what[128];
         snprintf(what, sizeof what, "%s self-draft k=4", families[f]);
         spec_stats greedy;
-        spec_stats self = check_same(m, &p, SPEC_DRAFT, 4, m, what, &greedy, true);
+        spec_stats self = check_same(m, &p, want, SPEC_DRAFT, 4, m, what, &greedy, true);
         print_message("%-16s self-draft: greedy %lld of %lld drafts accepted in %lld rounds; all runs %lld of %lld\n",
                       families[f], (long long)greedy.accepted, (long long)greedy.drafted, (long long)greedy.rounds,
                       (long long)self.accepted, (long long)self.drafted);
         /* A greedy target drafting itself is always right: every draft holds. */
         assert_true(greedy.rounds > 0);
         assert_true(greedy.accepted == greedy.drafted);
+        engine_result_free(&want[0]);
+        engine_result_free(&want[1]);
         model_free(m);
     }
     print_message("prompt lookup over all families: %lld of %lld drafts accepted\n", (long long)lookup_accepted,
@@ -163,11 +175,13 @@ static void test_draft_model(void **unused) {
     snprintf(tpath, sizeof tpath, "%s", tp);
     snprintf(dpath, sizeof dpath, "%s", dp);
     model *m = test_load_model(tpath), *d = test_load_model(dpath);
-    for (int k = 1; k <= 8; k *= 2) {
+    engine_result want[2];
+    plain_results(m, &p, want);
+    for (int k = 2; k <= 8; k *= 4) {
         char what[64];
         snprintf(what, sizeof what, "llama-gqa drafted by llama256-q8_0, k=%d", k);
         spec_stats greedy;
-        spec_stats st = check_same(m, &p, SPEC_DRAFT, k, d, what, &greedy, k == 4);
+        spec_stats st = check_same(m, &p, want, SPEC_DRAFT, k, d, what, &greedy, k == 8);
         print_message("llama-gqa drafted by llama256-q8_0, k=%d: greedy %lld of %lld accepted, all runs %lld of %lld\n",
                       k, (long long)greedy.accepted, (long long)greedy.drafted, (long long)st.accepted,
                       (long long)st.drafted);
@@ -187,6 +201,8 @@ static void test_draft_model(void **unused) {
         }
         model_free(o);
     }
+    engine_result_free(&want[0]);
+    engine_result_free(&want[1]);
     model_free(m);
     model_free(d);
 }
@@ -202,11 +218,13 @@ static void test_mtp_drafter(void **unused) {
     prompt_ids p;
     if (fp == NULL || !load_prompt("qwen35-mtp-normjit-f32", &p)) return;
     model *m = test_load_model(fp);
+    engine_result want[2];
+    plain_results(m, &p, want);
     for (int k = 1; k <= 8; k *= 2) {
         char what[64];
         snprintf(what, sizeof what, "qwen35-mtp MTP drafter k=%d", k);
         spec_stats greedy;
-        spec_stats st = check_same(m, &p, SPEC_MTP, k, NULL, what, &greedy, k == 4);
+        spec_stats st = check_same(m, &p, want, SPEC_MTP, k, NULL, what, &greedy, k == 4);
         print_message("%s: greedy %lld of %lld accepted in %lld steps; all runs %lld of %lld\n", what,
                       (long long)greedy.accepted, (long long)greedy.drafted, (long long)greedy.rounds,
                       (long long)st.accepted, (long long)st.drafted);
@@ -220,6 +238,8 @@ static void test_mtp_drafter(void **unused) {
     assert_null(engine_create(plain, &cfg, &err));
     assert_non_null(strstr(err.msg, "no MTP"));
     model_free(plain);
+    engine_result_free(&want[0]);
+    engine_result_free(&want[1]);
     model_free(m);
 }
 
@@ -236,7 +256,7 @@ static void test_mtp_sidecar(void **unused) {
     model *m = test_load_model(fp);
     engine *plain = open_spec(m, SPEC_OFF, 0, NULL);
     engine_result want;
-    generate(plain, &p, 40, 0.0f, &want);
+    generate(plain, &p, GEN, 0.0f, &want);
     for (int with = 1; with >= 0; with--) {
         engine_config cfg = engine_default_config();
         cfg.n_threads = 2;
@@ -247,8 +267,8 @@ static void test_mtp_sidecar(void **unused) {
         cfg.spec.sidecar_bytes = (size_t)64 << 20;
         engine *e = test_open_engine(m, &cfg);
         engine_result cold, warm;
-        generate(e, &p, 40, 0.0f, &cold);
-        generate(e, &p, 40, 0.0f, &warm);
+        generate(e, &p, GEN, 0.0f, &cold);
+        generate(e, &p, GEN, 0.0f, &warm);
         assert_warm_equals_cold(&want, &cold, "MTP sidecar: cold");
         assert_warm_equals_cold(&want, &warm, "MTP sidecar: warm");
         assert_true(warm.cached_tokens > 0);
@@ -315,7 +335,7 @@ static void answers_of(const char *model_path, char *const extra[], const char *
         calls[i].port = port;
         /* two greedy and two seeded-sampling requests, prompts of ids */
         snprintf(calls[i].body, sizeof calls[i].body,
-                 "{\"prompt\": [1, %d, %d, %d, %d, %d], \"max_tokens\": 40, \"temperature\": %s, \"seed\": %d, "
+                 "{\"prompt\": [1, %d, %d, %d, %d, %d], \"max_tokens\": 24, \"temperature\": %s, \"seed\": %d, "
                  "\"logprobs\": 3, \"ignore_eos\": true}",
                  10 + i, 20 + i, 30, 40 + i, 50, i < 2 ? "0" : "0.9", 7 + i);
         pthread_create(&th[i], NULL, run_call, &calls[i]);
