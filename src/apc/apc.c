@@ -852,6 +852,13 @@ void apc_get_stats(apc *c, apc_stats *s) {
     }
 }
 
+void apc_set_block_listener(apc *c, apc_block_listener fn, void *user) {
+    pthread_mutex_lock(&c->lock);
+    c->index.listener = fn;
+    c->index.listener_user = fn ? user : NULL;
+    pthread_mutex_unlock(&c->lock);
+}
+
 void apc_flush(apc *c) {
     if (c && c->disk) apc_disk_flush(c->disk);
 }

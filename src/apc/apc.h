@@ -255,6 +255,33 @@ int64_t apc_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
  * now, at most n-1; touches no refcount, LRU order or counter. */
 int64_t apc_peek(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
 
+/* ---- Block events (what KV-event publishers report; serve_kv_events.h) ---- */
+/* Every change of what the block tier can find in memory: a block indexed
+ * (a store, or a block brought in from disk), an indexed block evicted by
+ * the pool's LRU, and the whole index forgotten by apc_reset. The listener
+ * runs under the cache's lock on the thread that made the change (the
+ * engine thread, a fetch thread, an HTTP thread for a reset): it must be
+ * quick, must not block and must not call the cache. tokens is valid during
+ * the call only. */
+typedef enum apc_block_change {
+    APC_BLOCK_STORED = 0,
+    APC_BLOCK_REMOVED = 1,
+    APC_BLOCKS_CLEARED = 2, /* key, parent, tokens unset */
+} apc_block_change;
+
+typedef struct apc_block_event {
+    apc_block_change change;
+    uint8_t key[16];        /* the block's chained content key */
+    uint8_t parent[16];     /* its parent's key; all zero for a chain's first block */
+    uint64_t salt;          /* the tenant salt the key was made under */
+    const int32_t *tokens;  /* the block's rows */
+    int n_rows;             /* 16, or 1..15 for the indexed partial tail of a sequence */
+} apc_block_event;
+
+typedef void (*apc_block_listener)(void *user, const apc_block_event *ev);
+/* One listener per cache; NULL removes it. */
+void apc_set_block_listener(apc *c, apc_block_listener fn, void *user);
+
 /* ---- Stats and reset ---- */
 void apc_get_stats(apc *c, apc_stats *out);
 /* Forgets every indexed block and exact entry and zeroes the counters.

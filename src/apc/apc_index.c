@@ -5,11 +5,31 @@
  * cryptographic or XXH3 digests). The table has at least twice as many slots
  * as the pool has blocks, and a block is indexed at most once, so it is never
  * more than half full. Deletion shifts later entries of the probe run back
- * (no tombstones), so a lookup stops at the first empty slot. */
+ * (no tombstones), so a lookup stops at the first empty slot.
+ *
+ * The index is the one place every block tier change passes through (a
+ * store, a block loaded from disk, an LRU eviction, a reset), so the block
+ * listener (apc_set_block_listener: KV events) is called from here and sees
+ * each change exactly once. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "apc/apc_internal.h"
+
+static void tell(const apc_index *ix, apc_block_change change, const apc_block_meta *m) {
+    if (ix->listener == NULL) return;
+    apc_block_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.change = change;
+    if (m) {
+        memcpy(ev.key, m->key.b, sizeof ev.key);
+        memcpy(ev.parent, m->parent.b, sizeof ev.parent);
+        ev.salt = m->salt;
+        ev.tokens = m->tokens;
+        ev.n_rows = m->n_rows;
+    }
+    ix->listener(ix->listener_user, &ev);
+}
 
 static uint32_t home_of(const apc_index *ix, const apc_key *k) {
     uint64_t h;
@@ -61,11 +81,13 @@ void apc_index_insert(apc_index *ix, int32_t block, const apc_key *key, const ap
     while (ix->slots[i] >= 0) i = (i + 1) & ix->mask;
     ix->slots[i] = block;
     ix->n_indexed++;
+    tell(ix, APC_BLOCK_STORED, m);
 }
 
 void apc_index_remove(apc_index *ix, int32_t block) {
     apc_block_meta *m = &ix->meta[block];
     if (!m->indexed) return;
+    tell(ix, APC_BLOCK_REMOVED, m);
     uint32_t i = home_of(ix, &m->key);
     while (ix->slots[i] != block) i = (i + 1) & ix->mask;
     ix->slots[i] = -1;
@@ -88,4 +110,5 @@ void apc_index_clear(apc_index *ix) {
     memset(ix->slots, 0xff, ((size_t)ix->mask + 1) * sizeof *ix->slots);
     for (int32_t b = 0; b < ix->n_blocks; b++) ix->meta[b].indexed = false;
     ix->n_indexed = 0;
+    tell(ix, APC_BLOCKS_CLEARED, NULL);
 }

@@ -30,8 +30,11 @@ typedef struct apc_index {
     int32_t *slots;         /* open addressing, linear probing; -1 = empty */
     uint32_t mask;          /* slots - 1 (a power of two >= 2 * n_blocks) */
     int32_t n_indexed;
+    apc_block_listener listener; /* told of every insert, remove and clear; NULL: none */
+    void *listener_user;
 } apc_index;
 
+/* Every insert, remove and clear is reported to ix->listener (apc.h). */
 int apc_index_init(apc_index *ix, int32_t n_blocks);
 void apc_index_free(apc_index *ix);
 int32_t apc_index_find(const apc_index *ix, const apc_key *key);

@@ -56,6 +56,11 @@ typedef struct serve_config {
     int spec_ngram_max;
     int spec_sidecar_entries;
     size_t spec_sidecar_bytes;
+    int drain_timeout;        /* seconds a shutdown waits for running requests, default 30 */
+    char kv_events_endpoint[256];        /* ZeroMQ PUB address of KV events; "": off (serve_kv_events.h) */
+    char kv_events_replay_endpoint[256]; /* ROUTER address for replays; "": none */
+    char kv_events_topic[256];           /* "": kv@<host>@<model id> */
+    int kv_events_buffer_steps;          /* batches kept for replays, default 10000 */
     /* cache: */
     int block_size;           /* only 16 is supported */
     int32_t num_blocks;       /* KV pool = cache; 0: engine default */

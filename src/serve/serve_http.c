@@ -73,6 +73,7 @@
 #include "serve/serve_api.h"
 #include "serve/serve_chat.h"
 #include "serve/serve_dashboard.h"
+#include "serve/serve_kv_events.h"
 #include "serve/serve_stats.h"
 #include "serve/serve_metrics.h"
 #include "serve/serve_recent.h"
@@ -104,6 +105,7 @@ struct server {
     serve_chat *chat;
     serve_metrics *metrics;
     serve_recent *recent;    /* the dashboard's last finished requests */
+    kv_events *kv_events;    /* NULL: server.kv_events.endpoint is empty */
     struct MHD_Daemon *d;
     api_ctx api;
     char model_id[128];
@@ -1146,6 +1148,21 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 
 /* ---- lifetime ---- */
 
+/* The KV-event publisher (server.kv_events.*), attached to the cache after
+ * announcing that this replica holds nothing yet. */
+static kv_events *open_kv_events(const serve_config *cfg, const char *model_id, apc *cache, ember_error *err) {
+    char topic[512];
+    if (cfg->kv_events_topic[0]) snprintf(topic, sizeof topic, "%s", cfg->kv_events_topic);
+    else kv_events_default_topic(model_id, topic, sizeof topic);
+    kv_events_config kc = {cfg->kv_events_endpoint, cfg->kv_events_replay_endpoint, topic,
+                           cfg->kv_events_buffer_steps, 0};
+    kv_events *ev = kv_events_create(&kc, err);
+    if (ev == NULL) return NULL;
+    kv_events_clear(ev);
+    kv_events_attach(ev, cache);
+    return ev;
+}
+
 server *server_create(const char *model_path, const serve_config *cfg, ember_error *err) {
     server *srv = calloc(1, sizeof *srv);
     if (srv == NULL) {
@@ -1190,6 +1207,9 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
                        cfg->fresh_min,   cfg->disk_wait_ms};
     srv->s = sched_create(srv->e, &sc, srv->metrics, err);
     if (srv->s == NULL) goto fail;
+    if (cfg->kv_events_endpoint[0] &&
+        (srv->kv_events = open_kv_events(cfg, srv->model_id, engine_cache(srv->e), err)) == NULL)
+        goto fail;
     srv->api.tok = model_get_tokenizer(srv->m);
     srv->api.chat = srv->chat;
     srv->api.model_id = srv->model_id;
@@ -1308,12 +1328,19 @@ void server_shutdown(server *srv) {
         MHD_stop_daemon(srv->d);
         srv->d = NULL;
     }
+    if (srv->kv_events) { /* routers forget this replica */
+        kv_events_detach(srv->kv_events);
+        kv_events_clear(srv->kv_events);
+        kv_events_free(srv->kv_events);
+        srv->kv_events = NULL;
+    }
     ember_log(EMBER_LOG_INFO, "stopped");
 }
 
 void server_free(server *srv) {
     if (srv == NULL) return;
     server_shutdown(srv);
+    kv_events_free(srv->kv_events); /* a server that failed to start */
     sched_free(srv->s);
     serve_chat_free(srv->chat);
     serve_metrics_free(srv->metrics);

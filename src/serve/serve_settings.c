@@ -65,6 +65,25 @@ static const serve_setting table[] = {
      "seconds of silence before a connection is closed", NULL, false, SRV(idle_timeout)},
     {"server.http_threads", "EMBER_HTTP_THREADS", "http-threads", SETTING_INT, "2", 1, 64, NULL, NULL,
      "event-loop threads of the HTTP layer (libmicrohttpd, epoll)", NULL, false, SRV(http_threads)},
+    {"server.drain_timeout", "EMBER_DRAIN_TIMEOUT", "drain-timeout", SETTING_INT, "30", 0, 86400, NULL, "SECONDS",
+     "on SIGTERM, longest wait for running and queued requests to finish before they are cancelled",
+     "The drain: GET /ready answers 503, new generations get 503, running ones finish, pending SSD writes land, "
+     "then the process exits 0.",
+     false, SRV(drain_timeout)},
+    {"server.kv_events.endpoint", "EMBER_KV_EVENTS_ENDPOINT", "kv-events-endpoint", SETTING_STR, "", 0, 0, NULL,
+     "ADDR", "ZeroMQ address to publish vLLM-format KV events on; empty: off",
+     "For cache-aware routers (llm-d's KV-events indexer): BlockStored / BlockRemoved for every 16-token block "
+     "that becomes findable or stops being findable in memory, AllBlocksCleared at start, reset and shutdown. "
+     "An address with `*` (`tcp://*:5557`), `ipc://` or `inproc://` is bound; any other (`tcp://router:5557`) is "
+     "connected to. Format and sources: src/serve/serve_kv_events.c.",
+     false, SRV(kv_events_endpoint)},
+    {"server.kv_events.replay_endpoint", "EMBER_KV_EVENTS_REPLAY_ENDPOINT", "kv-events-replay-endpoint", SETTING_STR,
+     "", 0, 0, NULL, "ADDR", "ZeroMQ ROUTER address (bound) where a subscriber asks for batches it missed; empty: none",
+     NULL, false, SRV(kv_events_replay_endpoint)},
+    {"server.kv_events.topic", "EMBER_KV_EVENTS_TOPIC", "kv-events-topic", SETTING_STR, "", 0, 0, NULL, "TOPIC",
+     "topic frame of every KV-event message; empty: kv@<host name>@<model id>", NULL, false, SRV(kv_events_topic)},
+    {"server.kv_events.buffer_steps", "EMBER_KV_EVENTS_BUFFER_STEPS", "kv-events-buffer-steps", SETTING_INT, "10000",
+     1, 1 << 24, NULL, NULL, "KV-event batches kept for replays", NULL, false, SRV(kv_events_buffer_steps)},
 
     {"server.draft", "EMBER_SPEC_DRAFT", "draft", SETTING_STR, "", 0, 0, NULL, "GGUF",
      "draft model for speculative decoding (its vocabulary must be the target's); empty: none",
