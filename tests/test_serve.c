@@ -1171,9 +1171,23 @@ static void test_cache_stats_reset_metrics(void **state) {
         FILE *f = fopen(path, "w");
         fwrite(r.body, 1, r.len, f);
         fclose(f);
-        snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
-        int rc = system(cmd);
-        assert_int_equal(rc, 0);
+        snprintf(cmd, sizeof cmd, "promtool check metrics < %s 2>&1", path);
+        char *lint = NULL;
+        int rc = run_capture(cmd, &lint);
+        /* vLLM's family names (vllm:*, kept so vLLM dashboards work) hold a
+         * colon, which the linter reserves for recording rules; they are
+         * valid names. Any other complaint fails. */
+        bool only_colons = true;
+        for (char *line = lint, *eol; line && *line; line = eol ? eol + 1 : NULL) {
+            eol = strchr(line, '\n');
+            if (eol) *eol = 0;
+            if (line[0] && !(strncmp(line, "vllm:", 5) == 0 && strstr(line, "should not contain ':'"))) {
+                print_message("promtool: %s\n", line);
+                only_colons = false;
+            }
+        }
+        free(lint);
+        assert_true(rc == 0 || only_colons);
     } else {
         print_message("promtool not installed: skipping `promtool check metrics`\n");
     }

@@ -229,6 +229,11 @@ void apc_free(apc *c);
 /* Waits until every queued disk write has landed (no-op without a disk). */
 void apc_flush(apc *c);
 apc_tier apc_get_tier(const apc *c);
+/* The SSD tier's namespace (apc_disk.h) of this cache's format for a model
+ * fingerprint, or for namespace_override when it is not empty: 32 lowercase
+ * hex digits. Caches with equal namespaces can share stored KV; nothing
+ * else can. Computed whether or not a disk tier is open. */
+void apc_namespace_hex(const apc *c, const uint8_t fingerprint[16], const char *namespace_override, char out[33]);
 const apc_route *apc_get_route(const apc *c);
 
 /* ---- Sequences (the pool, under the cache's lock) ---- */

@@ -219,10 +219,7 @@ static int get_bool(const cJSON *o, const char *name, bool *out, api_error *e) {
     return 1;
 }
 
-static int tokenize(const api_ctx *ctx, const char *text, bool add_special, api_req *out, api_error *e) {
-    ember_error err;
-    int32_t *ids = NULL;
-    size_t n = 0;
+int api_encode(const api_ctx *ctx, const char *text, bool add_special, int32_t **ids, size_t *n, ember_error *err) {
     bool bos = add_special && tokenizer_add_bos(ctx->tok);
     /* A rendered template that already starts with the BOS text keeps one BOS. */
     if (bos) {
@@ -230,7 +227,14 @@ static int tokenize(const api_ctx *ctx, const char *text, bool add_special, api_
         const char *bt = tokenizer_token_text(ctx->tok, tokenizer_bos(ctx->tok), &bl);
         if (bt && bl > 0 && strncmp(text, bt, bl) == 0) bos = false;
     }
-    if (tokenizer_encode(ctx->tok, text, strlen(text), bos, true, &ids, &n, &err) < 0)
+    return tokenizer_encode(ctx->tok, text, strlen(text), bos, true, ids, n, err);
+}
+
+static int tokenize(const api_ctx *ctx, const char *text, bool add_special, api_req *out, api_error *e) {
+    ember_error err;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (api_encode(ctx, text, add_special, &ids, &n, &err) < 0)
         return api_fail(e, 400, "invalid_request_error", out->chat ? "messages" : "prompt", NULL,
                         "Cannot tokenize the prompt: %s", err.msg);
     out->p.prompt = ids;
@@ -332,21 +336,20 @@ void api_req_free(api_req *r) {
     memset(r, 0, sizeof *r);
 }
 
-int api_parse(const api_ctx *ctx, bool chat, const char *body_text, size_t len, const char *tenant, api_req *out,
-              api_error *e) {
-    memset(out, 0, sizeof *out);
-    out->chat = chat;
-    out->p.top_logprobs = -1;
-    if (!api_utf8_valid(body_text, len))
-        return api_fail(e, 400, "invalid_request_error", NULL, "invalid_encoding",
-                        "The request body is not valid UTF-8.");
+cJSON *api_parse_body(const api_ctx *ctx, const char *body_text, size_t len, api_error *e) {
+    if (!api_utf8_valid(body_text, len)) {
+        api_fail(e, 400, "invalid_request_error", NULL, "invalid_encoding", "The request body is not valid UTF-8.");
+        return NULL;
+    }
     json_scan scan;
     scan_json(body_text, len, &scan);
-    if (scan.ctrl_at >= 0)
-        return api_fail(e, 400, "invalid_request_error", NULL, "invalid_json",
-                        "We could not parse the JSON body of your request: control character U+%04X at byte %ld "
-                        "(JSON strings must escape it, e.g. \\n or \\u%04x).",
-                        scan.ctrl, scan.ctrl_at, scan.ctrl);
+    if (scan.ctrl_at >= 0) {
+        api_fail(e, 400, "invalid_request_error", NULL, "invalid_json",
+                 "We could not parse the JSON body of your request: control character U+%04X at byte %ld "
+                 "(JSON strings must escape it, e.g. \\n or \\u%04x).",
+                 scan.ctrl, scan.ctrl_at, scan.ctrl);
+        return NULL;
+    }
     const char *end = NULL;
     cJSON *body = cJSON_ParseWithLengthOpts(body_text, len, &end, false);
     if (body != NULL && end != NULL) {
@@ -356,33 +359,41 @@ int api_parse(const api_ctx *ctx, bool chat, const char *body_text, size_t len, 
             body = NULL;
         }
     }
-    if (body == NULL)
-        return api_fail(e, 400, "invalid_request_error", NULL, "invalid_json",
-                        "We could not parse the JSON body of your request. (HINT: This likely means you aren't using "
-                        "your HTTP library correctly. The OpenAI API expects a JSON payload.)");
-    int rc = -1;
-    char *text = NULL;
+    if (body == NULL) {
+        api_fail(e, 400, "invalid_request_error", NULL, "invalid_json",
+                 "We could not parse the JSON body of your request. (HINT: This likely means you aren't using "
+                 "your HTTP library correctly. The OpenAI API expects a JSON payload.)");
+        return NULL;
+    }
+    const cJSON *model_field = cJSON_GetObjectItemCaseSensitive(body, "model");
     if (!cJSON_IsObject(body)) {
         api_fail(e, 400, "invalid_request_error", NULL, "invalid_type", "The request body must be a JSON object.");
-        goto done;
-    }
-    if (scan.nul) {
+    } else if (scan.nul) {
         const char *field = scan.nul_key[0] ? scan.nul_key : NULL;
         api_fail(e, 400, "invalid_request_error", field, "invalid_value",
                  "Invalid value%s%s%s: strings must not contain U+0000 (\\u0000).", field ? " for '" : "",
                  field ? field : "", field ? "'" : "");
-        goto done;
-    }
-    const cJSON *model_field = cJSON_GetObjectItemCaseSensitive(body, "model");
-    if (model_field && !cJSON_IsNull(model_field) && !cJSON_IsString(model_field)) {
+    } else if (model_field && !cJSON_IsNull(model_field) && !cJSON_IsString(model_field)) {
         bad_type(e, "model", "a string", model_field);
-        goto done;
-    }
-    if (cJSON_IsString(model_field) && !api_model_known(ctx, model_field->valuestring)) {
+    } else if (cJSON_IsString(model_field) && !api_model_known(ctx, model_field->valuestring)) {
         api_fail(e, 404, "invalid_request_error", "model", "model_not_found",
                  "The model '%.100s' does not exist; this server serves '%s'.", model_field->valuestring, ctx->model_id);
-        goto done;
+    } else {
+        return body;
     }
+    cJSON_Delete(body);
+    return NULL;
+}
+
+int api_parse(const api_ctx *ctx, bool chat, const char *body_text, size_t len, const char *tenant, api_req *out,
+              api_error *e) {
+    memset(out, 0, sizeof *out);
+    out->chat = chat;
+    out->p.top_logprobs = -1;
+    cJSON *body = api_parse_body(ctx, body_text, len, e);
+    if (body == NULL) return -1;
+    int rc = -1;
+    char *text = NULL;
     /* ---- sampling ---- */
     sampler_params sp = sampler_default_params();
     sp.temperature = 1.0f;
@@ -624,6 +635,8 @@ static char *safe_text(const char *p, int n) {
     o[k] = 0;
     return o;
 }
+
+char *api_utf8_lossy(const char *p, size_t n) { return n > (size_t)INT32_MAX / 4 ? NULL : safe_text(p, (int)n); }
 
 static cJSON *bytes_array(const char *p, int n) {
     cJSON *a = cJSON_CreateArray();

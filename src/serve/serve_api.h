@@ -83,8 +83,19 @@ int api_fail(api_error *e, int status, const char *type, const char *param, cons
     __attribute__((format(printf, 6, 7)));
 char *api_error_json(const api_error *e);
 bool api_utf8_valid(const char *s, size_t len);
+/* A malloc'd, NUL-terminated copy of n bytes in which every invalid UTF-8
+ * sequence and every NUL is U+FFFD (JSON-safe); NULL when out of memory. */
+char *api_utf8_lossy(const char *p, size_t n);
 bool api_model_known(const api_ctx *ctx, const char *name);
 
+/* A request body: valid UTF-8, strict JSON (see above), an object, no
+ * U+0000 in any string, and a `model`, when present and not null, that this
+ * server serves. NULL with e filled otherwise; the caller frees the object. */
+cJSON *api_parse_body(const api_ctx *ctx, const char *body, size_t len, api_error *e);
+/* text to token ids the way a request's prompt is tokenized: add_special
+ * puts BOS first unless the text already starts with the BOS token's text
+ * (a rendered chat template). *ids is malloc'd. 0 or -1 with err. */
+int api_encode(const api_ctx *ctx, const char *text, bool add_special, int32_t **ids, size_t *n, ember_error *err);
 int api_parse(const api_ctx *ctx, bool chat, const char *body, size_t len, const char *tenant, api_req *out,
               api_error *e);
 void api_req_free(api_req *r);

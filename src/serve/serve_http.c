@@ -78,6 +78,7 @@
 #include "serve/serve_metrics.h"
 #include "serve/serve_recent.h"
 #include "serve/serve_sched.h"
+#include "serve/serve_tokenize.h"
 
 /* libmicrohttpd's own limits sit this far above ours, so that requests over
  * our limits can still be answered 503 before a flood is cut at accept. */
@@ -114,6 +115,9 @@ struct server {
     long created;
     int port;
     atomic_bool shut;        /* set by server_shutdown, read by /health on connection threads */
+    atomic_bool ready;       /* loaded and not draining: GET /ready */
+    char fingerprint[33];    /* engine_model_fingerprint, hex */
+    char cache_ns[33];       /* the cache format's namespace (apc_namespace_hex) */
     atomic_int in_flight;    /* requests between their first handler call and completion */
     /* lock guards the connection records, the generations and the pump */
     pthread_mutex_t lock;
@@ -260,7 +264,8 @@ static bool auth_ok(server *srv, struct MHD_Connection *c) {
 /* ---- routes ---- */
 
 enum {
-    R_HEALTH = 0, R_MODELS, R_CHAT, R_COMPLETIONS, R_STATS, R_RESET, R_METRICS, R_DASHBOARD, R_RECENT, R_COUNT_
+    R_HEALTH = 0, R_MODELS, R_CHAT, R_COMPLETIONS, R_STATS, R_RESET, R_METRICS, R_DASHBOARD, R_RECENT,
+    R_READY, R_TOKENIZE, R_DETOKENIZE, R_COUNT_
 };
 
 static const struct {
@@ -285,15 +290,56 @@ static const struct {
     {"/", "GET", false, "/dashboard"},
     {"/dashboard", "GET", false, "/dashboard"},
     {"/v1/cache/recent", "GET", true, "/v1/cache/recent"},
+    /* for a fleet: readiness probes (unauthenticated, like /health), and vLLM's token routes */
+    {"/ready", "GET", false, "/ready"},
+    {"/tokenize", "POST", true, "/tokenize"},
+    {"/detokenize", "POST", true, "/detokenize"},
 };
 static const int route_kind[] = {R_HEALTH, R_MODELS, R_CHAT,  R_COMPLETIONS, R_STATS,     R_RESET,    R_METRICS,
-                                 R_STATS,  R_RESET,  R_METRICS, R_HEALTH,    R_DASHBOARD, R_DASHBOARD, R_RECENT};
+                                 R_STATS,  R_RESET,  R_METRICS, R_HEALTH,    R_DASHBOARD, R_DASHBOARD, R_RECENT,
+                                 R_READY,  R_TOKENIZE, R_DETOKENIZE};
+_Static_assert(sizeof route_kind / sizeof route_kind[0] == sizeof routes / sizeof routes[0], "one kind per route");
 #define N_ROUTES (int)(sizeof routes / sizeof routes[0])
 
 static int find_route(const char *url) {
     for (int i = 0; i < N_ROUTES; i++)
         if (strcmp(url, routes[i].path) == 0) return i;
     return -1;
+}
+
+/* What a fleet needs to know which replicas can share KV: the model file's
+ * fingerprint and the cache format (tier, block size, KV dtype, block-key
+ * hash, and the namespace they hash to, which is the SSD tier's directory). */
+static void add_model_identity(server *srv, cJSON *m) {
+    apc *cache = engine_cache(srv->e);
+    apc_stats st;
+    apc_get_stats(cache, &st);
+    cJSON_AddStringToObject(m, "fingerprint", srv->fingerprint);
+    cJSON *f = cJSON_AddObjectToObject(m, "cache_format");
+    cJSON_AddStringToObject(f, "namespace", srv->cache_ns);
+    cJSON_AddStringToObject(f, "tier", apc_tier_name(st.tier));
+    cJSON_AddNumberToObject(f, "block_size", KV_BLOCK_TOKENS);
+    cJSON_AddStringToObject(f, "kv_dtype", "f32");
+    cJSON_AddStringToObject(f, "hash", st.hash == APC_HASH_XXH3 ? "xxh3" : "sha256");
+}
+
+/* GET /ready: 200 once the model is loaded, 503 while draining. */
+static enum MHD_Result handle_ready(server *srv, struct MHD_Connection *c) {
+    bool ready = atomic_load(&srv->ready) && !atomic_load(&srv->shut);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", ready ? "ready" : "draining");
+    cJSON_AddStringToObject(o, "model", srv->model_id);
+    return send_cjson(srv, c, "/ready", ready ? 200 : 503, o);
+}
+
+/* POST /tokenize and /detokenize (serve_tokenize.h). */
+static enum MHD_Result handle_tokens(server *srv, struct MHD_Connection *c, bool detok, conn_state *cs) {
+    const char *label = detok ? "/detokenize" : "/tokenize";
+    api_error e;
+    const char *body = cs->body ? cs->body : "";
+    cJSON *o = detok ? api_detokenize(&srv->api, body, cs->len, &e) : api_tokenize(&srv->api, body, cs->len, &e);
+    if (o == NULL) return send_error(srv, c, label, &e, NULL);
+    return send_cjson(srv, c, label, 200, o);
 }
 
 static enum MHD_Result handle_models(server *srv, struct MHD_Connection *c) {
@@ -304,6 +350,8 @@ static enum MHD_Result handle_models(server *srv, struct MHD_Connection *c) {
     cJSON_AddNumberToObject(m, "created", (double)srv->created);
     cJSON_AddStringToObject(m, "owned_by", "ember");
     cJSON_AddNumberToObject(m, "context_length", srv->api.n_ctx);
+    cJSON_AddNumberToObject(m, "max_model_len", srv->api.n_ctx); /* vLLM's name */
+    add_model_identity(srv, m);
     cJSON_AddItemToArray(data, m);
     return send_cjson(srv, c, "/v1/models", 200, o);
 }
@@ -887,6 +935,18 @@ static enum MHD_Result generate_resumed(server *srv, struct MHD_Connection *c, c
     return send_json(srv, c, label, status, body);
 }
 
+/* A drain admits nothing new (the scheduler itself only refuses once the
+ * running requests are done). Frees p when it refuses. */
+static sched_status refuse_while_draining(server *srv, sreq_params *p, ember_error *err) {
+    if (!atomic_load(&srv->shut)) return SCHED_OK;
+    chat_turn_predictor_free(p->plan.predictor);
+    free(p->prompt);
+    for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
+    memset(p, 0, sizeof *p);
+    ember_fail(err, "the server is shutting down");
+    return SCHED_DRAINING;
+}
+
 static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, bool chat, conn_state *cs) {
     const char *label = chat ? "/v1/chat/completions" : "/v1/completions";
     if (cs->wait) return generate_resumed(srv, c, label, cs);
@@ -900,7 +960,8 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, bo
     ember_error err;
     sreq_params p = q.p;
     memset(&q.p, 0, sizeof q.p); /* moved into the scheduler */
-    sched_status st = sched_submit(srv->s, &p, &r, &err);
+    sched_status st = refuse_while_draining(srv, &p, &err);
+    if (st == SCHED_OK) st = sched_submit(srv->s, &p, &r, &err);
     if (st != SCHED_OK) {
         api_req_free(&q);
         if (st == SCHED_FULL || st == SCHED_DRAINING) {
@@ -1116,6 +1177,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_METRICS: return handle_metrics(srv, c);
     case R_DASHBOARD: return handle_dashboard(srv, c);
     case R_RECENT: return handle_recent(srv, c);
+    case R_READY: return handle_ready(srv, c);
+    case R_TOKENIZE: return handle_tokens(srv, c, false, cs);
+    case R_DETOKENIZE: return handle_tokens(srv, c, true, cs);
     }
     return MHD_NO;
 }
@@ -1220,6 +1284,14 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
     srv->api.n_model_names = 3;
     srv->api.n_ctx = engine_n_ctx(srv->e);
     srv->api.max_seq_tokens = (int64_t)(kv_pool_n_blocks(engine_pool(srv->e)) - 1) * KV_BLOCK_TOKENS;
+    serve_metrics_set_model_name(srv->metrics, srv->model_id);
+    {
+        uint8_t fp[16];
+        memset(fp, 0, sizeof fp);
+        if (model_get_gguf(srv->m)) engine_model_fingerprint(model_get_gguf(srv->m), fp);
+        for (int i = 0; i < 16; i++) snprintf(srv->fingerprint + 2 * i, 3, "%02x", fp[i]);
+        apc_namespace_hex(engine_cache(srv->e), fp, cfg->disk_namespace, srv->cache_ns);
+    }
 
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
@@ -1287,6 +1359,7 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
     ember_log(EMBER_LOG_INFO, "http: %d event-loop threads, up to %d connections (%d per address), read timeout "
               "%d s, idle timeout %d s", cfg->http_threads, cfg->connection_limit, cfg->per_ip_connection_limit,
               cfg->read_timeout, cfg->idle_timeout);
+    atomic_store(&srv->ready, true);
     ember_log(EMBER_LOG_INFO, "listening on http://%s:%d", cfg->host, srv->port);
     return srv;
 fail:
@@ -1296,17 +1369,45 @@ fail:
 
 int server_port(const server *s) { return s->port; }
 
+/* Cancels every queued and running generation (srv->lock taken here). */
+static int cancel_all(server *srv) {
+    int n = 0;
+    pthread_mutex_lock(&srv->lock);
+    for (gen *g = srv->gens; g; g = g->next, n++) sreq_cancel(g->r);
+    pthread_mutex_unlock(&srv->lock);
+    return n;
+}
+
+/* The drain's first half: new generations are already refused (srv->shut);
+ * queued and running ones get server.drain_timeout seconds to finish, then
+ * whatever is left is cancelled; the engine thread stops after them. */
+static void drain_requests(server *srv) {
+    if (srv->s == NULL) return;
+    int running = 0, waiting = 0;
+    sched_counts(srv->s, &running, &waiting);
+    ember_log(EMBER_LOG_INFO, "shutting down: draining %d running and %d queued requests (at most %d s)", running,
+              waiting, srv->cfg.drain_timeout);
+    double t0 = ember_now();
+    while (running + waiting > 0 && ember_now() - t0 < srv->cfg.drain_timeout) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+        sched_counts(srv->s, &running, &waiting);
+    }
+    if (running + waiting > 0)
+        ember_log(EMBER_LOG_WARN, "shutting down: %d requests still running after server.drain_timeout=%d s; "
+                  "cancelled %d", running + waiting, srv->cfg.drain_timeout, cancel_all(srv));
+    sched_drain(srv->s);
+}
+
 void server_shutdown(server *srv) {
     if (srv == NULL || atomic_exchange(&srv->shut, true)) return;
+    /* /ready answers 503 from here on; the listener stays open so that
+     * probes and late clients get an answer (503) instead of a refused
+     * connection while the running requests finish. */
+    drain_requests(srv);
     if (srv->d) {
         MHD_socket fd = MHD_quiesce_daemon(srv->d);
         if (fd != MHD_INVALID_SOCKET) close(fd);
-    }
-    int running = 0, waiting = 0;
-    if (srv->s) {
-        sched_counts(srv->s, &running, &waiting);
-        ember_log(EMBER_LOG_INFO, "shutting down: draining %d running and %d queued requests", running, waiting);
-        sched_drain(srv->s);
     }
     /* Let the last responses (streams ending with [DONE]) leave before the
      * daemon closes every connection; 30 s at most. */
@@ -1327,6 +1428,11 @@ void server_shutdown(server *srv) {
     if (srv->d) {
         MHD_stop_daemon(srv->d);
         srv->d = NULL;
+    }
+    /* Pending SSD writes land before the process exits. */
+    if (srv->e && apc_has_disk(engine_cache(srv->e))) {
+        apc_flush(engine_cache(srv->e));
+        ember_log(EMBER_LOG_INFO, "shutting down: pending cache writes flushed");
     }
     if (srv->kv_events) { /* routers forget this replica */
         kv_events_detach(srv->kv_events);

@@ -5,7 +5,14 @@
  * milliseconds, a long prefill seconds). Requests are counted per (route,
  * status) in a small open table; routes are the fixed API paths, so the
  * label set stays bounded whatever URLs clients send ("other" catches the
- * rest). */
+ * rest).
+ *
+ * The vllm:* families repeat measurements ember already keeps under vLLM's
+ * names and meanings (vllm/v1/metrics/loggers.py, read for the names): KV
+ * usage is the fraction of pool blocks that live sequences reference (vLLM
+ * counts cached-but-free blocks as free too), prefix-cache queries and hits
+ * are prompt tokens and prompt tokens adopted from the cache. Counters carry
+ * _total as prometheus_client exposes them. */
 #include "serve/serve_metrics.h"
 
 #include <pthread.h>
@@ -43,6 +50,7 @@ struct serve_metrics {
     char finish_name[MAX_FINISH][16];
     uint64_t finish_n[MAX_FINISH];
     int n_finish;
+    char model_name[128];
 };
 
 static const struct {
@@ -64,6 +72,13 @@ void serve_metrics_free(serve_metrics *m) {
     if (m == NULL) return;
     pthread_mutex_destroy(&m->lock);
     free(m);
+}
+
+void serve_metrics_set_model_name(serve_metrics *m, const char *name) {
+    if (m == NULL) return;
+    pthread_mutex_lock(&m->lock);
+    snprintf(m->model_name, sizeof m->model_name, "%s", name ? name : "");
+    pthread_mutex_unlock(&m->lock);
 }
 
 void serve_metrics_observe(serve_metrics *m, serve_hist which, double s) {
@@ -190,11 +205,54 @@ static void gauge(sbuf *b, const char *name, const char *help, double v) {
     out(b, "%s %.17g\n", name, v);
 }
 
+/* A label value with \\, " and newline escaped (the exposition format). */
+static void label_value(const char *in, char *out, size_t cap) {
+    size_t k = 0;
+    for (; *in && k + 3 < cap; in++) {
+        if (*in == '\\' || *in == '"') out[k++] = '\\', out[k++] = *in;
+        else if (*in == '\n') out[k++] = '\\', out[k++] = 'n';
+        else out[k++] = *in;
+    }
+    out[k] = 0;
+}
+
+/* vLLM's families (see the file comment). */
+static void render_vllm(sbuf *b, const char *model_label, int running, int waiting, const apc_stats *s,
+                        uint64_t prompt_tokens, uint64_t cached_tokens, const hist *ttft) {
+    char lbl[320];
+    snprintf(lbl, sizeof lbl, "model_name=\"%s\"", model_label);
+    family(b, "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.");
+    out(b, "vllm:num_requests_running{%s} %d\n", lbl, running);
+    family(b, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.");
+    out(b, "vllm:num_requests_waiting{%s} %d\n", lbl, waiting);
+    family(b, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.");
+    out(b, "vllm:kv_cache_usage_perc{%s} %.17g\n", lbl,
+        s->num_blocks > 0 ? (double)s->pool_referenced / (double)s->num_blocks : 0.0);
+    family(b, "vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.");
+    out(b, "vllm:prefix_cache_queries_total{%s} %llu\n", lbl, (unsigned long long)prompt_tokens);
+    family(b, "vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.");
+    out(b, "vllm:prefix_cache_hits_total{%s} %llu\n", lbl, (unsigned long long)cached_tokens);
+    family(b, "vllm:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds.");
+    uint64_t cum = 0;
+    for (size_t i = 0; i < N_BOUNDS; i++) {
+        cum += ttft->buckets[i];
+        out(b, "vllm:time_to_first_token_seconds_bucket{%s,le=\"%g\"} %llu\n", lbl, bounds_latency[i],
+            (unsigned long long)cum);
+    }
+    out(b, "vllm:time_to_first_token_seconds_bucket{%s,le=\"+Inf\"} %llu\n", lbl, (unsigned long long)ttft->count);
+    out(b, "vllm:time_to_first_token_seconds_sum{%s} %.17g\nvllm:time_to_first_token_seconds_count{%s} %llu\n", lbl,
+        ttft->sum, lbl, (unsigned long long)ttft->count);
+}
+
 char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waiting, size_t *len) {
     sbuf b = {malloc(8192), 0, 8192, 0};
     if (b.p == NULL) return NULL;
     b.p[0] = 0;
     pthread_mutex_lock(&m->lock);
+    char model_label[300];
+    label_value(m->model_name, model_label, sizeof model_label);
+    uint64_t prompt_tokens = m->prompt_tokens, cached_tokens = m->cached_tokens;
+    hist ttft = m->h[HIST_TTFT_SECONDS];
     family(&b, "ember_http_requests_total", "counter", "HTTP requests answered, by route and status code.");
     for (int i = 0; i < m->n_rows; i++)
         out(&b, "ember_http_requests_total{route=\"%s\",code=\"%d\"} %llu\n", m->rows[i].route, m->rows[i].status,
@@ -289,6 +347,7 @@ char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waitin
     };
     for (size_t i = 0; i < sizeof zero_counters / sizeof zero_counters[0]; i++)
         counter(&b, zero_counters[i][0], zero_counters[i][1], 0);
+    render_vllm(&b, model_label, running, waiting, &s, prompt_tokens, cached_tokens, &ttft);
     if (b.oom) {
         free(b.p);
         return NULL;

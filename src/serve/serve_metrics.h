@@ -41,7 +41,14 @@ void serve_metrics_spec(serve_metrics *m, int64_t rounds, int64_t drafted, int64
 void serve_metrics_set_sidecar(serve_metrics *m, int64_t writes, int64_t hits);
 /* The totals so far (for /v1/cache/stats). */
 void serve_metrics_spec_totals(serve_metrics *m, int64_t *rounds, int64_t *drafted, int64_t *accepted);
-/* Renders everything (gauges passed in) into a malloc'd NUL-terminated buffer. */
+/* The model_name label of the vLLM-compatible families (copied; default ""). */
+void serve_metrics_set_model_name(serve_metrics *m, const char *name);
+/* Renders everything (gauges passed in) into a malloc'd NUL-terminated buffer:
+ * ember's families, then vLLM's names for the same measurements
+ * (vllm:num_requests_running, vllm:num_requests_waiting,
+ * vllm:kv_cache_usage_perc, vllm:prefix_cache_queries_total,
+ * vllm:prefix_cache_hits_total, vllm:time_to_first_token_seconds), each
+ * labelled model_name, so dashboards and autoscalers built for vLLM work. */
 char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waiting, size_t *len);
 
 /* ---- Reading exposition text (clients: ember bench, tests) ---- */
