@@ -33,6 +33,7 @@
 #include "engine/engine.h"
 #include "http_client.h"
 #include "serve/serve_kv_events.h"
+#include "serve/serve_metrics.h"
 #include "test_util.h"
 
 static char *g_dir;
@@ -623,6 +624,13 @@ static void test_server_events(void **state) {
         from = s.n_got;
     }
     assert_int_equal(v.cleared, cleared + 1);
+    /* the publisher's counters in /metrics */
+    http_resp mr = http_request(port, "GET", "/metrics", NULL, NULL, 60);
+    assert_int_equal(mr.status, 200);
+    assert_true(serve_metrics_text_sum(mr.body, "ember_kv_events_batches_total") >= (double)s.n_got);
+    assert_true(serve_metrics_text_sum(mr.body, "ember_kv_events_blocks_stored_total") >= 2);
+    assert_true(serve_metrics_text_sum(mr.body, "ember_kv_events_cleared_total") == 2);
+    http_resp_free(&mr);
     /* SIGTERM: the last message clears this replica */
     kill(pid, SIGTERM);
     for (int i = 0; i < 100 && v.cleared == cleared + 1; i++) {

@@ -12,7 +12,14 @@
  *    and /cache/stats (?model=ID), POST /v1/cache/reset and /cache/reset,
  *    GET /metrics and /v1/metrics (Prometheus text), GET /v1/cache/recent
  *    (the last finished requests, serve_recent.h), GET / and /dashboard (the
- *    live cache dashboard, a static page compiled in: serve_dashboard.h).
+ *    live cache dashboard, a static page compiled in: serve_dashboard.h),
+ *    GET /ready (never authenticated: 200 when serving, 503 draining),
+ *    POST /tokenize and /detokenize (vLLM's shapes, serve_tokenize.h).
+ *    /v1/models carries the model fingerprint and the cache format; /metrics
+ *    also has vLLM's metric names (serve_metrics.h).
+ *  - With server.kv_events.endpoint set, the cache's block changes are
+ *    published as vLLM KV events (serve_kv_events.h), starting and ending
+ *    with AllBlocksCleared.
  *    With an API key every route but /health and the dashboard page needs
  *    "Authorization: Bearer KEY" (401 otherwise); the page holds no data and
  *    asks for the key before it polls.
@@ -29,9 +36,12 @@
  *    client's write side) is not a disconnect: the answer is delivered, and
  *    a client is gone only when a write to it fails (a client that sent a
  *    FIN is probed every second while its request waits).
- *  - server_shutdown is the graceful drain: stop accepting connections,
- *    refuse new requests on open ones (503), finish every queued and running
- *    request, then stop the daemon. server_free implies it. */
+ *  - server_shutdown is the graceful drain: /ready turns 503 and new
+ *    generations are refused (503 server_shutting_down) while the listener
+ *    stays open; queued and running requests get server.drain_timeout
+ *    seconds to finish, then the rest is cancelled; the last responses
+ *    leave, the daemon stops, pending SSD writes are flushed and the KV-event
+ *    publisher sends its final AllBlocksCleared. server_free implies it. */
 #ifndef EMBER_SERVE_H
 #define EMBER_SERVE_H
 

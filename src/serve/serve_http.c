@@ -416,6 +416,11 @@ static enum MHD_Result handle_metrics(server *srv, struct MHD_Connection *c) {
     sched_counts(srv->s, &running, &waiting);
     size_t len;
     char *text = serve_metrics_render(srv->metrics, engine_cache(srv->e), running, waiting, &len);
+    if (text && srv->kv_events) {
+        kv_events_stats st;
+        kv_events_get_stats(srv->kv_events, &st);
+        text = serve_metrics_append_kv_events(text, &len, &st);
+    }
     return send_buf(srv, c, "/metrics", text ? 200 : 500, text, "text/plain; version=0.0.4; charset=utf-8", 0, NULL);
 }
 

@@ -26,7 +26,7 @@
  *    then [identity, "", -1 as 8 bytes, ""]. The last buffer_steps batches
  *    are kept.
  *  - Thread-safe: the listener runs on any cache thread; the rest is called
- *    by the server.
+ *    by the server. Detach (or free) the publisher before its cache is freed.
  *
  * API:
  *   lifetime   kv_events_create, kv_events_free

@@ -356,6 +356,24 @@ char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waitin
     return b.p;
 }
 
+char *serve_metrics_append_kv_events(char *text, size_t *len, const kv_events_stats *st) {
+    sbuf b = {text, *len, *len + 1, 0};
+    counter(&b, "ember_kv_events_batches_total", "KV-event messages published (the next sequence number).",
+            (double)st->batches);
+    counter(&b, "ember_kv_events_blocks_stored_total", "Blocks reported by BlockStored events.", (double)st->stored);
+    counter(&b, "ember_kv_events_blocks_removed_total", "Blocks reported by BlockRemoved events.", (double)st->removed);
+    counter(&b, "ember_kv_events_cleared_total", "AllBlocksCleared events published.", (double)st->cleared);
+    counter(&b, "ember_kv_events_dropped_total", "Blocks lost to a full event queue (replaced by a clear).",
+            (double)st->dropped);
+    counter(&b, "ember_kv_events_replays_total", "Replay requests answered.", (double)st->replays);
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    *len = b.len;
+    return b.p;
+}
+
 double serve_metrics_text_sum(const char *text, const char *name) {
     double s = 0;
     size_t n = strlen(name);

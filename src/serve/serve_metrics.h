@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "apc/apc.h"
+#include "serve/serve_kv_events.h"
 
 typedef struct serve_metrics serve_metrics;
 
@@ -50,6 +51,10 @@ void serve_metrics_set_model_name(serve_metrics *m, const char *name);
  * vllm:prefix_cache_hits_total, vllm:time_to_first_token_seconds), each
  * labelled model_name, so dashboards and autoscalers built for vLLM work. */
 char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waiting, size_t *len);
+
+/* The KV-event publisher's counters as ember_kv_events_* families, appended
+ * to text (realloc'd; *len updated). NULL when out of memory (text freed). */
+char *serve_metrics_append_kv_events(char *text, size_t *len, const kv_events_stats *st);
 
 /* ---- Reading exposition text (clients: ember bench, tests) ---- */
 /* The sum of every sample of the family `name` in Prometheus text. */
