@@ -3,7 +3,9 @@
  * made by `ember mkmodel`; tests/http_client.h).
  *
  * Covered: GET /ready (200 when serving, unauthenticated like /health;
- * 503 while draining); POST /tokenize and /detokenize in vLLM's shapes: the
+ * 503 while loading, between server_open and server_load in-process, when
+ * /health says "loading" and the model routes 503 model_loading; 503 while
+ * draining); POST /tokenize and /detokenize in vLLM's shapes: the
  * ids of a text or a chat are exactly what a generation prefills (same
  * prompt_tokens, same greedy output when sent back as ids), round trips,
  * token_strs, and every bad input as an OpenAI error; /v1/models carries the
@@ -29,28 +31,30 @@
 #include <cjson/cJSON.h>
 
 #include "http_client.h"
+#include "serve/serve.h"
+#include "serve/serve_config.h"
 #include "serve/serve_metrics.h"
 #include "test_util.h"
 
 static char *g_dir;
 static char g_model[512], g_model2[512];
 
-typedef struct srv {
+typedef struct child {
     pid_t pid;
     int port;
     char log[600];
-} srv;
+} child;
 
-static void start(srv *s, const char *name, const char *model, char *const extra[]) {
+static void start(child *s, const char *name, const char *model_path, char *const extra[]) {
     snprintf(s->log, sizeof s->log, "%s/%s.log", g_dir, name);
-    s->port = http_spawn_ember(ember_binary(), model, extra, s->log, &s->pid);
+    s->port = http_spawn_ember(ember_binary(), model_path, extra, s->log, &s->pid);
     if (s->port <= 0) {
         char *text = read_whole_file(s->log, NULL);
         fail_msg("server %s did not start:\n%s", name, text ? text : "");
     }
 }
 
-static int stop(srv *s) { return http_stop_server(&s->pid, 10000); }
+static int stop(child *s) { return http_stop_server(&s->pid, 10000); }
 
 static double now_s(void) {
     struct timespec ts;
@@ -88,7 +92,7 @@ static void expect_error(int port, const char *path, const char *body, int statu
 
 static void test_ready(void **state) {
     (void)state;
-    srv s;
+    child s;
     char *extra[] = {(char *)"--api-key", (char *)"k1", NULL};
     start(&s, "ready", g_model, extra);
     cJSON *j = call_json(s.port, "GET", "/ready", NULL, NULL, 200); /* no key needed, like /health */
@@ -108,6 +112,48 @@ static void test_ready(void **state) {
     assert_int_equal(stop(&s), 0);
 }
 
+/* In-process, between server_open and server_load: listening, not ready. */
+static void test_ready_while_loading(void **state) {
+    (void)state;
+    serve_config cfg;
+    serve_config_defaults(&cfg);
+    cfg.port = 0;
+    cfg.n_threads = 2;
+    ember_error err;
+    server *srv = server_open(g_model, &cfg, &err);
+    if (srv == NULL) fail_msg("server_open: %s", err.msg);
+    int port = server_port(srv);
+    assert_true(port > 0);
+    cJSON *j = call_json(port, "GET", "/ready", NULL, NULL, 503);
+    assert_string_equal(get(j, "status")->valuestring, "loading");
+    cJSON_Delete(j);
+    j = call_json(port, "GET", "/health", NULL, NULL, 200); /* alive */
+    assert_string_equal(get(j, "status")->valuestring, "loading");
+    cJSON_Delete(j);
+    http_resp r = http_request(port, "POST", "/v1/completions", NULL, "{\"prompt\":\"a\",\"max_tokens\":1}", 60);
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.body, "model_loading"));
+    assert_non_null(strstr(r.headers, "Retry-After: 1"));
+    http_resp_free(&r);
+    const char *model_routes[][2] = {{"GET", "/v1/models"}, {"GET", "/metrics"}, {"GET", "/v1/cache/stats"},
+                                     {"POST", "/tokenize"}};
+    for (int i = 0; i < 4; i++) {
+        r = http_request(port, model_routes[i][0], model_routes[i][1], NULL, model_routes[i][0][0] == 'P' ? "{}" : NULL,
+                         60);
+        assert_int_equal(r.status, 503);
+        http_resp_free(&r);
+    }
+    assert_int_equal(server_load(srv, &err), 0);
+    j = call_json(port, "GET", "/ready", NULL, NULL, 200);
+    assert_string_equal(get(j, "status")->valuestring, "ready");
+    cJSON_Delete(j);
+    j = call_json(port, "GET", "/health", NULL, NULL, 200);
+    assert_string_equal(get(j, "status")->valuestring, "ok");
+    cJSON_Delete(j);
+    cJSON_Delete(call_json(port, "POST", "/v1/completions", NULL, "{\"prompt\":\"a\",\"max_tokens\":1}", 200));
+    server_free(srv);
+}
+
 /* ---- /tokenize, /detokenize ---- */
 
 static char *ids_json(const cJSON *arr) {
@@ -118,7 +164,7 @@ static char *ids_json(const cJSON *arr) {
 
 static void test_tokenize_detokenize(void **state) {
     (void)state;
-    srv s;
+    child s;
     start(&s, "tok", g_model, NULL);
     const char *text = "Once upon a time, a small robot learned to sing.";
     char body[1024];
@@ -205,7 +251,7 @@ static void test_models_identity(void **state) {
     char disk[600];
     snprintf(disk, sizeof disk, "%s/disk-id", g_dir);
     char fp1[33], ns1[33], tier[16], fp2[33], ns2[33], fp3[33], ns3[33], fp4[33], ns4[33];
-    srv s;
+    child s;
     char *extra[] = {(char *)"--disk-path", disk, NULL};
     start(&s, "id1", g_model, extra);
     model_identity(s.port, fp1, ns1, tier);
@@ -261,7 +307,7 @@ static char *metrics(int port) {
 
 static void test_vllm_metrics(void **state) {
     (void)state;
-    srv s;
+    child s;
     char *extra[] = {(char *)"--model-id", (char *)"fleet \"one\"", NULL};
     start(&s, "metrics", g_model, extra);
     const char *body = "{\"prompt\":\"The quick brown fox jumps over the lazy dog again and again\",\"max_tokens\":4,"
@@ -319,7 +365,7 @@ static void test_sigterm_drain(void **state) {
     (void)state;
     char disk[600];
     snprintf(disk, sizeof disk, "%s/disk-drain", g_dir);
-    srv s;
+    child s;
     char *extra[] = {(char *)"--ctx", (char *)"4096", (char *)"--disk-path", disk, NULL};
     start(&s, "drain", g_model, extra);
     char fp[33], ns[33], tier[16];
@@ -375,7 +421,7 @@ static void test_sigterm_drain(void **state) {
 
 static void test_drain_timeout(void **state) {
     (void)state;
-    srv s;
+    child s;
     char *extra[] = {(char *)"--ctx", (char *)"8192", (char *)"--drain-timeout", (char *)"1", NULL};
     start(&s, "drain-timeout", g_model, extra);
     const char *body = "{\"prompt\":\"never ends\",\"max_tokens\":7000,\"ignore_eos\":true,\"stream\":true}";
@@ -432,6 +478,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ready),
+        cmocka_unit_test(test_ready_while_loading),
         cmocka_unit_test(test_tokenize_detokenize),
         cmocka_unit_test(test_models_identity),
         cmocka_unit_test(test_vllm_metrics),

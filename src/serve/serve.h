@@ -3,17 +3,18 @@
  * a connection costs no thread, a waiting request is suspended).
  *
  * Contract:
- *  - server_create loads the model, builds the engine bundle (KV pool +
- *    prompt cache, configured from serve_config), starts the scheduler's
- *    engine thread and the HTTP daemon on host:port (port 0: any free port,
- *    see server_port). It logs "listening on http://HOST:PORT" when ready.
+ *  - server_create starts the HTTP daemon on host:port (port 0: any free
+ *    port, see server_port), then loads the model, builds the engine bundle
+ *    (KV pool + prompt cache, configured from serve_config) and starts the
+ *    scheduler's engine thread (server_open + server_load). It logs
+ *    "listening on http://HOST:PORT" when ready.
  *  - Routes: GET /health (never authenticated), GET /v1/models,
  *    POST /v1/chat/completions, POST /v1/completions, GET /v1/cache/stats
  *    and /cache/stats (?model=ID), POST /v1/cache/reset and /cache/reset,
  *    GET /metrics and /v1/metrics (Prometheus text), GET /v1/cache/recent
  *    (the last finished requests, serve_recent.h), GET / and /dashboard (the
  *    live cache dashboard, a static page compiled in: serve_dashboard.h),
- *    GET /ready (never authenticated: 200 when serving, 503 draining),
+ *    GET /ready (never authenticated: 200 when serving, 503 loading or draining),
  *    POST /tokenize and /detokenize (vLLM's shapes, serve_tokenize.h).
  *    /v1/models carries the model fingerprint and the cache format; /metrics
  *    also has vLLM's metric names (serve_metrics.h).
@@ -52,6 +53,15 @@ typedef struct server server;
 
 /* ---- API ---- */
 server *server_create(const char *model_path, const serve_config *cfg, ember_error *err);
+/* server_create in two halves, for orchestrators that probe a server while
+ * it loads: server_open listens at once (logging "http: accepting
+ * connections on port N while the model loads"); until server_load is done,
+ * /health answers 200 {"status": "loading"}, /ready 503 {"status":
+ * "loading"}, the dashboard page is served and every other route is 503
+ * model_loading with Retry-After. server_load loads the model and logs
+ * "listening on ..."; after it fails the server can only be freed. */
+server *server_open(const char *model_path, const serve_config *cfg, ember_error *err);
+int server_load(server *s, ember_error *err);
 int server_port(const server *s);
 void server_shutdown(server *s);
 void server_free(server *s);

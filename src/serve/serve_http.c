@@ -115,7 +115,8 @@ struct server {
     long created;
     int port;
     atomic_bool shut;        /* set by server_shutdown, read by /health on connection threads */
-    atomic_bool ready;       /* loaded and not draining: GET /ready */
+    atomic_bool loaded;      /* server_load finished: the model routes may run (GET /ready) */
+    char *model_path;
     char fingerprint[33];    /* engine_model_fingerprint, hex */
     char cache_ns[33];       /* the cache format's namespace (apc_namespace_hex) */
     atomic_int in_flight;    /* requests between their first handler call and completion */
@@ -323,11 +324,20 @@ static void add_model_identity(server *srv, cJSON *m) {
     cJSON_AddStringToObject(f, "hash", st.hash == APC_HASH_XXH3 ? "xxh3" : "sha256");
 }
 
-/* GET /ready: 200 once the model is loaded, 503 while draining. */
+/* What /health and /ready say the server is doing. */
+static const char *server_phase(server *srv) {
+    return atomic_load(&srv->shut) ? "draining" : atomic_load(&srv->loaded) ? "ok" : "loading";
+}
+
+/* Routes that need the model, refused with 503 until server_load is done. */
+static bool needs_model(int kind) { return kind != R_HEALTH && kind != R_READY && kind != R_DASHBOARD; }
+
+/* GET /ready: 200 once the model is loaded, 503 while loading or draining. */
 static enum MHD_Result handle_ready(server *srv, struct MHD_Connection *c) {
-    bool ready = atomic_load(&srv->ready) && !atomic_load(&srv->shut);
+    const char *phase = server_phase(srv);
+    bool ready = strcmp(phase, "ok") == 0;
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "status", ready ? "ready" : "draining");
+    cJSON_AddStringToObject(o, "status", ready ? "ready" : phase);
     cJSON_AddStringToObject(o, "model", srv->model_id);
     return send_cjson(srv, c, "/ready", ready ? 200 : 503, o);
 }
@@ -1126,6 +1136,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         } else if (routes[ri].auth && !auth_ok(srv, c)) {
             api_fail(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
                      "Incorrect API key provided. Send it as 'Authorization: Bearer KEY'.");
+        } else if (needs_model(route_kind[ri]) && !atomic_load(&srv->loaded)) {
+            api_fail(&e, 503, "server_error", NULL, "model_loading", "The model is still loading; retry later.");
+            e.retry_after = 1;
         } else {
             const char *clen = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
             if (clen == NULL || strtoull(clen, NULL, 10) <= srv->cfg.max_body_bytes) return MHD_YES;
@@ -1170,7 +1183,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_HEALTH: {
         cJSON *o = cJSON_CreateObject();
         bool shut = atomic_load(&srv->shut);
-        cJSON_AddStringToObject(o, "status", shut ? "draining" : "ok");
+        cJSON_AddStringToObject(o, "status", server_phase(srv));
         cJSON_AddStringToObject(o, "model", srv->model_id);
         return send_cjson(srv, c, "/health", shut ? 503 : 200, o);
     }
@@ -1232,7 +1245,7 @@ static kv_events *open_kv_events(const serve_config *cfg, const char *model_id, 
     return ev;
 }
 
-server *server_create(const char *model_path, const serve_config *cfg, ember_error *err) {
+server *server_open(const char *model_path, const serve_config *cfg, ember_error *err) {
     server *srv = calloc(1, sizeof *srv);
     if (srv == NULL) {
         ember_fail(err, "server: out of memory");
@@ -1243,9 +1256,13 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
     pthread_mutex_init(&srv->lock, NULL);
     pthread_cond_init(&srv->pump_wake, NULL);
     srv->lock_ready = true;
-    srv->m = model_load(model_path, err);
-    if (srv->m == NULL) goto fail;
-    const model_hparams *hp = model_get_hparams(srv->m);
+    srv->model_path = strdup(model_path);
+    srv->metrics = serve_metrics_create();
+    srv->recent = serve_recent_create(64);
+    if (srv->model_path == NULL || srv->metrics == NULL || srv->recent == NULL) {
+        ember_fail(err, "server: out of memory");
+        goto fail;
+    }
     {
         const char *base = strrchr(model_path, '/');
         base = base ? base + 1 : model_path;
@@ -1255,49 +1272,7 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
         snprintf(srv->file_name[1], sizeof srv->file_name[1], "%.*s.gguf", (int)n, base);
         snprintf(srv->model_id, sizeof srv->model_id, "%.127s", cfg->model_id[0] ? cfg->model_id : srv->file_name[0]);
     }
-    engine_config ec;
-    serve_config_engine(cfg, &ec);
-    if (ec.spec.kind == SPEC_DRAFT) {
-        srv->draft_m = model_load(cfg->draft, err);
-        if (srv->draft_m == NULL) {
-            ember_fail_prefix(err, "draft model");
-            goto fail;
-        }
-        ec.spec.draft = srv->draft_m;
-    }
-    ec.n_ctx = cfg->n_ctx > 0 ? cfg->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
-    srv->e = engine_create(srv->m, &ec, err);
-    if (srv->e == NULL) goto fail;
-    srv->chat = serve_chat_create(srv->m, err);
-    srv->metrics = serve_metrics_create();
-    srv->recent = serve_recent_create(64);
-    if (srv->chat == NULL || srv->metrics == NULL || srv->recent == NULL) goto fail;
-    sched_config sc = {cfg->n_threads, cfg->prefill_step, cfg->max_running, cfg->queue_size, cfg->fresh_wait_ms,
-                       cfg->fresh_min,   cfg->disk_wait_ms};
-    srv->s = sched_create(srv->e, &sc, srv->metrics, err);
-    if (srv->s == NULL) goto fail;
-    if (cfg->kv_events_endpoint[0] &&
-        (srv->kv_events = open_kv_events(cfg, srv->model_id, engine_cache(srv->e), err)) == NULL)
-        goto fail;
-    srv->api.tok = model_get_tokenizer(srv->m);
-    srv->api.chat = srv->chat;
-    srv->api.model_id = srv->model_id;
-    srv->model_names[0] = srv->model_id;
-    srv->model_names[1] = srv->file_name[0];
-    srv->model_names[2] = srv->file_name[1];
-    srv->api.model_names = srv->model_names;
-    srv->api.n_model_names = 3;
-    srv->api.n_ctx = engine_n_ctx(srv->e);
-    srv->api.max_seq_tokens = (int64_t)(kv_pool_n_blocks(engine_pool(srv->e)) - 1) * KV_BLOCK_TOKENS;
     serve_metrics_set_model_name(srv->metrics, srv->model_id);
-    {
-        uint8_t fp[16];
-        memset(fp, 0, sizeof fp);
-        if (model_get_gguf(srv->m)) engine_model_fingerprint(model_get_gguf(srv->m), fp);
-        for (int i = 0; i < 16; i++) snprintf(srv->fingerprint + 2 * i, 3, "%02x", fp[i]);
-        apc_namespace_hex(engine_cache(srv->e), fp, cfg->disk_namespace, srv->cache_ns);
-    }
-
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
@@ -1359,17 +1334,76 @@ server *server_create(const char *model_path, const serve_config *cfg, ember_err
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->d, MHD_DAEMON_INFO_BIND_PORT);
     srv->port = di ? di->port : cfg->port;
+    ember_log(EMBER_LOG_INFO, "http: accepting connections on port %d while the model loads", srv->port);
+    return srv;
+fail:
+    server_free(srv);
+    return NULL;
+}
+
+int server_load(server *srv, ember_error *err) {
+    const serve_config *cfg = &srv->cfg;
+    const char *model_path = srv->model_path;
+    srv->m = model_load(model_path, err);
+    if (srv->m == NULL) return -1;
+    const model_hparams *hp = model_get_hparams(srv->m);
+    engine_config ec;
+    serve_config_engine(cfg, &ec);
+    if (ec.spec.kind == SPEC_DRAFT) {
+        srv->draft_m = model_load(cfg->draft, err);
+        if (srv->draft_m == NULL) {
+            ember_fail_prefix(err, "draft model");
+            return -1;
+        }
+        ec.spec.draft = srv->draft_m;
+    }
+    ec.n_ctx = cfg->n_ctx > 0 ? cfg->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+    srv->e = engine_create(srv->m, &ec, err);
+    if (srv->e == NULL) return -1;
+    srv->chat = serve_chat_create(srv->m, err);
+    if (srv->chat == NULL) return -1;
+    sched_config sc = {cfg->n_threads, cfg->prefill_step, cfg->max_running, cfg->queue_size, cfg->fresh_wait_ms,
+                       cfg->fresh_min,   cfg->disk_wait_ms};
+    srv->s = sched_create(srv->e, &sc, srv->metrics, err);
+    if (srv->s == NULL) return -1;
+    if (cfg->kv_events_endpoint[0] &&
+        (srv->kv_events = open_kv_events(cfg, srv->model_id, engine_cache(srv->e), err)) == NULL)
+        return -1;
+    srv->api.tok = model_get_tokenizer(srv->m);
+    srv->api.chat = srv->chat;
+    srv->api.model_id = srv->model_id;
+    srv->model_names[0] = srv->model_id;
+    srv->model_names[1] = srv->file_name[0];
+    srv->model_names[2] = srv->file_name[1];
+    srv->api.model_names = srv->model_names;
+    srv->api.n_model_names = 3;
+    srv->api.n_ctx = engine_n_ctx(srv->e);
+    srv->api.max_seq_tokens = (int64_t)(kv_pool_n_blocks(engine_pool(srv->e)) - 1) * KV_BLOCK_TOKENS;
+    {
+        uint8_t fp[16];
+        memset(fp, 0, sizeof fp);
+        if (model_get_gguf(srv->m)) engine_model_fingerprint(model_get_gguf(srv->m), fp);
+        for (int i = 0; i < 16; i++) snprintf(srv->fingerprint + 2 * i, 3, "%02x", fp[i]);
+        apc_namespace_hex(engine_cache(srv->e), fp, cfg->disk_namespace, srv->cache_ns);
+    }
+
     ember_log(EMBER_LOG_INFO, "serving %s as '%s' (context %d, prefill step %d, up to %d running, queue %d)",
               model_path, srv->model_id, srv->api.n_ctx, cfg->prefill_step, cfg->max_running, cfg->queue_size);
     ember_log(EMBER_LOG_INFO, "http: %d event-loop threads, up to %d connections (%d per address), read timeout "
               "%d s, idle timeout %d s", cfg->http_threads, cfg->connection_limit, cfg->per_ip_connection_limit,
               cfg->read_timeout, cfg->idle_timeout);
-    atomic_store(&srv->ready, true);
+    atomic_store(&srv->loaded, true); /* publishes everything above to the HTTP threads */
     ember_log(EMBER_LOG_INFO, "listening on http://%s:%d", cfg->host, srv->port);
+    return 0;
+}
+
+server *server_create(const char *model_path, const serve_config *cfg, ember_error *err) {
+    server *srv = server_open(model_path, cfg, err);
+    if (srv && server_load(srv, err) < 0) {
+        server_free(srv);
+        return NULL;
+    }
     return srv;
-fail:
-    server_free(srv);
-    return NULL;
 }
 
 int server_port(const server *s) { return s->port; }
@@ -1459,6 +1493,7 @@ void server_free(server *srv) {
     engine_free(srv->e);
     model_free(srv->m);
     model_free(srv->draft_m);
+    free(srv->model_path);
     if (srv->lock_ready) {
         pthread_mutex_destroy(&srv->lock);
         pthread_cond_destroy(&srv->pump_wake);
