@@ -339,9 +339,18 @@ static void test_vllm_metrics(void **state) {
     assert_true(fd >= 0);
     struct pollfd pf = {.fd = fd, .events = POLLIN};
     assert_int_equal(poll(&pf, 1, 10000), 1);
-    m = metrics(s.port);
-    snprintf(name, sizeof name, "vllm:num_requests_running%s", L);
-    assert_true(sample(m, name) == 1);
+    /* the 200 head comes before admission: wait until it runs */
+    double running = 0;
+    for (int i = 0; i < 500 && running != 1; i++) {
+        m = metrics(s.port);
+        snprintf(name, sizeof name, "vllm:num_requests_running%s", L);
+        running = sample(m, name);
+        if (running != 1) {
+            free(m);
+            usleep(10000);
+        }
+    }
+    assert_true(running == 1);
     snprintf(name, sizeof name, "vllm:kv_cache_usage_perc%s", L);
     double use = sample(m, name);
     assert_true(use > 0 && use <= 1);
@@ -366,11 +375,14 @@ static void test_sigterm_drain(void **state) {
     char disk[600];
     snprintf(disk, sizeof disk, "%s/disk-drain", g_dir);
     child s;
-    char *extra[] = {(char *)"--ctx", (char *)"4096", (char *)"--disk-path", disk, NULL};
+    /* a stream long enough to outlive the probes below, short enough to
+     * finish well within the drain bound in a sanitizer build */
+    char *extra[] = {(char *)"--ctx", (char *)"4096", (char *)"--disk-path", disk, (char *)"--drain-timeout",
+                     (char *)"300", NULL};
     start(&s, "drain", g_model, extra);
     char fp[33], ns[33], tier[16];
     model_identity(s.port, fp, ns, tier);
-    const char *body = "{\"prompt\":\"drain me\",\"max_tokens\":2000,\"ignore_eos\":true,\"stream\":true}";
+    const char *body = "{\"prompt\":\"drain me\",\"max_tokens\":800,\"ignore_eos\":true,\"stream\":true}";
     int fd = http_send_request(s.port, "POST", "/v1/completions", NULL, body, strlen(body), 120);
     assert_true(fd >= 0);
     struct pollfd pf = {.fd = fd, .events = POLLIN};
@@ -401,6 +413,11 @@ static void test_sigterm_drain(void **state) {
     http_parse_response(raw, n, &r);
     free(raw);
     assert_int_equal(r.status, 200);
+    if (strstr(r.body, "\"finish_reason\":\"length\"") == NULL) {
+        char *text = read_whole_file(s.log, NULL);
+        print_message("stream tail: %s\nserver log:\n%s\n", r.len > 400 ? r.body + r.len - 400 : r.body, text);
+        free(text);
+    }
     assert_non_null(strstr(r.body, "\"finish_reason\":\"length\""));
     assert_non_null(strstr(r.body, "data: [DONE]"));
     http_resp_free(&r);
