@@ -950,18 +950,6 @@ static enum MHD_Result generate_resumed(server *srv, struct MHD_Connection *c, c
     return send_json(srv, c, label, status, body);
 }
 
-/* A drain admits nothing new (the scheduler itself only refuses once the
- * running requests are done). Frees p when it refuses. */
-static sched_status refuse_while_draining(server *srv, sreq_params *p, ember_error *err) {
-    if (!atomic_load(&srv->shut)) return SCHED_OK;
-    chat_turn_predictor_free(p->plan.predictor);
-    free(p->prompt);
-    for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
-    memset(p, 0, sizeof *p);
-    ember_fail(err, "the server is shutting down");
-    return SCHED_DRAINING;
-}
-
 static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, bool chat, conn_state *cs) {
     const char *label = chat ? "/v1/chat/completions" : "/v1/completions";
     if (cs->wait) return generate_resumed(srv, c, label, cs);
@@ -973,10 +961,16 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, bo
         return send_error(srv, c, label, &e, NULL);
     sreq *r = NULL;
     ember_error err;
-    sreq_params p = q.p;
-    memset(&q.p, 0, sizeof q.p); /* moved into the scheduler */
-    sched_status st = refuse_while_draining(srv, &p, &err);
-    if (st == SCHED_OK) st = sched_submit(srv->s, &p, &r, &err);
+    /* A drain admits nothing new (the scheduler itself refuses only once
+     * the running requests are done); q keeps its parameters then. */
+    sched_status st = SCHED_DRAINING;
+    if (atomic_load(&srv->shut)) {
+        ember_fail(&err, "the server is shutting down");
+    } else {
+        sreq_params p = q.p;
+        memset(&q.p, 0, sizeof q.p); /* moved into the scheduler */
+        st = sched_submit(srv->s, &p, &r, &err);
+    }
     if (st != SCHED_OK) {
         api_req_free(&q);
         if (st == SCHED_FULL || st == SCHED_DRAINING) {

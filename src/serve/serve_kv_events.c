@@ -408,7 +408,10 @@ static void *publisher_main(void *arg) {
     for (;;) {
         zmq_pollitem_t items[2] = {{NULL, ev->wake_fd, ZMQ_POLLIN, 0}, {ev->router, 0, ZMQ_POLLIN, 0}};
         int rc = zmq_poll(items, ev->router ? 2 : 1, 1000);
-        if (rc < 0 && zmq_errno() != EINTR) break;
+        if (rc < 0 && zmq_errno() != EINTR) {
+            ember_log(EMBER_LOG_WARN, "KV events: the publisher stops: %s", zmq_strerror(zmq_errno()));
+            break;
+        }
         if (items[0].revents & ZMQ_POLLIN) {
             uint64_t v;
             ssize_t r = read(ev->wake_fd, &v, sizeof v);

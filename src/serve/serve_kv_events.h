@@ -17,6 +17,10 @@
  *    first 8 bytes of ember's 128-bit chained key, big-endian; the partial
  *    tail blocks ember also indexes are not reported (vLLM reports full
  *    blocks only, and routers key 16-token chunks).
+ *  - Blocks of every tenant are reported: a router's keys carry no salt, so
+ *    it may send a tenant to a replica that holds another tenant's identical
+ *    prefix, where the lookup misses (salts never share blocks); routing is
+ *    a hint, never an adoption.
  *  - The cache's listener only appends to a bounded queue; encoding and
  *    sending run on the publisher's own thread, never on the engine thread.
  *    A full queue is dropped, counted, and replaced by one AllBlocksCleared,
