@@ -630,6 +630,7 @@ static void test_server_events(void **state) {
     assert_true(serve_metrics_text_sum(mr.body, "ember_kv_events_batches_total") >= (double)s.n_got);
     assert_true(serve_metrics_text_sum(mr.body, "ember_kv_events_blocks_stored_total") >= 2);
     assert_true(serve_metrics_text_sum(mr.body, "ember_kv_events_cleared_total") == 2);
+    assert_true(serve_metrics_text_sum(mr.body, "ember_kv_events_bytes_total") > 16 * 2);
     http_resp_free(&mr);
     /* SIGTERM: the last message clears this replica */
     kill(pid, SIGTERM);

@@ -355,6 +355,8 @@ void apc_free(apc *c) {
 
 apc_tier apc_get_tier(const apc *c) { return c->route.tier; }
 
+const apc_route *apc_get_route(const apc *c) { return &c->route; }
+
 void apc_namespace_hex(const apc *c, const uint8_t fingerprint[16], const char *namespace_override, char out[33]) {
     apc_disk_config dc = c->cfg.disk;
     memcpy(dc.fingerprint, fingerprint, sizeof dc.fingerprint);
@@ -364,7 +366,6 @@ void apc_namespace_hex(const apc *c, const uint8_t fingerprint[16], const char *
     apc_disk_namespace(&dc, &c->layout, c->cfg.hash, ns.b);
     apc_disk_key_hex(&ns, out);
 }
-const apc_route *apc_get_route(const apc *c) { return &c->route; }
 
 /* ---- Sequences ---- */
 

@@ -339,6 +339,7 @@ static void publish(kv_events *ev, const rec *q, size_t n, bool cleared_first) {
     encode_batch(q, n, cleared_first, &sb, &st);
     pthread_mutex_lock(&ev->lock);
     uint64_t seq = ev->stats.batches++;
+    ev->stats.bytes += sb.size;
     ev->stats.stored += st.stored;
     ev->stats.removed += st.removed;
     ev->stats.cleared += st.cleared;

@@ -63,6 +63,7 @@ typedef struct kv_events_stats {
     uint64_t stored, removed, cleared; /* events published, by kind (blocks for stored/removed) */
     uint64_t dropped;            /* blocks lost to a full queue */
     uint64_t replays;            /* replay requests answered */
+    uint64_t bytes;              /* payload bytes published (frames 3) */
 } kv_events_stats;
 
 /* The default topic of llm-d's convention: "kv@<host name>@<model>". */

@@ -366,6 +366,7 @@ char *serve_metrics_append_kv_events(char *text, size_t *len, const kv_events_st
     counter(&b, "ember_kv_events_dropped_total", "Blocks lost to a full event queue (replaced by a clear).",
             (double)st->dropped);
     counter(&b, "ember_kv_events_replays_total", "Replay requests answered.", (double)st->replays);
+    counter(&b, "ember_kv_events_bytes_total", "Payload bytes of the published KV-event messages.", (double)st->bytes);
     if (b.oom) {
         free(b.p);
         return NULL;
