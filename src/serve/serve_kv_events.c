@@ -139,8 +139,8 @@ static void enqueue_locked(kv_events *ev, const rec *r) {
         ev->overflowed = true;
         if (!ev->overflow_logged) {
             ev->overflow_logged = true;
-            ember_log(EMBER_LOG_WARN, "KV events: the queue of %zu blocks overflowed (the subscriber side is "
-                      "slower than the cache); sent AllBlocksCleared instead (logged once)", ev->max_pending);
+            ember_log(EMBER_LOG_WARN, "KV events: the queue of %zu blocks overflowed (the publisher thread fell "
+                      "behind the cache); sent AllBlocksCleared instead (logged once)", ev->max_pending);
         }
     }
     if (ev->n_queue == ev->cap_queue) {
