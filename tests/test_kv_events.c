@@ -16,7 +16,8 @@
  * blocks chains its new blocks onto them and restores none; a small pool
  * removes blocks, and what the events say is findable agrees with what the
  * cache finds (apc_peek); a reset is an AllBlocksCleared; missed batches
- * come back from the replay buffer, which keeps only buffer_steps. End to
+ * come back from the replay buffer, which keeps only buffer_steps; a queue
+ * that overflows turns into a counted drop and a clear. End to
  * end, `ember serve --kv-events-endpoint` publishes the same for an HTTP
  * request sent as token ids, under the topic kv@<host>@<model>, a clear at
  * start, at POST /v1/cache/reset and at SIGTERM. */
@@ -351,7 +352,7 @@ typedef struct rig {
     char ep[600], rep[600];
 } rig;
 
-static void rig_open(rig *r, const char *name, int32_t num_blocks, int buffer_steps) {
+static void rig_open_q(rig *r, const char *name, int32_t num_blocks, int buffer_steps, int max_pending) {
     memset(r, 0, sizeof *r);
     engine_config cfg = engine_default_config();
     cfg.n_threads = 2;
@@ -363,12 +364,16 @@ static void rig_open(rig *r, const char *name, int32_t num_blocks, int buffer_st
     sub_open(&r->s, "tcp://127.0.0.1:*", true, r->rep, "kv@test-pod@tiny");
     size_t len = sizeof r->ep;
     assert_int_equal(zmq_getsockopt(r->s.sub, ZMQ_LAST_ENDPOINT, r->ep, &len), 0);
-    kv_events_config kc = {r->ep, r->rep, "kv@test-pod@tiny", buffer_steps, 0};
+    kv_events_config kc = {r->ep, r->rep, "kv@test-pod@tiny", buffer_steps, max_pending};
     ember_error err;
     r->ev = kv_events_create(&kc, &err);
     if (r->ev == NULL) fail_msg("kv_events_create: %s", err.msg);
     kv_events_clear(r->ev);
     kv_events_attach(r->ev, engine_cache(r->e));
+}
+
+static void rig_open(rig *r, const char *name, int32_t num_blocks, int buffer_steps) {
+    rig_open_q(r, name, num_blocks, buffer_steps, 0);
 }
 
 static void rig_close(rig *r) {
@@ -581,6 +586,33 @@ static void test_replay_of_missed_batches(void **state) {
     rig_close(&r);
 }
 
+/* A queue that overflows is dropped and replaced by one AllBlocksCleared:
+ * with room for one block, a store of twenty (all reported under the
+ * cache's lock in one burst) cannot be queued whole. */
+static void test_queue_overflow_clears(void **state) {
+    (void)state;
+    rig r;
+    rig_open_q(&r, "overflow", 0, 0, 1);
+    rig_sync(&r);
+    int from = r.s.n_got;
+    uint64_t rng = 21;
+    int32_t p[330];
+    test_random_tokens(&rng, p, 330, 200);
+    int n;
+    free(run(r.e, p, 330, 1, &n));
+    rig_sync(&r);
+    kv_events_stats st;
+    kv_events_get_stats(r.ev, &st);
+    assert_true(st.dropped > 0);
+    assert_true(st.stored + st.dropped >= 20);
+    assert_true(st.stored < 20);
+    bool clear_seen = false; /* after the start's */
+    for (int i = from; i < r.s.n_got; i++)
+        for (int j = 0; j < r.s.got[i].n_ev; j++) clear_seen |= r.s.got[i].ev[j].kind == EV_CLEARED;
+    assert_true(clear_seen);
+    rig_close(&r);
+}
+
 /* ember serve --kv-events-endpoint: a request sent as token ids, reset, SIGTERM. */
 static void test_server_events(void **state) {
     (void)state;
@@ -695,6 +727,7 @@ int main(void) {
         cmocka_unit_test(test_removals_under_small_pool),
         cmocka_unit_test(test_clear_on_reset),
         cmocka_unit_test(test_replay_of_missed_batches),
+        cmocka_unit_test(test_queue_overflow_clears),
         cmocka_unit_test(test_server_events),
         cmocka_unit_test(test_bad_endpoint_fails_start),
     };
