@@ -225,9 +225,8 @@ static void check_hf_dir(const char *tok_dir, const char *vocab_name, const char
                   tok_dir, vocab_name, tokenizer_n_vocab(t), secs, pass, c.n, roundtrip, c.n);
     assert_int_equal(pass, c.n);
     assert_int_equal(roundtrip, c.n);
-#ifndef __SANITIZE_ADDRESS__
-    assert_true(secs < 1.0);
-#endif
+    /* The load time is printed, not asserted: a timed check fails on a
+     * loaded machine without anything being wrong (benchmarks measure). */
     tokenizer_free(t);
     corpus_free(&c);
 }
