@@ -17,6 +17,8 @@
  *  - the size cap: a workload larger than max_bytes stays under it, later
  *    segments of a chain go before its prefix, the newest chains still hit;
  *  - a vanished directory is recreated by the next write;
+ *  - two tiers on one directory keep each other's temp files; a path that
+ *    cannot be used fails the engine unless the tier is optional;
  *  - the file reader: a round trip and 600 mutated files through the parser.
  * stories260K throughout (5 layers, ~1.3 KB of K/V per token). */
 /* Paths here are short temp paths; snprintf truncation cannot happen. */
@@ -27,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -101,6 +104,7 @@ static int list_dir(const char *dir, char names[][64], int max, uint64_t *total_
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         if (de->d_name[0] == '.' && (de->d_name[1] == 0 || de->d_name[1] == '.')) continue;
+        if (strcmp(de->d_name, ".lock") == 0) continue; /* the tier's lock, not a cache file */
         if (n < max && strlen(de->d_name) < 64) strcpy(names[n++], de->d_name);
         if (total_bytes) {
             char p[512];
@@ -610,6 +614,91 @@ static void test_missing_dir(void **state) {
     model_free(m);
 }
 
+/* Two servers on one cache path (issue 18, item 5): a tier that opens while
+ * another has the directory open keeps the temp files there (the other's
+ * writes in flight), except an hour-old one; alone, it removes them all. */
+static void write_old(const char *dir, const char *name, time_t age_s) {
+    write_file(dir, name, "partial", 7);
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    struct timespec t[2] = {{time(NULL) - age_s, 0}, {time(NULL) - age_s, 0}};
+    assert_int_equal(utimensat(AT_FDCWD, p, t, 0), 0);
+}
+
+static void test_shared_directory(void **state) {
+    (void)state;
+    REQUIRE_FIXTURE(path, STORIES);
+    model *m = test_load_model(path);
+    int V = model_get_hparams(m)->n_vocab;
+    char *root = make_temp_dir();
+    disk_opts o = {APC_FORCE_BLOCK, root, 0, APC_DISK_READ_DIRECT, NULL, APC_HASH_SHA256};
+    int32_t a[40];
+    random_tokens(a, 40, V);
+    engine *first = open_engine(m, &o);
+    char dir[512], in_flight[64], stale[64];
+    ns_dir(first, root, dir, sizeof dir);
+    engine_result r;
+    test_generate(first, a, 40, 3, ENGINE_CACHE_ON, &r);
+    engine_result_free(&r);
+    apc_flush(engine_cache(first));
+    /* what the first server's writer has open right now, and one left by a
+     * server that died an hour and a half ago */
+    snprintf(in_flight, sizeof in_flight, ".tmp-%ld-99.apc", (long)getpid());
+    write_old(dir, in_flight, 0);
+    snprintf(stale, sizeof stale, ".tmp-%ld-98.apc", (long)getpid() + 1);
+    write_old(dir, stale, 5400);
+
+    engine *second = open_engine(m, &o);
+    assert_true(exists(dir, in_flight));
+    assert_false(exists(dir, stale));
+    /* and the second serves what the first wrote */
+    assert_int_equal(check(second, a, 40, 3, "second server on a shared directory", NULL), 39);
+    engine_free(second);
+    assert_true(exists(dir, in_flight)); /* the first still has it open */
+    engine_free(first);
+
+    /* Alone now: every temp file is a dead writer's. */
+    engine *third = open_engine(m, &o);
+    assert_false(exists(dir, in_flight));
+    assert_int_equal(check(third, a, 40, 3, "after both stopped", NULL), 39);
+    engine_free(third);
+    remove_tree(root);
+    free(root);
+    model_free(m);
+}
+
+/* A disk path that cannot be used stops the engine's creation with a
+ * message naming it, unless the tier is optional (issue 18, item 5). */
+static void test_bad_path(void **state) {
+    (void)state;
+    REQUIRE_FIXTURE(path, STORIES);
+    model *m = test_load_model(path);
+    char *root = make_temp_dir();
+    write_file(root, "a-file", "x", 1);
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s/a-file/apc", root); /* below a regular file: no directory can be made */
+    engine_config cfg = engine_default_config();
+    cfg.n_threads = 1;
+    cfg.cache.disk.path = bad;
+    ember_error err;
+    engine *e = engine_create(m, &cfg, &err);
+    assert_null(e);
+    assert_non_null(strstr(err.msg, bad));
+    assert_non_null(strstr(err.msg, "optional"));
+
+    cfg.cache.disk.optional = true;
+    ember_log_level lvl = ember_log_get_level();
+    ember_log_set_level(EMBER_LOG_ERROR);
+    e = engine_create(m, &cfg, &err);
+    ember_log_set_level(lvl);
+    assert_non_null(e);
+    assert_false(stats_of(e).disk_enabled);
+    engine_free(e);
+    remove_tree(root);
+    free(root);
+    model_free(m);
+}
+
 /* ---- the file reader ---- */
 
 /* A valid image: a shard of nb blocks (last of last_rows) or a snapshot. */
@@ -776,6 +865,8 @@ int main(void) {
         cmocka_unit_test(test_isolation),
         cmocka_unit_test(test_cap),
         cmocka_unit_test(test_missing_dir),
+        cmocka_unit_test(test_shared_directory),
+        cmocka_unit_test(test_bad_path),
     };
     return test_run_group(tests, NULL, NULL);
 }

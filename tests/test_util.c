@@ -25,6 +25,37 @@
 
 static int fixtures_missing;
 
+/* ---- A private cache home ----
+ * `ember serve` keeps its SSD tier under the per-user cache directory by
+ * default ($XDG_CACHE_HOME/ember/apc). Before main, every test program
+ * points XDG_CACHE_HOME at a fresh temporary directory of its own, removed
+ * at exit, so no test reads or writes the real home, no two test programs
+ * running at once share a disk cache, and every server a test spawns
+ * inherits that. A test that wants its own tier passes --disk-path or
+ * --no-disk. */
+static char *g_cache_home;
+static pid_t g_cache_home_owner;
+
+static void remove_cache_home(void) {
+    if (g_cache_home && getpid() == g_cache_home_owner) remove_tree(g_cache_home); /* not from a forked child */
+    free(g_cache_home);
+    g_cache_home = NULL;
+}
+
+__attribute__((constructor)) static void private_cache_home(void) {
+    g_cache_home = make_temp_dir();
+    if (g_cache_home == NULL) {
+        /* Never fall back to the real home: no per-user disk tier then. */
+        setenv("APC_DISK", "0", 1);
+        return;
+    }
+    g_cache_home_owner = getpid();
+    setenv("XDG_CACHE_HOME", g_cache_home, 1);
+    atexit(remove_cache_home);
+}
+
+const char *test_cache_home(void) { return g_cache_home; }
+
 static bool under_ci(void) {
     const char *ci = getenv("CI");
     return ci && ci[0] && strcmp(ci, "0") != 0 && strcasecmp(ci, "false") != 0;

@@ -18,7 +18,7 @@
  * API:
  *   fixtures and exit status  fixture_path, REQUIRE_FIXTURE, test_fixtures_missing,
  *                             test_exit_status, test_run_group
- *   files and processes       read_whole_file, make_temp_dir, remove_tree,
+ *   files and processes       test_cache_home, read_whole_file, make_temp_dir, remove_tree,
  *                             ember_binary, build_dir
  *   random inputs             test_rand, test_random_tokens
  *   models and engines        test_load_model, test_open_engine,
@@ -67,6 +67,11 @@ void *read_whole_file(const char *path, size_t *size);
  * missing or not JSON. The caller frees it with cJSON_Delete. */
 struct cJSON;
 struct cJSON *test_load_json(const char *path);
+
+/* The test program's private XDG_CACHE_HOME (set before main, removed at
+ * exit; see test_util.c), or NULL when none could be made (then APC_DISK=0
+ * keeps spawned servers off the disk). */
+const char *test_cache_home(void);
 
 /* A fresh temporary directory (removed by the caller with remove_tree). */
 char *make_temp_dir(void);

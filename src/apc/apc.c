@@ -162,7 +162,7 @@ void apc__count_hit_locked(apc *c, int64_t n) {
     c->matched_tokens += (uint64_t)n;
 }
 
-static void open_disk(apc *c, const apc_disk_config *dc);
+static int open_disk(apc *c, const apc_disk_config *dc, ember_error *err);
 
 static const char *decline_names[APC_DECLINE_COUNT_] = {
     "pool_exhausted", "alloc", "collision", "exact_bytes", "raced_reset", "seq_short",
@@ -303,25 +303,37 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
             XXH3_freeState(st);
         }
     }
-    if (cfg.disk.path && cfg.disk.path[0] &&
-        c->route.tier != APC_TIER_NONE)
-        open_disk(c, &cfg.disk);
+    if (cfg.disk.path && cfg.disk.path[0] && c->route.tier != APC_TIER_NONE && open_disk(c, &cfg.disk, err) < 0) {
+        apc_free(c);
+        return NULL;
+    }
     /* The strings were the caller's; nothing reads them after creation. */
     c->cfg.disk.path = NULL;
     c->cfg.disk.namespace_override = NULL;
     return c;
 }
 
-static void open_disk(apc *c, const apc_disk_config *dc) {
+/* A tier that cannot open fails the cache's creation unless the caller
+ * said it is optional: an operator who configured a disk path must not
+ * find out from one easy-to-miss line that the server runs without it. */
+static int open_disk(apc *c, const apc_disk_config *dc, ember_error *err) {
     if (!dc->has_fingerprint && !(dc->namespace_override && dc->namespace_override[0])) {
+        if (!dc->optional)
+            return ember_fail(err, "APC disk tier at %s: no model fingerprint and no namespace given", dc->path);
         ember_log(EMBER_LOG_WARN, "APC disk tier disabled: no model fingerprint and no namespace given");
-        return;
+        return 0;
     }
     ember_error derr;
     c->disk = apc_disk_open(dc, &c->layout, c->cfg.hash, c->pool, &derr);
     if (c->disk == NULL) {
-        ember_log(EMBER_LOG_WARN, "APC disk tier disabled (init failed): %s", derr.msg);
-        return;
+        if (!dc->optional)
+            return ember_fail(err,
+                              "APC disk tier at %s cannot be used: %s (fix cache.disk.path, turn the tier off with "
+                              "cache.disk.enabled: false / --no-disk, or set cache.disk.optional: true to run without "
+                              "it)",
+                              dc->path, derr.msg);
+        ember_log(EMBER_LOG_WARN, "APC disk tier disabled (init failed; cache.disk.optional): %s", derr.msg);
+        return 0;
     }
     apc_disk_stats ds;
     apc_disk_get_stats(c->disk, &ds);
@@ -330,6 +342,7 @@ static void open_disk(apc *c, const apc_disk_config *dc) {
     else snprintf(cap, sizeof cap, "unbounded");
     ember_log(EMBER_LOG_INFO, "APC disk tier at %s (ns=%s, cap=%s, read_mode=%s, workers=%d)", dc->path, ds.ns_hex, cap,
               dc->read_mode == APC_DISK_READ_MMAP ? "mmap" : "direct", dc->workers > 0 ? dc->workers : 1);
+    return 0;
 }
 
 void apc_free(apc *c) {

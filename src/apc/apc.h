@@ -87,6 +87,7 @@ typedef struct apc_disk_config {
     int queue_jobs;               /* bounded write queue: jobs (default 64) */
     size_t queue_bytes;           /* and bytes (default 1 GiB) */
     int backoff_ms;               /* writes off after ENOSPC/EIO (default 30000) */
+    bool optional;                /* a tier that cannot open is a warning; else apc_create fails */
     /* Tests only: called before every file read, off the engine thread;
      * may block (a slow disk) or return < 0 (a read error). */
     int (*read_hook)(void *user, const char *path);

@@ -19,6 +19,13 @@
  * file without it; a file evicted meanwhile is either still readable
  * through the open descriptor or gone (a plain miss).
  *
+ * Sharing a directory: every open tier holds a shared flock on <ns>/.lock
+ * for its lifetime. Start-up takes it exclusively without waiting first:
+ * only a tier that got it (no other server has the directory open) deletes
+ * temp files, which may otherwise be another live server's writes in
+ * flight; with company, only temp files older than APC_DISK_TEMP_STALE_S
+ * go (left by a server that died while the others kept running).
+ *
  * Checkpoint skeletons (reference §10.4) are exact-format files without
  * K/V: tokens, kind and state. Their K/V are ckpt-salted block shards
  * written by the same store, so a skeleton restore is a skeleton read plus
@@ -32,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -161,8 +169,12 @@ typedef struct job {
     size_t reserved;     /* queue bytes held */
 } job;
 
+#define APC_DISK_LOCK_NAME ".lock"
+#define APC_DISK_TEMP_STALE_S 3600 /* no write takes an hour: its writer is gone */
+
 struct apc_disk {
     pthread_mutex_t lock;
+    int lock_fd;         /* <dir>/.lock, flock shared while open; -1 before */
     pthread_cond_t cv_work, cv_space, cv_idle;
     char *dir;
     uint8_t ns[16];
@@ -421,17 +433,21 @@ static long count_entries(const char *dir_path) {
     if (dir == NULL) return 0;
     long n = 0;
     struct dirent *de;
-    while ((de = readdir(dir)) != NULL) n += strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0;
+    while ((de = readdir(dir)) != NULL)
+        n += strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0 && strcmp(de->d_name, APC_DISK_LOCK_NAME) != 0;
     closedir(dir);
     return n;
 }
 
-static void scan(apc_disk *d) {
+/* alone: no other tier has the directory open, so every temp file is a
+ * dead writer's. */
+static void scan(apc_disk *d, bool alone) {
     long total = count_entries(d->dir), seen = 0;
     if (total > 0) ember_log(EMBER_LOG_INFO, "APC disk: rebuilding the index of %s from %ld files", d->dir, total);
     DIR *dir = opendir(d->dir);
     if (dir == NULL) return;
-    int n_temp = 0, n_unknown = 0, n_bad = 0;
+    int n_temp = 0, n_unknown = 0, n_bad = 0, n_kept = 0;
+    time_t now = time(NULL);
     struct dirent *de;
     char path[4096];
     double last_report = ember_now();
@@ -450,8 +466,16 @@ static void scan(apc_disk *d) {
         uint32_t kind;
         apc_key name;
         if (!apc_disk_parse_name(de->d_name, &kind, &name)) {
-            if (strncmp(de->d_name, ".tmp-", 5) == 0) n_temp++;
-            else n_unknown++;
+            if (strcmp(de->d_name, APC_DISK_LOCK_NAME) == 0) continue;
+            if (strncmp(de->d_name, ".tmp-", 5) == 0) {
+                if (!alone && now - st.st_mtim.tv_sec < APC_DISK_TEMP_STALE_S) {
+                    n_kept++; /* another live server's write in flight */
+                    continue;
+                }
+                n_temp++;
+            } else {
+                n_unknown++;
+            }
             unlink(path);
             continue;
         }
@@ -484,9 +508,11 @@ static void scan(apc_disk *d) {
         }
     ember_log(EMBER_LOG_INFO,
               "APC disk tier at %s: found %llu shards (%llu blocks), %llu exact, %llu skeletons, %.1f MiB; removed %d "
-              "temp, %d unknown, %d bad",
+              "temp, %d unknown, %d bad%s",
               d->dir, (unsigned long long)shards, (unsigned long long)d->blocks_indexed, (unsigned long long)exact,
-              (unsigned long long)skels, (double)d->bytes / (1024.0 * 1024.0), n_temp, n_unknown, n_bad);
+              (unsigned long long)skels, (double)d->bytes / (1024.0 * 1024.0), n_temp, n_unknown, n_bad,
+              alone ? "" : "; another server shares this directory, its temp files are kept");
+    if (n_kept) ember_log(EMBER_LOG_DEBUG, "APC disk: kept %d temp files of the other servers", n_kept);
 }
 
 /* ---- Writers ---- */
@@ -692,6 +718,7 @@ apc_disk *apc_disk_open(const apc_disk_config *cfg, const apc_layout *lay, apc_h
         ember_fail(err, "out of memory");
         return NULL;
     }
+    d->lock_fd = -1;
     pthread_mutex_init(&d->lock, NULL);
     pthread_cond_init(&d->cv_work, NULL);
     pthread_cond_init(&d->cv_space, NULL);
@@ -723,7 +750,23 @@ apc_disk *apc_disk_open(const apc_disk_config *cfg, const apc_layout *lay, apc_h
         ember_fail(err, "cannot create %s: %s", d->dir, strerror(errno));
         goto fail;
     }
-    scan(d);
+    {
+        /* Creating the lock file is also the check that the directory
+         * takes writes, before any request relies on it. */
+        char lock_path[4096];
+        snprintf(lock_path, sizeof lock_path, "%s/" APC_DISK_LOCK_NAME, d->dir);
+        d->lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (d->lock_fd < 0) {
+            ember_fail(err, "cannot write in %s: %s", d->dir, strerror(errno));
+            goto fail;
+        }
+        bool alone = flock(d->lock_fd, LOCK_EX | LOCK_NB) == 0;
+        scan(d, alone);
+        /* Shared from here on (no writer runs yet, so the moment between
+         * the two locks exposes no temp file of ours). */
+        while (flock(d->lock_fd, LOCK_SH) < 0 && errno == EINTR) {
+        }
+    }
     evict(d);
     d->n_threads = cfg->workers > 0 ? cfg->workers : 1;
     d->threads = calloc((size_t)d->n_threads, sizeof *d->threads);
@@ -756,6 +799,7 @@ void apc_disk_close(apc_disk *d) {
     free(d->blocks.s);
     free(d->exact.s);
     free(d->dir);
+    if (d->lock_fd >= 0) close(d->lock_fd); /* releases the flock */
     pthread_mutex_destroy(&d->lock);
     pthread_cond_destroy(&d->cv_work);
     pthread_cond_destroy(&d->cv_space);

@@ -12,9 +12,12 @@
  *  - Names. b-<32 hex>.apc: a block shard, named by the key of its last
  *    block. x-<32 hex>.apc: an exact snapshot, named by its exact key
  *    XXH3-128("x", salt, token ids). k-<32 hex>.apc: a checkpoint skeleton,
- *    named XXH3-128("k", salt, token ids). Anything else in the namespace
- *    directory (temp files .tmp-*, foreign names, files of format version 1)
- *    is deleted at start-up.
+ *    named XXH3-128("k", salt, token ids). .lock: held (flock, shared) by
+ *    every open tier. Anything else in the namespace directory (foreign
+ *    names, files of format version 1) is deleted at start-up, and so are
+ *    temp files .tmp-<pid>-<n>.apc when no other tier has the directory
+ *    open (or when they are an hour old): two servers may share a path.
+ *    A directory that cannot be created or written fails apc_disk_open.
  *  - What each file restores:
  *      shard     K/V rows of up to 256 consecutive blocks of one chain (the
  *                block tier's chains under the request salt; checkpoint

@@ -87,7 +87,7 @@ int serve_resolve_settings(const cli_command *cmd, int argc, char **argv, serve_
             rc = 2;
             goto done;
         }
-    if (serve_config_validate(cfg, &err) < 0) {
+    if (serve_config_validate(cfg, &err) < 0 || serve_config_finish(cfg, &err) < 0) {
         fprintf(stderr, "ember: %s\n", err.msg);
         rc = 1;
     }

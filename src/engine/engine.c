@@ -80,12 +80,16 @@ engine_request engine_default_request(void) {
     return r;
 }
 
-int32_t engine_default_blocks(const model *m, int n_ctx) {
+size_t engine_block_bytes(const model *m) {
     kv_pool_config kc;
     model_kv_config(m, 1, &kc);
     size_t row = 0;
     for (int l = 0; l < kc.n_layer; l++) row += (size_t)kc.k_width[l] + (size_t)kc.v_width[l];
-    size_t block_bytes = (row ? row : 1) * KV_BLOCK_TOKENS * sizeof(float);
+    return (row ? row : 1) * KV_BLOCK_TOKENS * sizeof(float);
+}
+
+int32_t engine_default_blocks(const model *m, int n_ctx) {
+    size_t block_bytes = engine_block_bytes(m);
     int64_t want = 4 * (((int64_t)n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     int64_t most = (int64_t)(((size_t)2 << 30) / block_bytes);
     if (want > most) want = most;
@@ -121,7 +125,7 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
     model_kv_config(m, cfg.num_blocks, &kc);
     e->pool = kv_pool_create(&kc, err);
     if (e->pool == NULL) goto fail;
-    ember_log(EMBER_LOG_INFO, "KV pool: %d blocks of %d tokens (%lld tokens, %.1f MiB)", cfg.num_blocks,
+    ember_log(EMBER_LOG_DEBUG, "KV pool: %d blocks of %d tokens (%lld tokens, %.1f MiB)", cfg.num_blocks,
               KV_BLOCK_TOKENS, (long long)cfg.num_blocks * KV_BLOCK_TOKENS,
               (double)cfg.num_blocks * (double)kv_pool_block_bytes(e->pool) / (1024.0 * 1024.0));
     /* The SSD tier's namespace starts from the model file's fingerprint. */

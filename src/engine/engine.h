@@ -116,8 +116,12 @@ typedef struct engine_result {
 
 /* ---- Lifetime ---- */
 engine_config engine_default_config(void);
-/* The default pool: four full contexts, at least 64 blocks, at most 2 GiB. */
+/* The default pool: four full contexts, at least 64 blocks, at most 2 GiB
+ * (the CLI's and the tests'; `ember serve` sizes its pool from memory,
+ * serve_pool_size.h). */
 int32_t engine_default_blocks(const model *m, int n_ctx);
+/* Bytes of one KV block of m (16 tokens, every layer's K and V, f32). */
+size_t engine_block_bytes(const model *m);
 engine *engine_create(const model *m, const engine_config *cfg, ember_error *err);
 void engine_free(engine *e);
 

@@ -1,6 +1,12 @@
 /* kv_pool.c - the refcounted block pool and block tables (see kv_pool.h).
  *
- * Memory is one allocation of n_blocks * block_bytes. Inside a block, layer
+ * Memory is one allocation of n_blocks * block_bytes. A large pool (the
+ * server's default is a share of the machine's memory) is an anonymous
+ * mapping: its pages are zero and cost nothing until a block is first
+ * written, so start-up takes no longer for 10 GiB than for 10 MiB, and the
+ * free queue hands out low block ids first, so the touched part grows with
+ * use. Small pools stay on the heap, where the sanitizers see their
+ * bounds. Inside a block, layer
  * l's K rows start at layer_offset[l] and its V rows right after them, so a
  * block is self-contained: copying it (copy-on-write) is one memcpy and a
  * future disk tier can write it as one record.
@@ -13,6 +19,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+#define KV_POOL_MAP_BYTES ((size_t)256 << 20) /* pools above 256 MiB are mapped */
 
 struct kv_pool {
     int n_layer;
@@ -22,6 +31,8 @@ struct kv_pool {
     int *k_width;            /* (n_layer) */
     int *v_width;            /* (n_layer) */
     float *data;             /* (n_blocks, block_floats) */
+    size_t data_bytes;
+    bool data_mapped;        /* data is an mmap of data_bytes, not heap */
     int32_t *refcount;       /* (n_blocks) */
     bool *indexed;           /* (n_blocks) an owner can find this block by content */
     int32_t *prev, *next;    /* (n_blocks) free queue links; -1 ends */
@@ -75,7 +86,17 @@ kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err) {
     }
     p->block_floats = off ? off : 1;
     size_t nb = (size_t)cfg->n_blocks;
-    p->data = calloc(nb * p->block_floats, sizeof(float));
+    if (p->block_floats > SIZE_MAX / sizeof(float) / nb) goto oom;
+    p->data_bytes = nb * p->block_floats * sizeof(float);
+    if (p->data_bytes > KV_POOL_MAP_BYTES) {
+        void *m = mmap(NULL, p->data_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m != MAP_FAILED) {
+            p->data = m;
+            p->data_mapped = true;
+        }
+    } else {
+        p->data = calloc(nb * p->block_floats, sizeof(float));
+    }
     p->refcount = calloc(nb, sizeof(int32_t));
     p->indexed = calloc(nb, sizeof(bool));
     p->prev = malloc(nb * sizeof(int32_t));
@@ -96,7 +117,8 @@ void kv_pool_free(kv_pool *p) {
     free(p->layer_offset);
     free(p->k_width);
     free(p->v_width);
-    free(p->data);
+    if (p->data_mapped) munmap(p->data, p->data_bytes);
+    else free(p->data);
     free(p->refcount);
     free(p->indexed);
     free(p->prev);

@@ -170,19 +170,16 @@ static int apply_map(serve_config *c, const ynode *map, const char *prefix, cons
         char path[256];
         snprintf(path, sizeof path, "%s%s%s", prefix, prefix[0] ? "." : "", k->value);
         if (is_block(path)) {
-            /* disk: true|false is shorthand (reference §2.1). */
+            /* disk: true|false is shorthand (reference §2.1) for
+             * cache.disk.enabled; the path stays the per-user default or
+             * whatever an earlier line set. */
             if (!strcmp(path, "cache.disk") && v->kind == Y_SCALAR && v->value[0]) {
                 int on = serve_settings_parse_bool(v->value);
                 if (on < 0)
                     return ember_fail(err, "%s:%d: cache.disk: expected a mapping or a boolean, got '%s'", name,
                                       v->line, v->value);
-                char base[3900], path_text[4096];
-                if (serve_user_cache_dir(base, sizeof base) < 0)
-                    return ember_fail(err, "%s:%d: cache.disk: the per-user cache directory's path is too long", name,
-                                      v->line);
-                snprintf(path_text, sizeof path_text, "%s/apc", base);
                 char why[300];
-                if (serve_setting_set(c, serve_setting_by_key("cache.disk.path"), on ? path_text : "",
+                if (serve_setting_set(c, serve_setting_by_key("cache.disk.enabled"), on ? "true" : "false",
                                       SETTING_FROM_FILE, why, sizeof why) < 0)
                     return ember_fail(err, "%s:%d: cache.disk: %s", name, v->line, why);
                 continue;
@@ -262,6 +259,21 @@ int serve_config_validate(const serve_config *c, ember_error *err) {
     if (c->max_body_bytes < 1024) return ember_fail(err, "server.max_body_bytes: at least 1024");
     if (serve_config_spec_kind(c) == SPEC_DRAFT && c->draft[0] == 0)
         return ember_fail(err, "spec.mode: draft needs a draft model (server.draft, --draft GGUF)");
+    if (!(c->memory_share > 0 && c->memory_share <= 1))
+        return ember_fail(err, "cache.memory_share: %g is not in (0, 1] (the share of available memory for the KV pool)",
+                          c->memory_share);
+    return 0;
+}
+
+int serve_config_finish(serve_config *c, ember_error *err) {
+    if (c->disk_path[0]) return 0;
+    char base[sizeof c->disk_path];
+    if (serve_user_cache_dir(base, sizeof base - 4) < 0 ||
+        snprintf(c->disk_path, sizeof c->disk_path, "%s/apc", base) >= (int)sizeof c->disk_path) {
+        c->disk_path[0] = 0;
+        return ember_fail(err, "cache.disk.path: the per-user cache directory's path is too long; set cache.disk.path "
+                          "or turn the tier off (cache.disk.enabled: false)");
+    }
     return 0;
 }
 
@@ -290,8 +302,13 @@ void serve_config_engine(const serve_config *c, engine_config *ec) {
     ec->cache = c->cache;
     ec->cache.disk = disk;
     if (!c->cache.enabled) ec->cache.force_tier = APC_FORCE_OFF;
-    if (c->disk_path[0]) {
+    if (c->disk_enabled && c->disk_path[0]) {
         ec->cache.disk.path = c->disk_path;
+        /* Nobody chose the default path: if it cannot open, say so and serve
+         * from memory. A path the operator wrote must work unless they said
+         * the tier is optional. */
+        setting_source src = (setting_source)c->source[serve_setting_index(serve_setting_by_key("cache.disk.path"))];
+        ec->cache.disk.optional = c->disk_optional || src == SETTING_FROM_DEFAULT;
         char why[256];
         ec->cache.disk.max_bytes = serve_disk_cap_resolve(c->disk_max_gb, c->disk_path, why, sizeof why);
         ember_log(EMBER_LOG_INFO, "APC disk tier size %s", why);

@@ -12,9 +12,14 @@
  *    a malformed file or a value of the wrong type is an error naming the key
  *    and the line ("ember.yaml:7: server.port: expected an integer, got
  *    'abc'").
- *  - The cache is on by default. The SSD tier is on when cache.disk.path is
- *    set (or `disk: true`, which picks ~/.cache/ember/apc);
- *    serve_config_engine turns the whole struct into an engine_config. */
+ *  - The cache is on by default, and so is its SSD tier: under
+ *    cache.disk.path, by default the per-user directory
+ *    (serve_user_cache_dir() + "/apc"), with the automatic size cap
+ *    (serve_disk_cap.h); cache.disk.enabled: false (`disk: false`,
+ *    --no-disk, APC_DISK=0) turns it off. A tier that cannot open stops
+ *    the start-up when its path was configured, unless cache.disk.optional;
+ *    at the default path it is a warning. serve_config_engine turns the
+ *    whole struct into an engine_config. */
 #ifndef EMBER_SERVE_CONFIG_H
 #define EMBER_SERVE_CONFIG_H
 
@@ -63,10 +68,13 @@ typedef struct serve_config {
     int kv_events_buffer_steps;          /* batches kept for replays, default 10000 */
     /* cache: */
     int block_size;           /* only 16 is supported */
-    int32_t num_blocks;       /* KV pool = cache; 0: engine default */
+    int32_t num_blocks;       /* KV pool = cache; 0: memory_share of available memory (serve_pool_size.h) */
+    double memory_share;      /* share of available memory (after weights and margin) for the pool, (0, 1] */
     apc_config cache;         /* enabled, hash, exact entries, forced tier, ckpt and anchors;
                                * its disk part comes from the disk_* fields below */
-    char disk_path[512];
+    bool disk_enabled;        /* the SSD tier (default on) */
+    bool disk_optional;       /* a disk tier that cannot open is a warning, not a start-up error */
+    char disk_path[512];      /* "": the per-user directory (serve_user_cache_dir() + "/apc") */
     double disk_max_gb;       /* GB; 0: unbounded; -1 ("auto", the default): serve_disk_cap.h */
     int disk_workers;
     char disk_read_mode[16];
@@ -85,8 +93,14 @@ int serve_config_load_string(serve_config *c, const char *yaml, size_t len, cons
 int serve_config_apply_env(serve_config *c, ember_error *err);
 /* Checks what no single row can check, after every layer is applied. */
 int serve_config_validate(const serve_config *c, ember_error *err);
+/* Fills in what depends on the environment once every layer is applied:
+ * an empty cache.disk.path becomes the per-user directory + "/apc" (its
+ * source stays "default"). -1 when that path does not fit. */
+int serve_config_finish(serve_config *c, ember_error *err);
 /* The engine's configuration: threads, prefill step, pool, cache and disk
- * (disk strings point into c). n_ctx is copied as is (0: caller decides). */
+ * (disk strings point into c; no disk tier while cache.disk.path is empty,
+ * i.e. before serve_config_finish). n_ctx is copied as is (0: caller
+ * decides); num_blocks too (0: the server sizes it, serve_pool_size.h). */
 void serve_config_engine(const serve_config *c, engine_config *ec);
 /* The drafter spec.mode asks for (auto: draft when server.draft is set). */
 spec_kind serve_config_spec_kind(const serve_config *c);

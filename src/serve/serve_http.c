@@ -76,6 +76,7 @@
 #include "serve/serve_kv_events.h"
 #include "serve/serve_stats.h"
 #include "serve/serve_metrics.h"
+#include "serve/serve_pool_size.h"
 #include "serve/serve_recent.h"
 #include "serve/serve_sched.h"
 #include "serve/serve_tokenize.h"
@@ -1224,6 +1225,39 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 
 /* ---- lifetime ---- */
 
+/* The KV pool's size (serve_pool_size.h), decided and logged before the
+ * engine allocates it, so a pool that cannot fit stops the start-up. */
+static int size_pool(const model *m, const serve_config *cfg, engine_config *ec, ember_error *err) {
+    const gguf_file *f = model_get_gguf(m);
+    if (!engine_has_kv(m)) {
+        /* Recurrent layers only: the pool holds no K/V, its blocks only
+         * count positions; the cache's capacity is the exact tier's. */
+        if (cfg->num_blocks <= 0) ec->num_blocks = engine_default_blocks(m, ec->n_ctx);
+        ember_log(EMBER_LOG_INFO, "KV pool: %d blocks (%s; the model has no KV layers)", ec->num_blocks,
+                  cfg->num_blocks > 0 ? "cache.num_blocks" : "four contexts");
+        return 0;
+    }
+    /* A draft model's (or an MTP head's) pool has as many blocks as the
+     * target's: its blocks and weights count too. */
+    const gguf_file *df = ec->spec.kind == SPEC_DRAFT && ec->spec.draft ? model_get_gguf(ec->spec.draft) : NULL;
+    serve_pool_inputs in = {0, (f ? gguf_file_size(f) : 0) + (df ? gguf_file_size(df) : 0), cfg->memory_share,
+                            engine_blocks_bytes(m, &ec->spec), cfg->num_blocks,
+                            (ec->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS + 1};
+    ember_error merr;
+    if (serve_mem_available(&in.available, &merr) < 0) {
+        if (cfg->num_blocks > 0) return 0; /* as configured, unchecked */
+        ec->num_blocks = engine_default_blocks(m, ec->n_ctx);
+        ember_log(EMBER_LOG_WARN, "KV pool: %d blocks (four contexts): %s", ec->num_blocks, merr.msg);
+        return 0;
+    }
+    serve_pool_plan plan;
+    char line[512];
+    if (serve_pool_size(&in, &plan, line, sizeof line, err) < 0) return -1;
+    ec->num_blocks = plan.n_blocks;
+    ember_log(EMBER_LOG_INFO, "%s", line);
+    return 0;
+}
+
 /* The KV-event publisher (server.kv_events.*), attached to the cache after
  * announcing that this replica holds nothing yet. */
 static kv_events *open_kv_events(const serve_config *cfg, const char *model_id, apc *cache, ember_error *err) {
@@ -1352,6 +1386,7 @@ int server_load(server *srv, ember_error *err) {
         ec.spec.draft = srv->draft_m;
     }
     ec.n_ctx = cfg->n_ctx > 0 ? cfg->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+    if (size_pool(srv->m, cfg, &ec, err) < 0) return -1;
     srv->e = engine_create(srv->m, &ec, err);
     if (srv->e == NULL) return -1;
     srv->chat = serve_chat_create(srv->m, err);

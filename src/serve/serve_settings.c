@@ -117,8 +117,17 @@ static const serve_setting table[] = {
     {"cache.block_size", "APC_BLOCK_SIZE", "block-size", SETTING_INT, "16", 1, 1 << 16, NULL, NULL,
      "tokens per KV block; only 16 is supported", NULL, false, SRV(block_size)},
     {"cache.num_blocks", "APC_NUM_BLOCKS", "num-blocks", SETTING_INT, "0", 0, INT_MAX, NULL, NULL,
-     "KV pool size in blocks (the pool is the block tier); 0: four full contexts, at most 2 GiB", NULL, false,
-     SRV(num_blocks)},
+     "KV pool size in blocks (the pool is the block tier); 0: cache.memory_share of the memory available at start",
+     "0 sizes the pool as `cache.memory_share x (available - model weights - margin)`, the margin being 10% of "
+     "the available memory and at least 512 MiB, and logs the arithmetic (`KV pool: N blocks (T tokens, X GiB) = "
+     "Y% of available memory (...)`). A configured size that does not fit in that memory stops the start-up with "
+     "a message. See src/serve/serve_pool_size.c.",
+     false, SRV(num_blocks)},
+    {"cache.memory_share", "APC_MEMORY_SHARE", "memory-share", SETTING_DOUBLE, "0.5", 0, 0, NULL, "X",
+     "share (0, 1] of the available memory, after weights and margin, that a default KV pool takes",
+     "Pool pages are touched only as the cache fills, so servers started together all see the memory as free: "
+     "for N servers on one machine give each 1/N.",
+     false, SRV(memory_share)},
     {"cache.exact_entries", "APC_EXACT_CACHE_ENTRIES", "exact-entries", SETTING_INT, "4", 0, 1 << 20, NULL, NULL,
      "whole-state snapshots kept by the exact tier; 0 turns that tier off", NULL, false, APC(exact_entries)},
     {"cache.hash", "APC_HASH", "hash", SETTING_HASH, "sha256", 0, 0, NULL, NULL,
@@ -136,10 +145,17 @@ static const serve_setting table[] = {
      "`block` only on an all-`kv` stack; `exact` on any stack without `other` layers.", false, APC(force_tier)},
 
     /* ---- cache.disk ---- */
+    {"cache.disk.enabled", "APC_DISK", "disk", SETTING_BOOL, "true", 0, 0, NULL, NULL,
+     "the SSD tier: evicted memory blocks stay findable on disk and across restarts; --no-disk turns it off",
+     "In the file, `disk: true` / `disk: false` is the same switch.", false, SRV(disk_enabled)},
     {"cache.disk.path", "APC_DISK_PATH", "disk-path", SETTING_STR, "", 0, 0, NULL, "DIR",
-     "root of the SSD tier; empty: no disk tier",
-     "In the file, `disk: true` picks `~/.cache/ember/apc` and `disk: false` turns the tier off.", false,
-     SRV(disk_path)},
+     "root of the SSD tier; empty: the per-user directory, $XDG_CACHE_HOME/ember/apc or ~/.cache/ember/apc",
+     "A configured path that cannot be created or written stops the start-up with a message, unless "
+     "`cache.disk.optional`; at the per-user default it is a warning and the server runs from memory.",
+     false, SRV(disk_path)},
+    {"cache.disk.optional", "APC_DISK_OPTIONAL", "disk-optional", SETTING_BOOL, "false", 0, 0, NULL, NULL,
+     "a configured disk tier that cannot open is a warning (serve from memory) instead of a start-up error", NULL,
+     false, SRV(disk_optional)},
     {"cache.disk.max_gb", "APC_DISK_MAX_GB", "disk-max-gb", SETTING_DOUBLE, "auto", 0, 0, "auto", "GB",
      "size cap of the namespace in GB (10^9 bytes); 0: unbounded; auto: 25% of the free space, at most 50 GB",
      "Over the cap, files go oldest first down to 90% of it. `auto` measures the space free on the cache's "

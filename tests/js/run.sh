@@ -14,7 +14,7 @@ if ! timeout 300 npm ci --no-audit --no-fund >npm.log 2>&1; then
     echo "skipping: npm ci failed (registry unavailable?)"; tail -5 npm.log; exit 77
 fi
 "$bin" mkmodel --arch qwen3 --preset tiny --seed 5 --out tiny.gguf >/dev/null 2>&1 || { echo "mkmodel failed"; exit 1; }
-"$bin" serve tiny.gguf --port 0 --threads 2 --api-key js-key 2>server.log &
+"$bin" serve tiny.gguf --port 0 --threads 2 --no-disk --api-key js-key 2>server.log &
 pid=$!
 port=""
 for i in $(seq 1 200); do
