@@ -34,7 +34,7 @@ int serve_pool_size(const serve_pool_inputs *in, serve_pool_plan *out, char *lin
     if (in->block_bytes == 0) return ember_fail(err, "KV pool: the model has no KV block size");
     if (!(in->share > 0 && in->share <= 1))
         return ember_fail(err, "cache.memory_share: %g is not in (0, 1]", in->share);
-    uint64_t margin = in->available / 100 * SERVE_POOL_MARGIN_PERCENT;
+    uint64_t margin = in->available / 100 * SERVE_POOL_MARGIN_PERCENT + in->available % 100 * SERVE_POOL_MARGIN_PERCENT / 100;
     if (margin < SERVE_POOL_MARGIN_MIN) margin = SERVE_POOL_MARGIN_MIN;
     uint64_t taken = in->weights + margin;
     uint64_t usable = in->available > taken ? in->available - taken : 0;
