@@ -19,6 +19,8 @@
  *    for every request the tokens of its leading blocks already seen, capped
  *    at N-1 as ember caps them, under an unbounded cache and under an LRU
  *    of capacity_tokens (blocks touched by each request, in trace order).
+ *    --from K replays requests K.. with the ideal of the whole trace, so a
+ *    run split by a server restart is judged against the same ideal.
  *  - The run (cmd_bench.c): N client threads, as fast as possible or on
  *    the trace's timestamps divided by a speed factor; every request is
  *    streamed (SSE, usage requested) to time its first token. Cached
@@ -76,6 +78,7 @@ typedef struct bench_opts {
     double speed;
     int block_tokens;         /* tokens per trace block (Mooncake 512) */
     int limit;                /* first N requests; 0: all */
+    int from;                 /* replay from request K on; the ideal counts 0..K-1 as seen */
     int max_output;           /* cap on max_tokens; 0: none */
     bool text_prompts;        /* words instead of token ids */
     int vocab_lo, vocab_hi;   /* token ids drawn in [lo, hi) */
@@ -99,6 +102,10 @@ void bench_workload_free(bench_workload *w);
 int32_t *bench_prompt_tokens(const bench_req *r, const bench_opts *o, int *n);
 char *bench_prompt_text(const bench_req *r, const bench_opts *o);
 void bench_ideal(bench_workload *w, int64_t capacity_tokens);
+/* Drops the first k requests of a Mooncake workload after bench_ideal, so
+ * the rest keep the ideal of the whole trace (what a cache that survived
+ * the first k could hit) and are replayed alone: the run after a restart. */
+int bench_skip(bench_workload *w, int k, char *err, size_t cap);
 int bench_gen(int argc, char **argv);
 extern const struct cli_command bench_gen_command; /* `ember bench gen`: its options and help */
 

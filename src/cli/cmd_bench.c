@@ -27,7 +27,7 @@
 
 enum {
     OPT_URL, OPT_KEY, OPT_MODEL, OPT_OUT, OPT_TITLE, OPT_CLIENTS, OPT_TIMESTAMPS, OPT_SPEED, OPT_BLOCK, OPT_LIMIT,
-    OPT_MAX_OUTPUT, OPT_TEXT, OPT_VOCAB, OPT_CAPACITY, OPT_PROGRESS, OPT_NO_PROGRESS
+    OPT_MAX_OUTPUT, OPT_TEXT, OPT_VOCAB, OPT_CAPACITY, OPT_PROGRESS, OPT_NO_PROGRESS, OPT_FROM
 };
 
 static const cli_option bench_options[] = {
@@ -41,6 +41,8 @@ static const cli_option bench_options[] = {
     {OPT_SPEED, "--speed", NULL, "F", "replay speed factor for --timestamps (default 1)", NULL},
     {OPT_BLOCK, "--block-tokens", NULL, "B", "tokens per 512-token trace block (default 512)", NULL},
     {OPT_LIMIT, "--limit", NULL, "N", "replay the first N requests only", NULL},
+    {OPT_FROM, "--from", NULL, "K", "replay from request K on (0-based); the ideal still counts requests 0..K-1 as "
+     "seen (Mooncake): the second half of a run across a server restart", NULL},
     {OPT_MAX_OUTPUT, "--max-output", NULL, "N", "cap on each request's max_tokens", NULL},
     {OPT_TEXT, "--text", NULL, NULL, "send Mooncake prompts as words instead of token ids", NULL},
     {OPT_VOCAB, "--vocab", NULL, "LO:HI", "token ids drawn in [LO, HI) (default 3:256)", NULL},
@@ -270,6 +272,7 @@ int cmd_bench(int argc, char **argv) {
         case OPT_SPEED: o.speed = cli_parse_double(a, v); break;
         case OPT_BLOCK: o.block_tokens = (int)cli_parse_long(a, v, 1, 1 << 20); break;
         case OPT_LIMIT: o.limit = (int)cli_parse_long(a, v, 1, 1 << 30); break;
+        case OPT_FROM: o.from = (int)cli_parse_long(a, v, 0, 1 << 30); break;
         case OPT_MAX_OUTPUT: o.max_output = (int)cli_parse_long(a, v, 1, 1 << 24); break;
         case OPT_TEXT: o.text_prompts = true; break;
         case OPT_VOCAB:
@@ -304,6 +307,12 @@ int cmd_bench(int argc, char **argv) {
         if (o.capacity_tokens == 0) o.capacity_tokens = srv.pool_capacity_tokens;
     }
     bench_ideal(&w, o.capacity_tokens);
+    if (o.from > 0 && bench_skip(&w, o.from, err, sizeof err) < 0) {
+        fprintf(stderr, "ember: %s\n", err);
+        cJSON_Delete(srv.stats_before);
+        bench_workload_free(&w);
+        return 1;
+    }
     char *model_name = o.model ? strdup(o.model) : first_model_id(&o);
 
     run_state st;

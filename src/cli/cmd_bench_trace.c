@@ -397,6 +397,23 @@ void bench_ideal(bench_workload *w, int64_t capacity_tokens) {
     if (with_lru) lru_free(&bounded);
 }
 
+int bench_skip(bench_workload *w, int k, char *err, size_t cap) {
+    if (w->kind != BENCH_MOONCAKE) {
+        snprintf(err, cap, "--from: only for Mooncake traces (a session's turns carry the replies before them)");
+        return -1;
+    }
+    if (k >= w->n) {
+        snprintf(err, cap, "--from %d: the trace has %d requests", k, w->n);
+        return -1;
+    }
+    for (int i = 0; i < k; i++) free(w->reqs[i].blocks);
+    memmove(w->reqs, w->reqs + k, (size_t)(w->n - k) * sizeof *w->reqs);
+    w->n -= k;
+    double t0 = w->reqs[0].t_s;
+    for (int i = 0; i < w->n; i++) w->reqs[i].t_s -= t0;
+    return 0;
+}
+
 /* ---- the generator ---- */
 
 static double uniform(uint64_t *s) {
