@@ -109,6 +109,13 @@ static void test_pool_refusals(void **state) {
     assert_int_equal(serve_pool_size(&big, &p, NULL, 0, &err), 0);
     big.configured++;
     assert_int_equal(serve_pool_size(&big, &p, NULL, 0, &err), -1);
+    /* more blocks than the cache's index can address */
+    serve_pool_inputs many = {UINT64_MAX / 2, 0, 0.5, 128, (int32_t)(SERVE_POOL_MAX_BLOCKS + 1), 2};
+    assert_int_equal(serve_pool_size(&many, &p, NULL, 0, &err), -1);
+    assert_non_null(strstr(err.msg, "at most"));
+    many.configured = 0;
+    assert_int_equal(serve_pool_size(&many, &p, NULL, 0, &err), 0);
+    assert_int_equal(p.n_blocks, (int32_t)SERVE_POOL_MAX_BLOCKS);
     /* no overflow at the extremes */
     serve_pool_inputs huge = {UINT64_MAX, 0, 0.5, UINT64_MAX / 2, INT32_MAX, 2};
     assert_int_equal(serve_pool_size(&huge, &p, NULL, 0, &err), -1);
@@ -162,9 +169,9 @@ static char *serve_fails(const char *env, const char *args, int *rc) {
 static void test_impossible_pool_fails_at_start(void **state) {
     (void)state;
     int rc;
-    char *out = serve_fails("", "--num-blocks 2000000000", &rc);
+    char *out = serve_fails("", "--num-blocks 1000000000", &rc);
     assert_int_equal(rc, 1);
-    assert_non_null(strstr(out, "cache.num_blocks=2000000000 needs"));
+    assert_non_null(strstr(out, "cache.num_blocks=1000000000 needs"));
     assert_non_null(strstr(out, "lower cache.num_blocks"));
     assert_null(strstr(out, "listening"));
     assert_null(strstr(out, "APC enabled")); /* refused before the pool and cache exist */

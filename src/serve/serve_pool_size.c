@@ -44,6 +44,9 @@ int serve_pool_size(const serve_pool_inputs *in, serve_pool_plan *out, char *lin
     uint64_t blocks;
     if (in->configured > 0) {
         blocks = (uint64_t)in->configured;
+        if (blocks > SERVE_POOL_MAX_BLOCKS)
+            return ember_fail(err, "cache.num_blocks=%" PRId32 ": at most %llu blocks", in->configured,
+                              (unsigned long long)SERVE_POOL_MAX_BLOCKS);
         /* Checked in blocks, so no product can overflow. */
         if (blocks > usable / in->block_bytes)
             return ember_fail(err,
@@ -68,7 +71,7 @@ int serve_pool_size(const serve_pool_inputs *in, serve_pool_plan *out, char *lin
                               least, (double)least * (double)in->block_bytes / (double)(1ull << 30),
                               gib(in->available), gib(in->weights), gib(margin), gib(usable));
         if (blocks < (uint64_t)least) blocks = (uint64_t)least;
-        if (blocks > INT32_MAX / 2) blocks = INT32_MAX / 2; /* the cache's index holds 2^30 blocks at most */
+        if (blocks > SERVE_POOL_MAX_BLOCKS) blocks = SERVE_POOL_MAX_BLOCKS;
     }
     out->n_blocks = (int32_t)blocks;
     out->pool_bytes = blocks * in->block_bytes;

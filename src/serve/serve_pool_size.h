@@ -34,6 +34,7 @@
 #define SERVE_POOL_SHARE_DEFAULT 0.5
 #define SERVE_POOL_MARGIN_MIN (512ull << 20) /* 512 MiB */
 #define SERVE_POOL_MARGIN_PERCENT 10
+#define SERVE_POOL_MAX_BLOCKS (1ull << 30) /* the cache's block index addresses at most 2^30 blocks */
 
 typedef struct serve_pool_inputs {
     uint64_t available;     /* bytes of memory available at start */
