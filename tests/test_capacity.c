@@ -113,9 +113,12 @@ static void test_pool_refusals(void **state) {
     serve_pool_inputs many = {UINT64_MAX / 2, 0, 0.5, 128, (int32_t)(SERVE_POOL_MAX_BLOCKS + 1), 2};
     assert_int_equal(serve_pool_size(&many, &p, NULL, 0, &err), -1);
     assert_non_null(strstr(err.msg, "at most"));
+    /* a default pool of tiny blocks stops where its bookkeeping would cost more than it gives */
     many.configured = 0;
-    assert_int_equal(serve_pool_size(&many, &p, NULL, 0, &err), 0);
-    assert_int_equal(p.n_blocks, (int32_t)SERVE_POOL_MAX_BLOCKS);
+    char line[512];
+    assert_int_equal(serve_pool_size(&many, &p, line, sizeof line, &err), 0);
+    assert_int_equal(p.n_blocks, (int32_t)SERVE_POOL_DEFAULT_MAX_BLOCKS);
+    assert_non_null(strstr(line, "at most 4194304 blocks"));
     /* no overflow at the extremes */
     serve_pool_inputs huge = {UINT64_MAX, 0, 0.5, UINT64_MAX / 2, INT32_MAX, 2};
     assert_int_equal(serve_pool_size(&huge, &p, NULL, 0, &err), -1);
@@ -287,6 +290,29 @@ static void test_disk_on_by_default(void **state) {
     free(dir);
 }
 
+/* A model without K/V layers (mamba2: recurrent state only) keeps the
+ * small pool of four contexts: its blocks would hold nothing, and millions
+ * of them only slow the start and the stop. */
+static void test_pool_without_kv_layers(void **state) {
+    (void)state;
+    char *dir = make_temp_dir(), gguf_path[600], log[700], cmd[1600], *out;
+    snprintf(gguf_path, sizeof gguf_path, "%s/mamba2.gguf", dir);
+    snprintf(cmd, sizeof cmd, "'%s' mkmodel --arch mamba2 --out '%s' 2>&1", ember_binary(), gguf_path);
+    assert_int_equal(run_capture(cmd, &out), 0);
+    free(out);
+    snprintf(log, sizeof log, "%s/serve.log", dir);
+    char *extra[] = {(char *)"--no-disk", NULL};
+    pid_t pid;
+    int port = http_spawn_ember(ember_binary(), gguf_path, extra, log, &pid);
+    assert_true(port > 0);
+    assert_int_equal(http_stop_server(&pid, 10000), 0);
+    char *text = read_whole_file(log, NULL);
+    assert_non_null(strstr(text, "blocks (four contexts; the model has no KV layers)"));
+    free(text);
+    remove_tree(dir);
+    free(dir);
+}
+
 static void test_bad_disk_path(void **state) {
     (void)state;
     char *dir = make_temp_dir();
@@ -378,6 +404,7 @@ int main(void) {
         cmocka_unit_test(test_impossible_pool_fails_at_start),
         cmocka_unit_test(test_default_pool_from_memory),
         cmocka_unit_test(test_disk_on_by_default),
+        cmocka_unit_test(test_pool_without_kv_layers),
         cmocka_unit_test(test_bad_disk_path),
     };
     return test_run_group(tests, setup, NULL);

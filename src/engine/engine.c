@@ -80,6 +80,14 @@ engine_request engine_default_request(void) {
     return r;
 }
 
+bool engine_has_kv(const model *m) {
+    kv_pool_config kc;
+    model_kv_config(m, 1, &kc);
+    for (int l = 0; l < kc.n_layer; l++)
+        if (kc.k_width[l] + kc.v_width[l] > 0) return true;
+    return false;
+}
+
 size_t engine_block_bytes(const model *m) {
     kv_pool_config kc;
     model_kv_config(m, 1, &kc);

@@ -122,6 +122,8 @@ engine_config engine_default_config(void);
 int32_t engine_default_blocks(const model *m, int n_ctx);
 /* Bytes of one KV block of m (16 tokens, every layer's K and V, f32). */
 size_t engine_block_bytes(const model *m);
+/* Whether any layer of m keeps K/V in the pool (false: recurrent only). */
+bool engine_has_kv(const model *m);
 engine *engine_create(const model *m, const engine_config *cfg, ember_error *err);
 void engine_free(engine *e);
 

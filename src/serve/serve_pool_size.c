@@ -71,7 +71,7 @@ int serve_pool_size(const serve_pool_inputs *in, serve_pool_plan *out, char *lin
                               least, (double)least * (double)in->block_bytes / (double)(1ull << 30),
                               gib(in->available), gib(in->weights), gib(margin), gib(usable));
         if (blocks < (uint64_t)least) blocks = (uint64_t)least;
-        if (blocks > SERVE_POOL_MAX_BLOCKS) blocks = SERVE_POOL_MAX_BLOCKS;
+        if (blocks > SERVE_POOL_DEFAULT_MAX_BLOCKS) blocks = SERVE_POOL_DEFAULT_MAX_BLOCKS;
     }
     out->n_blocks = (int32_t)blocks;
     out->pool_bytes = blocks * in->block_bytes;
@@ -90,9 +90,10 @@ int serve_pool_size(const serve_pool_inputs *in, serve_pool_plan *out, char *lin
                      "(cache.memory_share %g x (%.2f GiB available - %.2f GiB model weights - %.2f GiB safety "
                      "margin)%s; cache.num_blocks overrides)",
                      in->share, gib(in->available), gib(in->weights), gib(margin),
-                     (uint64_t)((double)(usable / in->block_bytes) * in->share) < (uint64_t)least
+                     blocks == (uint64_t)least && (uint64_t)((double)(usable / in->block_bytes) * in->share) < blocks
                          ? ", raised to one full context"
-                         : "");
+                     : blocks == SERVE_POOL_DEFAULT_MAX_BLOCKS ? ", at most 4194304 blocks"
+                                                              : "");
     }
     return 0;
 }

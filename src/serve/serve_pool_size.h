@@ -13,7 +13,8 @@
  *    (MemAvailable of /proc/meminfo; free pages from sysconf when that file
  *    is missing) and weights the model file's size (its mapping is paged in
  *    as the model runs). The pool never drops below one full context plus
- *    a block (least_blocks), which a single request needs.
+ *    a block (least_blocks), which a single request needs, and a default
+ *    pool stops at SERVE_POOL_DEFAULT_MAX_BLOCKS.
  *  - A pool that cannot fit is refused before anything is allocated: a
  *    configured size above `usable`, or a machine whose usable memory
  *    cannot hold least_blocks. The error names the numbers and the setting
@@ -35,6 +36,11 @@
 #define SERVE_POOL_MARGIN_MIN (512ull << 20) /* 512 MiB */
 #define SERVE_POOL_MARGIN_PERCENT 10
 #define SERVE_POOL_MAX_BLOCKS (1ull << 30) /* the cache's block index addresses at most 2^30 blocks */
+/* A default pool stops at 2^22 blocks (64M tokens): beyond that only a
+ * model with tiny blocks gets there, and the per-block bookkeeping the pool
+ * and the cache index set up at start (tens of bytes a block) would cost
+ * more start-up time and memory than the cache could give back. */
+#define SERVE_POOL_DEFAULT_MAX_BLOCKS (1ull << 22)
 
 typedef struct serve_pool_inputs {
     uint64_t available;     /* bytes of memory available at start */
