@@ -19,6 +19,7 @@
 #include "serve/serve_pool_size.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -98,19 +99,40 @@ int serve_pool_size(const serve_pool_inputs *in, serve_pool_plan *out, char *lin
     return 0;
 }
 
+/* vm.overcommit_memory = 2 (strict accounting): a mapping is refused once
+ * the committed total passes CommitLimit, whether its pages are touched or
+ * not, so what can still be committed bounds the pool too. */
+static bool strict_overcommit(void) {
+    FILE *f = fopen("/proc/sys/vm/overcommit_memory", "r");
+    int mode = 0;
+    if (f) {
+        if (fscanf(f, "%d", &mode) != 1) mode = 0;
+        fclose(f);
+    }
+    return mode == 2;
+}
+
 int serve_mem_available(uint64_t *bytes, ember_error *err) {
     FILE *f = fopen("/proc/meminfo", "r");
     int open_errno = f ? 0 : errno;
     if (f) {
         char text[256];
-        unsigned long long kib;
-        while (fgets(text, sizeof text, f))
-            if (sscanf(text, "MemAvailable: %llu kB", &kib) == 1) {
-                fclose(f);
-                *bytes = (uint64_t)kib * 1024u;
-                return 0;
-            }
+        unsigned long long kib, avail = 0, limit = 0, committed = 0;
+        bool have_avail = false, have_limit = false, have_committed = false;
+        while (fgets(text, sizeof text, f)) {
+            if (sscanf(text, "MemAvailable: %llu kB", &kib) == 1) avail = kib, have_avail = true;
+            else if (sscanf(text, "CommitLimit: %llu kB", &kib) == 1) limit = kib, have_limit = true;
+            else if (sscanf(text, "Committed_AS: %llu kB", &kib) == 1) committed = kib, have_committed = true;
+        }
         fclose(f);
+        if (have_avail) {
+            if (have_limit && have_committed && strict_overcommit()) {
+                unsigned long long room = limit > committed ? limit - committed : 0;
+                if (room < avail) avail = room;
+            }
+            *bytes = (uint64_t)avail * 1024u;
+            return 0;
+        }
     }
     /* Older kernels: free pages only (page cache not counted, so smaller). */
     long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);

@@ -10,8 +10,9 @@
  *      pool   = cache.memory_share * usable, in whole blocks
  *
  *    where available is the memory the kernel says is available at start
- *    (MemAvailable of /proc/meminfo; free pages from sysconf when that file
- *    is missing) and weights the model file's size (its mapping is paged in
+ *    (MemAvailable of /proc/meminfo, bounded by what can still be committed
+ *    under strict overcommit; free pages from sysconf when that file is
+ *    missing) and weights the model file's size (its mapping is paged in
  *    as the model runs). The pool never drops below one full context plus
  *    a block (least_blocks), which a single request needs, and a default
  *    pool stops at SERVE_POOL_DEFAULT_MAX_BLOCKS.
@@ -63,8 +64,9 @@ typedef struct serve_pool_plan {
  * fit. line (may be NULL) gets the start-up log line. */
 int serve_pool_size(const serve_pool_inputs *in, serve_pool_plan *out, char *line, size_t line_cap,
                     ember_error *err);
-/* Memory available to a new allocation: MemAvailable of /proc/meminfo,
- * else free pages (sysconf). */
+/* Memory available to a new allocation: MemAvailable of /proc/meminfo
+ * (under strict overcommit, vm.overcommit_memory = 2, at most CommitLimit -
+ * Committed_AS), else free pages (sysconf). */
 int serve_mem_available(uint64_t *bytes, ember_error *err);
 
 #endif
