@@ -96,6 +96,26 @@ size_t engine_block_bytes(const model *m) {
     return (row ? row : 1) * KV_BLOCK_TOKENS * sizeof(float);
 }
 
+static size_t config_block_bytes(const kv_pool_config *kc) {
+    size_t row = 0;
+    for (int l = 0; l < kc->n_layer; l++) row += (size_t)kc->k_width[l] + (size_t)kc->v_width[l];
+    return row * KV_BLOCK_TOKENS * sizeof(float);
+}
+
+size_t engine_blocks_bytes(const model *m, const spec_config *spec) {
+    size_t bytes = engine_block_bytes(m);
+    kv_pool_config kc;
+    if (spec && spec->kind == SPEC_DRAFT && spec->draft) {
+        model_kv_config(spec->draft, 1, &kc);
+        bytes += config_block_bytes(&kc);
+    }
+    if (spec && spec->kind == SPEC_MTP) {
+        model_mtp_kv_config(m, 1, &kc);
+        bytes += config_block_bytes(&kc);
+    }
+    return bytes;
+}
+
 int32_t engine_default_blocks(const model *m, int n_ctx) {
     size_t block_bytes = engine_block_bytes(m);
     int64_t want = 4 * (((int64_t)n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);

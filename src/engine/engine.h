@@ -122,6 +122,10 @@ engine_config engine_default_config(void);
 int32_t engine_default_blocks(const model *m, int n_ctx);
 /* Bytes of one KV block of m (16 tokens, every layer's K and V, f32). */
 size_t engine_block_bytes(const model *m);
+/* Bytes one block of num_blocks costs across every pool the engine makes
+ * with that count: the target's, and the draft model's or the MTP head's
+ * when spec speculates with one. */
+size_t engine_blocks_bytes(const model *m, const spec_config *spec);
 /* Whether any layer of m keeps K/V in the pool (false: recurrent only). */
 bool engine_has_kv(const model *m);
 engine *engine_create(const model *m, const engine_config *cfg, ember_error *err);
