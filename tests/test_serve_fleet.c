@@ -339,20 +339,21 @@ static void test_vllm_metrics(void **state) {
     assert_true(fd >= 0);
     struct pollfd pf = {.fd = fd, .events = POLLIN};
     assert_int_equal(poll(&pf, 1, 10000), 1);
-    /* the 200 head comes before admission: wait until it runs */
-    double running = 0;
-    for (int i = 0; i < 500 && running != 1; i++) {
+    /* the 200 head comes before admission, and admission before the first
+     * block: wait until it runs with K/V in the pool */
+    double running = 0, use = 0;
+    for (int i = 0; i < 500 && (running != 1 || use <= 0); i++) {
         m = metrics(s.port);
         snprintf(name, sizeof name, "vllm:num_requests_running%s", L);
         running = sample(m, name);
-        if (running != 1) {
+        snprintf(name, sizeof name, "vllm:kv_cache_usage_perc%s", L);
+        use = sample(m, name);
+        if (running != 1 || use <= 0) {
             free(m);
             usleep(10000);
         }
     }
     assert_true(running == 1);
-    snprintf(name, sizeof name, "vllm:kv_cache_usage_perc%s", L);
-    double use = sample(m, name);
     assert_true(use > 0 && use <= 1);
     free(m);
     close(fd); /* cancels it */
