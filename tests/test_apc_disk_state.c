@@ -51,6 +51,8 @@ static engine *open_engine(const model *m, const char *root, const char *ns) {
     cfg.cache.ckpt.replay_min = 48;
     cfg.cache.ckpt.sys_min = 32;
     cfg.cache.ckpt.decode_interval = 0;
+    cfg.cache.ckpt.snapshot_interval = 0; /* the ckpt and exact tiers' disk state */
+    cfg.cache.swa_block = false;
     cfg.cache.disk.path = root;
     cfg.cache.disk.namespace_override = ns;
     return test_open_engine(m, &cfg);

@@ -61,6 +61,7 @@ static apc_ckpt_config test_ckpt_config(void) {
     c.sys_min = 32;
     c.decode_interval = 0;
     c.tripwire = 5;
+    c.snapshot_interval = 0; /* this file tests the ckpt and exact tiers (test_snap.c the block tier's snapshots) */
     return c;
 }
 
@@ -71,6 +72,7 @@ static engine *open_engine(const model *m, int step, int32_t num_blocks, const a
     cfg.num_blocks = num_blocks;
     cfg.n_ctx = 1024;
     cfg.cache.ckpt = ck ? *ck : test_ckpt_config();
+    cfg.cache.swa_block = false;
     return test_open_engine(m, &cfg);
 }
 
@@ -517,6 +519,7 @@ static void test_strip_on_extend(void **st) {
     cache_layer stack[3] = {{CACHE_KIND_KV, 0, 0}, {CACHE_KIND_ROT, 32, 0}, {CACHE_KIND_KV, 0, 0}};
     apc_config cfg = apc_default_config();
     cfg.ckpt = test_ckpt_config();
+    cfg.swa_block = false;
     cfg.ckpt.replay = false;
     apc *c = apc_create(pool, &kc, stack, NULL, &cfg, &err);
     assert_non_null(c);
@@ -560,6 +563,7 @@ static void test_grid_truncate(void **st) {
     cache_layer stack[2] = {{CACHE_KIND_KV, 0, 0}, {CACHE_KIND_ROT, 32, 0}};
     apc_config cfg = apc_default_config();
     cfg.ckpt = test_ckpt_config();
+    cfg.swa_block = false;
     apc *c = apc_create(pool, &kc, stack, NULL, &cfg, &err);
     assert_non_null(c);
     int32_t a[64];

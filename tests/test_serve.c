@@ -13,9 +13,10 @@
  * strings across token boundaries, the prompt cache through the API (resend: cached = N-1 and
  * identical logprobs; second chat turn: cached covers the first turn), batch
  * invariance with 16 concurrent neighbours, cancellation on disconnect,
- * the cache on every tier (ckpt: gemma3, qwen35; exact: mamba2: resend N-1
+ * the cache on every family (block tier: gemma3 with its window rows kept, qwen35
+ * and mamba2 with recurrent snapshots on the chain: resend N-1
  * with identical logprobs, 3-turn chats, system-prompt siblings) and warm
- * restarts from cache.disk.path (block and exact tiers),
+ * restarts from cache.disk.path (dense, and mamba2 through its snapshot skeletons),
  * queue overflow (503 + Retry-After), config errors, Prometheus output
  * (checked by promtool when installed) and the graceful SIGTERM drain. */
 #define _GNU_SOURCE
@@ -820,8 +821,7 @@ static void check_cache_arch(const char *arch, const char *tier, int64_t slack) 
     cJSON_Delete(msgs);
 
     /* 3. parallel siblings of one system prompt restore from the anchor */
-    double hits0 = cache_stat(sp->port, "anchor_hits") + cache_stat(sp->port, "ckpt_hits") +
-                   cache_stat(sp->port, "exact_hits");
+    double hits0 = cache_stat(sp->port, "lookups_hit");
     job jobs[3];
     pthread_t th[3];
     for (int i = 0; i < 3; i++) {
@@ -843,7 +843,7 @@ static void check_cache_arch(const char *arch, const char *tier, int64_t slack) 
     for (int i = 1; i < 3; i++) pthread_join(th[i], NULL);
     for (int i = 0; i < 3; i++) assert_job_ok(&jobs[i]);
     double anchors = cache_stat(sp->port, "anchor_hits");
-    double hits1 = anchors + cache_stat(sp->port, "ckpt_hits") + cache_stat(sp->port, "exact_hits");
+    double hits1 = cache_stat(sp->port, "lookups_hit");
     print_message("%s siblings: anchor_hits %.0f, hits %.0f -> %.0f\n", arch, anchors, hits0, hits1);
     assert_true(hits1 >= hits0 + 2);
     /* the siblings' greedy outputs are the ones they get alone */
@@ -871,19 +871,21 @@ static void check_cache_arch(const char *arch, const char *tier, int64_t slack) 
     free(log);
 }
 
-static void test_cache_ckpt_gemma3(void **state) {
+/* Sliding window: the pool keeps every row, so the block tier serves it. */
+static void test_cache_swa_gemma3(void **state) {
     (void)state;
-    check_cache_arch("gemma3", "ckpt", 16);
+    check_cache_arch("gemma3", "block", 16);
 }
 
-static void test_cache_ckpt_qwen35(void **state) {
+/* Recurrent layers: the block tier with state snapshots on the chain. */
+static void test_cache_snap_qwen35(void **state) {
     (void)state;
-    check_cache_arch("qwen35", "ckpt", 16);
+    check_cache_arch("qwen35", "block", 16);
 }
 
-static void test_cache_exact_mamba2(void **state) {
+static void test_cache_snap_mamba2(void **state) {
     (void)state;
-    check_cache_arch("mamba2", "exact", 16);
+    check_cache_arch("mamba2", "block", 16);
 }
 
 /* A warm restart through the server: cache.disk.path in ember.yaml, a
@@ -927,7 +929,8 @@ static void test_warm_restart_block(void **state) {
     check_warm_restart("qwen3", g_model);
 }
 
-static void test_warm_restart_exact(void **state) {
+/* mamba2: the N-1 snapshot comes back from its skeleton on disk. */
+static void test_warm_restart_snapshots(void **state) {
     (void)state;
     char path[600];
     make_model("mamba2", path, sizeof path);
@@ -1317,11 +1320,11 @@ int main(void) {
         cmocka_unit_test(test_recurrent_qwen35),
         cmocka_unit_test(test_recurrent_mamba2),
         cmocka_unit_test(test_tools_api),
-        cmocka_unit_test(test_cache_ckpt_gemma3),
-        cmocka_unit_test(test_cache_ckpt_qwen35),
-        cmocka_unit_test(test_cache_exact_mamba2),
+        cmocka_unit_test(test_cache_swa_gemma3),
+        cmocka_unit_test(test_cache_snap_qwen35),
+        cmocka_unit_test(test_cache_snap_mamba2),
         cmocka_unit_test(test_warm_restart_block),
-        cmocka_unit_test(test_warm_restart_exact),
+        cmocka_unit_test(test_warm_restart_snapshots),
         cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_queue_full),

@@ -130,6 +130,7 @@ struct apc {
     apc_ckpt *ckpt;
     apc_state_ops state;   /* state.bytes == 0: no recurrent layers */
     size_t state_bytes;
+    apc_snaps snaps;       /* block tier over recurrent layers (route.snapshots) */
 };
 
 void apc__lock(apc *c) { pthread_mutex_lock(&c->lock); }
@@ -137,6 +138,9 @@ void apc__unlock(apc *c) { pthread_mutex_unlock(&c->lock); }
 kv_pool *apc__pool(apc *c) { return c->pool; }
 const apc_layout *apc__layout(apc *c) { return &c->layout; }
 apc_ckpt *apc__ckpt(apc *c) { return c->ckpt; }
+apc_index *apc__index(apc *c) { return &c->index; }
+apc_snaps *apc__snaps(apc *c) { return &c->snaps; }
+void apc__count_miss_locked(apc *c) { c->lookups_miss++; }
 size_t apc__state_bytes(apc *c) { return c->state_bytes; }
 const apc_tier_ops *apc__tier_ops(apc *c) { return c->ops; }
 int64_t apc__state_pos(apc *c, const model_state *s) { return c->state.pos(s); }
@@ -193,6 +197,7 @@ static void decline_locked(apc *c, apc_decline why, const char *detail) {
 static void on_evict(void *owner, int32_t block) {
     apc *c = owner;
     apc_index_remove(&c->index, block);
+    apc_snaps_evict(&c->snaps, block);
     c->evictions++;
 }
 
@@ -205,6 +210,7 @@ apc_config apc_default_config(void) {
     cfg.exact_max_bytes = (size_t)4 << 30;
     cfg.force_tier = APC_FORCE_NONE;
     cfg.ckpt_enabled = true;
+    cfg.swa_block = true;
     cfg.disk.workers = 1;
     cfg.disk.read_mode = APC_DISK_READ_DIRECT;
     cfg.disk.queue_jobs = 64;
@@ -224,6 +230,14 @@ static void log_route(const apc *c) {
     ember_log(EMBER_LOG_INFO, "APC tier: %s (layers: %d kv / %d rot / %d arr)", apc_tier_name(r->tier), r->n_kv,
               r->n_rot, r->n_arr);
     if (r->forced) ember_log(EMBER_LOG_INFO, "APC tier forced by cache.force_tier (EMBER_APC_FORCE_TIER, --force-tier)");
+    if (r->snapshots)
+        ember_log(EMBER_LOG_INFO,
+                  "APC recurrent-state snapshots on the block chain every %d tokens (%zu bytes each, budget %.0f MiB)",
+                  c->cfg.ckpt.snapshot_interval, c->state_bytes,
+                  (double)c->cfg.ckpt.snapshot_budget_bytes / (1024.0 * 1024.0));
+    else if (r->tier == APC_TIER_BLOCK && r->n_rot > 0)
+        ember_log(EMBER_LOG_INFO, "APC sliding-window layers served by the block tier: the pool keeps every row "
+                                  "(cache.swa_block: false goes back to checkpoints)");
     size_t bb = kv_pool_block_bytes(c->pool);
     int32_t nb = kv_pool_n_blocks(c->pool);
     ember_log(EMBER_LOG_INFO,
@@ -267,6 +281,7 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
     }
 
     c->route = apc_route_stack(stack, layout->n_layer, cfg.ckpt_enabled);
+    apc_route_pool_rows(&c->route, cfg.swa_block, cfg.ckpt.snapshot_interval > 0 && c->state_bytes > 0);
     if (cfg.force_tier != APC_FORCE_NONE) apc_route_force(&c->route, cfg.force_tier);
     if (!cfg.enabled) {
         c->route.tier = APC_TIER_NONE;
@@ -278,10 +293,17 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
     }
     log_route(c);
     switch (c->route.tier) {
-    case APC_TIER_BLOCK: c->ops = &apc_block_ops; break;
+    case APC_TIER_BLOCK: c->ops = c->route.snapshots ? &apc_snap_ops : &apc_block_ops; break;
     case APC_TIER_EXACT: c->ops = &apc_exact_ops; break;
     case APC_TIER_CKPT: c->ops = &apc_ckpt_ops; break;
     default: c->ops = &apc_none_ops; break;
+    }
+    if (c->route.snapshots &&
+        apc_snaps_init(&c->snaps, kv_pool_n_blocks(pool), c->state_bytes, cfg.ckpt.snapshot_budget_bytes,
+                       cfg.ckpt.snapshot_interval) < 0) {
+        apc_free(c);
+        ember_fail(err, "prompt cache: out of memory for the snapshot table of %d blocks", kv_pool_n_blocks(pool));
+        return NULL;
     }
     kv_pool_set_evict_hook(pool, on_evict, c);
     c->ckpt = apc_ckpt_create(c, stack, layout->n_layer, &cfg);
@@ -359,6 +381,7 @@ void apc_free(apc *c) {
         kv_pool_set_evict_hook(c->pool, NULL, NULL);
     }
     apc_exact_clear(&c->exact);
+    apc_snaps_free(&c->snaps);
     apc_index_free(&c->index);
     free(c->layout.k_width);
     free(c->layout.v_width);
@@ -725,13 +748,21 @@ void apc__store_blocks(apc *c, apc_store_point point, const int32_t *tokens, int
                        const kv_seq *seq) {
     if (n < 1 || !store_fits(c, n, seq)) return;
     int64_t n_blocks = n / KV_BLOCK_TOKENS;
-    int tail = (int)(n % KV_BLOCK_TOKENS);
     apc_key *keys = malloc((size_t)(n_blocks + 1) * sizeof *keys);
     if (keys == NULL) {
         decline_locked(c, APC_DECLINE_ALLOC, "out of memory for the store's keys");
         return;
     }
     apc_chain_keys(c->cfg.hash, tokens, n_blocks, salt, keys);
+    apc__store_blocks_keyed(c, point, tokens, n, salt, seq, keys);
+    free(keys);
+}
+
+void apc__store_blocks_keyed(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
+                             const kv_seq *seq, apc_key *keys) {
+    if (n < 1 || !store_fits(c, n, seq)) return;
+    int64_t n_blocks = n / KV_BLOCK_TOKENS;
+    int tail = (int)(n % KV_BLOCK_TOKENS);
     apc_key zero;
     memset(&zero, 0, sizeof zero);
     const apc_key *tail_parent = n_blocks > 0 ? &keys[n_blocks - 1] : &zero;
@@ -757,7 +788,6 @@ void apc__store_blocks(apc *c, apc_store_point point, const int32_t *tokens, int
     if (point == APC_STORE_RETIRE && added > 0) c->retire_stores++;
     pthread_mutex_unlock(&c->lock);
     if (c->disk) apc_disk_store_chain(c->disk, keys, n_blocks, tail, tokens, salt, seq);
-    free(keys);
 }
 
 /* A disk writer is done with a snapshot it had pinned. */
@@ -854,6 +884,13 @@ void apc_get_stats(apc *c, apc_stats *s) {
     s->generation = c->generation;
     memcpy(s->declines, c->declines, sizeof s->declines);
     if (c->ckpt) apc_ckpt_stats_locked(c->ckpt, s);
+    s->snap_stores = c->snaps.stores;
+    s->snap_hits = c->snaps.hits;
+    s->snap_evictions = c->snaps.evictions;
+    s->snap_entries = c->snaps.count;
+    s->snap_interval = c->route.snapshots ? c->snaps.interval : 0;
+    s->snap_bytes = c->snaps.bytes;
+    s->snap_max_bytes = c->snaps.max_bytes;
     pthread_mutex_unlock(&c->lock);
     if (c->disk) {
         apc_disk_stats ds;
@@ -898,6 +935,8 @@ void apc_reset(apc *c) {
     memset(c->declines, 0, sizeof c->declines);
     memset(c->decline_logged, 0, sizeof c->decline_logged);
     if (c->ckpt) apc_ckpt_reset_locked(c->ckpt);
+    apc_snaps_clear(&c->snaps);
+    c->snaps.stores = c->snaps.hits = c->snaps.evictions = 0;
     c->generation++;
     pthread_mutex_unlock(&c->lock);
     /* The disk keeps its files; only its cumulative counters restart. */

@@ -67,6 +67,7 @@ typedef struct apc_route {
     apc_tier tier;
     int n_kv, n_rot, n_arr, n_list, n_other;
     bool forced;
+    bool snapshots;     /* block tier over arr/list layers: recurrent-state snapshots on the chain */
     char reason[192];   /* OFF: why; exact instead of ckpt: why; else "" */
 } apc_route;
 
@@ -112,6 +113,11 @@ typedef struct apc_ckpt_config {
     int decode_interval;     /* EMBER_APC_DECODE_CKPT 512: decode-time snapshot spacing; <= 0 off */
     int anchor_entries;      /* EMBER_APC_ANCHOR_ENTRIES 4: exact-tier anchor LRU (at least 1) */
     size_t anchor_budget_bytes; /* EMBER_APC_ANCHOR_BUDGET_MB 4096 */
+    /* Recurrent-state snapshots pinned to block chains (apc_snap.c): */
+    int snapshot_interval;   /* EMBER_APC_SNAPSHOT_INTERVAL 64: a snapshot every this many tokens (a
+                              * multiple of 16) along prefill and decode; arr/list stacks then route to
+                              * the block tier; 0: off (the ckpt / exact routing) */
+    size_t snapshot_budget_bytes; /* EMBER_APC_SNAPSHOT_BUDGET_MB 1024: bytes of snapshots kept, LRU */
 } apc_ckpt_config;
 
 /* Compiled-in defaults (the cache reads no environment). */
@@ -124,6 +130,8 @@ typedef struct apc_config {
     size_t exact_max_bytes;   /* default 4 GiB */
     apc_force force_tier;     /* APC_FORCE_NONE: routing decides */
     bool ckpt_enabled;        /* false: stacks that would go ckpt go exact */
+    bool swa_block;           /* sliding-window stacks whose pool keeps every row go block (default
+                               * true); false: the checkpoint tier, as if out-of-window rows were trimmed */
     apc_disk_config disk;     /* off by default */
     apc_ckpt_config ckpt;     /* checkpoint tier and exact anchors */
 } apc_config;
@@ -177,6 +185,12 @@ typedef struct apc_stats {
     uint64_t ckpt_declines[16];
     int ckpt_records, anchor_entries;
     size_t ckpt_bytes;
+    /* Recurrent-state snapshots on block chains (block tier over arr/list
+     * layers): stores, hits (lookups that restored one), evictions (with
+     * their block, or over the byte budget), entries and bytes kept. */
+    uint64_t snap_stores, snap_hits, snap_evictions;
+    int snap_entries, snap_interval;
+    size_t snap_bytes, snap_max_bytes;
 } apc_stats;
 
 typedef struct apc apc;
@@ -204,6 +218,12 @@ typedef struct apc_state_ops {
 
 /* ---- Routing (pure; no logging) ---- */
 apc_route apc_route_stack(const cache_layer *stack, int n_layer, bool ckpt_enabled);
+/* Routing by what the pool really holds (apc_route.c, issue 17): a stack
+ * routed ckpt or exact goes block when every non-kv layer can be cut at a
+ * block: rot layers when the pool keeps their out-of-window rows
+ * (swa_rows_kept), arr/list layers when recurrent snapshots ride on the
+ * block chain (snapshots). Sets r->snapshots. Call before apc_route_force. */
+void apc_route_pool_rows(apc_route *r, bool swa_rows_kept, bool snapshots);
 /* Applies a forced tier; block on a stack that is not all kv is refused
  * (route unchanged, reason says so). */
 void apc_route_force(apc_route *r, apc_force force);

@@ -72,6 +72,8 @@ apc_ckpt_config apc_ckpt_default_config(void) {
     c.decode_interval = 512;
     c.anchor_entries = 4;
     c.anchor_budget_bytes = (size_t)4096 << 20;
+    c.snapshot_interval = 64;
+    c.snapshot_budget_bytes = (size_t)1024 << 20;
     return c;
 }
 

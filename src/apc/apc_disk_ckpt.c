@@ -58,7 +58,11 @@ static bool load_chain(apc *c, apc_disk *d, const int32_t *tokens, int64_t p, ui
         want[got].dst = b;
     }
     apc__unlock(c);
-    int64_t loaded = got == total ? apc_disk_load_blocks(d, &zero, csalt, want, total) : 0;
+    /* A stack without K/V rows (pure recurrent) writes no shards: its
+     * blocks only carry the chain, so there is nothing to read. */
+    int64_t loaded = got < total ? 0
+                     : apc__layout(c)->row_floats == 0 ? total
+                                                       : apc_disk_load_blocks(d, &zero, csalt, want, total);
     bool ok = loaded == total;
     apc__lock(c);
     for (int64_t i = 0; i < got; i++) {

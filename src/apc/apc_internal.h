@@ -95,6 +95,30 @@ int apc_exact_insert(apc_exact *ex, apc_exact_entry *e);
 void apc_exact_unpin(apc_exact *ex, apc_exact_entry *e);
 void apc_exact_clear(apc_exact *ex);
 
+/* ---- Recurrent-state snapshots on block chains (apc_snap.c) ----
+ * One optional snapshot per indexed pool block: the model state after the
+ * block's last row (16 rows, or n_rows of an indexed partial tail). It is
+ * owned by the block's index entry: dropped when the pool evicts the block
+ * (evict hook), on reset, and, least recently used first, when the bytes
+ * kept pass max_bytes. Under the cache's lock. */
+typedef struct apc_snaps {
+    int32_t n_blocks;
+    void **state;            /* (n_blocks) or NULL entries */
+    int32_t *newer, *older;  /* (n_blocks) LRU links over blocks with a snapshot; -1 ends */
+    int32_t newest, oldest;
+    int count;
+    size_t each, bytes, max_bytes;
+    int interval;
+    uint64_t stores, hits, evictions;
+} apc_snaps;
+
+int apc_snaps_init(apc_snaps *s, int32_t n_blocks, size_t each, size_t max_bytes, int interval);
+void apc_snaps_free(apc_snaps *s);
+/* Drops every snapshot (reset); counters stay for the caller to zero. */
+void apc_snaps_clear(apc_snaps *s);
+/* The pool hands block out again: its snapshot goes with it (counted). */
+void apc_snaps_evict(apc_snaps *s, int32_t block);
+
 /* ---- Checkpoint tier (apc_ckpt.c) ----
  * The cache (apc.c) owns one apc_ckpt per cache and calls these; the
  * ones named _locked run under the cache's mutex. */
@@ -148,6 +172,13 @@ struct apc_req {
     int ring_grid;
     apc_ring_snap snaps[APC_RING_MAX];
     int n_snaps;
+    /* block tier with recurrent snapshots (apc_snap.c): the chain keys of
+     * prompt's full blocks computed so far (prompt is the driver's whole
+     * token array, so decode and retirement extend them), and the two
+     * hinted stops (system-prompt end, turn boundary) */
+    struct apc_key *keys;
+    int64_t n_keys, cap_keys;
+    int64_t snap_hint[2];
 };
 
 typedef struct apc_tier_ops {
@@ -165,9 +196,10 @@ typedef struct apc_tier_ops {
     int64_t (*peek)(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
     int64_t (*prefetch)(apc *c, const int32_t *tokens, int64_t n, uint64_t salt); /* the disk part of a lookup */
     bool serial; /* prompts prefill one request at a time */
+    bool progressive; /* prefill stores as it passes its stops (a sibling can adopt before it ends) */
 } apc_tier_ops;
 
-extern const apc_tier_ops apc_none_ops, apc_block_ops, apc_exact_ops, apc_ckpt_ops;
+extern const apc_tier_ops apc_none_ops, apc_block_ops, apc_exact_ops, apc_ckpt_ops, apc_snap_ops;
 /* The table of the cache's routed tier (apc.c). */
 const apc_tier_ops *apc__tier_ops(apc *c);
 
@@ -191,6 +223,10 @@ typedef enum apc_store_point {
 apc_hit apc__lookup_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq);
 void apc__store_blocks(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
                        const kv_seq *seq);
+/* The same with the chain keys of the n / 16 full blocks given; keys has
+ * room for one more (the partial tail's key is written there). */
+void apc__store_blocks_keyed(apc *c, apc_store_point point, const int32_t *tokens, int64_t n, uint64_t salt,
+                             const kv_seq *seq, apc_key *keys);
 int64_t apc__peek_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
 int64_t apc__prefetch_blocks(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
 int64_t apc__prefetch_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
@@ -210,6 +246,10 @@ void apc__unlock(apc *c);
 kv_pool *apc__pool(apc *c);
 const apc_layout *apc__layout(apc *c);
 apc_ckpt *apc__ckpt(apc *c);
+apc_index *apc__index(apc *c);
+apc_snaps *apc__snaps(apc *c);
+/* Under the lock: a lookup found nothing (lookups_miss). */
+void apc__count_miss_locked(apc *c);
 size_t apc__state_bytes(apc *c); /* 0: no recurrent layers */
 /* The recurrent state through the creator's operations. */
 int64_t apc__state_pos(apc *c, const model_state *s);

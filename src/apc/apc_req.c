@@ -19,6 +19,10 @@
  *     decode       -      -                     -                          ring snapshots
  *     retire       -      index prompt+reply    snapshot prompt+reply      reference §7.7
  *
+ * The block tier over recurrent layers (apc_snap.c) is the block column plus
+ * state snapshots on the chain: stops every snapshot interval, at the hints
+ * and at N-1; decode snapshots at interval points; retirement with the state.
+ *
  * The flags lookup/store (a request's cache mode) are applied here, once,
  * so no table checks them. */
 #include "apc/apc_req.h"
@@ -61,8 +65,11 @@ void apc_req_free(apc_req *r) {
     if (r == NULL) return;
     for (int i = 0; i < r->n_snaps; i++) free(r->snaps[i].state);
     free(r->sched);
+    free(r->keys);
     free(r);
 }
+
+bool apc_req_progressive(const apc_req *r) { return r != NULL && r->store && r->ops->progressive; }
 
 apc_req_state apc_req_get_state(const apc_req *r) { return r ? r->state : APC_REQ_NEW; }
 

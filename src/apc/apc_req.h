@@ -84,6 +84,10 @@ apc_req_state apc_req_get_state(const apc_req *r);
 /* Whether prompts on this cache prefill one request at a time (ckpt tier:
  * a batched prefill takes no checkpoints), from the lookup to prefilled. */
 bool apc_req_serial(const apc_req *r);
+/* Whether prefill stores what it passes as it goes (the block tier over
+ * recurrent layers), so a sibling waiting for a shared prefix can start as
+ * soon as the storing request has passed it. */
+bool apc_req_progressive(const apc_req *r);
 
 /* ---- Prompt phase ---- */
 /* NEW -> PREFILL: fills the empty sequence (and state) with the longest

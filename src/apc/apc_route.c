@@ -11,7 +11,14 @@
  *       layer shares one (window, keep) with window > 0 and both on the
  *       16-token grid, and the checkpoint tier is switched on; else exact.
  *
- * Logging is left to apc_create, which logs the outcome once per model. */
+ * Logging is left to apc_create, which logs the outcome once per model.
+ *
+ * apc_route_pool_rows (the last section) then routes by what the pool
+ * really holds (issue 17): ember's pool keeps every row of a sliding layer
+ * (the window is a mask), so those K/V are as cuttable as a kv layer's; and
+ * with recurrent snapshots riding on the block chain (apc_snap.c), arr and
+ * list layers can be cut at every snapshot point. Such stacks go block. It
+ * is a separate pass so that the table above stays the reference's. */
 #include <stdio.h>
 #include <string.h>
 
@@ -103,15 +110,30 @@ apc_route apc_route_stack(const cache_layer *stack, int n_layer, bool ckpt_enabl
     return r;
 }
 
+/* ---- Routing by what the pool holds (issue 17) ---- */
+
+void apc_route_pool_rows(apc_route *r, bool swa_rows_kept, bool snapshots) {
+    r->snapshots = false;
+    if (r->tier != APC_TIER_CKPT && r->tier != APC_TIER_EXACT) return;
+    if (r->n_other > 0) return;
+    if (r->n_rot > 0 && !swa_rows_kept) return;
+    bool recurrent = r->n_arr + r->n_list > 0;
+    if (recurrent && !snapshots) return;
+    r->tier = APC_TIER_BLOCK;
+    r->snapshots = recurrent;
+    r->reason[0] = '\0';
+}
+
 void apc_route_force(apc_route *r, apc_force force) {
     switch (force) {
     case APC_FORCE_OFF:
         r->tier = APC_TIER_NONE;
         r->forced = true;
+        r->snapshots = false;
         snprintf(r->reason, sizeof r->reason, "forced off (cache.force_tier: off)");
         break;
     case APC_FORCE_BLOCK:
-        if (r->n_kv > 0 && r->n_rot + r->n_arr + r->n_list + r->n_other == 0) {
+        if ((r->n_kv > 0 && r->n_rot + r->n_arr + r->n_list + r->n_other == 0) || r->tier == APC_TIER_BLOCK) {
             r->tier = APC_TIER_BLOCK;
             r->forced = true;
             r->reason[0] = '\0';
@@ -123,6 +145,7 @@ void apc_route_force(apc_route *r, apc_force force) {
         if (r->n_other == 0 && r->n_kv + r->n_rot + r->n_arr + r->n_list > 0) {
             r->tier = APC_TIER_EXACT;
             r->forced = true;
+            r->snapshots = false;
             r->reason[0] = '\0';
         } else {
             snprintf(r->reason, sizeof r->reason, "cache.force_tier exact ignored: the stack cannot be snapshotted");

@@ -192,15 +192,19 @@ bool engine_req_fresh_hold(const engine_req *q, engine_req *const *earlier, int 
                            size_t reason_cap) {
     if (fresh_min < 1 || q->ar == NULL || apc_req_serial(q->ar)) return false;
     int64_t shared = 0;
+    bool passing = false; /* a progressive storer has not passed the shared prefix yet */
     for (int i = 0; i < n; i++) {
         const engine_req *o = earlier[i];
         if (o == q || o->phase > ENGINE_REQ_FIRST) continue; /* its prompt is stored */
         int64_t l = chat_token_common_prefix(q->all, q->N - 1, o->all, o->N);
         if (l > shared) shared = l;
+        if (l >= fresh_min && apc_req_progressive(o->ar) && o->seq.n_tokens < l) passing = true;
     }
     if (shared < fresh_min) return false;
     int64_t covered = apc_peek(q->cache, q->all, q->N, q->salt);
-    if (shared - covered < fresh_min) return false;
+    /* A progressive storer's prefix lands piece by piece: wait until it has
+     * passed the whole shared part, not only until fresh_min are left. */
+    if (shared - covered < fresh_min && !(passing && shared - covered >= KV_BLOCK_TOKENS)) return false;
     snprintf(reason, reason_cap, "shares %lld uncached prompt tokens with an earlier request (%lld cached)",
              (long long)(shared - covered), (long long)covered);
     return true;

@@ -223,6 +223,25 @@ static const serve_setting table[] = {
      "thread).",
      false, APC(ckpt.decode_interval)},
 
+    {"cache.ckpt.snapshot_interval", "EMBER_APC_SNAPSHOT_INTERVAL", "snapshot-interval", SETTING_INT, "64", 0,
+     1 << 20, NULL, NULL,
+     "recurrent-state snapshot spacing in tokens on the block chain (a multiple of 16); 0: off",
+     "On: stacks with `arr` or `list` layers (mamba2, falcon-h1, qwen35) route to the block tier and keep a state "
+     "snapshot every this many tokens along prefill and decode, plus at the system-prompt end, the turn boundary, "
+     "N-1, N and retirement, each pinned to the block it follows and evicted with it; prompts that share a prefix "
+     "share its snapshots. Prefill stops at each point. Off: those stacks use the checkpoint or exact tier. "
+     "Why 64: docs/snapshots.md.",
+     false, APC(ckpt.snapshot_interval)},
+    {"cache.ckpt.snapshot_budget_mb", "EMBER_APC_SNAPSHOT_BUDGET_MB", "snapshot-budget-mb", SETTING_MIB, "1024", 0,
+     1 << 24, NULL, NULL, "byte budget (MiB) of the recurrent-state snapshots on block chains; least recently used go first",
+     NULL, false, APC(ckpt.snapshot_budget_bytes)},
+    {"cache.swa_block", "EMBER_APC_SWA_BLOCK", "swa-block", SETTING_BOOL, "true", 0, 0, NULL, NULL,
+     "serve sliding-window stacks (gemma3) from the block tier: the pool keeps every row of a sliding layer",
+     "The window is a mask over the paged pool, so out-of-window K/V stay in their blocks anyway and are exact for "
+     "any request sharing the prefix. false: the checkpoint tier, as a pool that trims out-of-window rows would "
+     "need. Memory cost: docs/snapshots.md.",
+     false, APC(swa_block)},
+
     /* ---- cache.anchor: the exact tier's system-prompt anchors ---- */
     {"cache.anchor.entries", "EMBER_APC_ANCHOR_ENTRIES", "anchor-entries", SETTING_INT, "4", 1, 1 << 20, NULL, NULL,
      "entries of the exact-tier anchor LRU",

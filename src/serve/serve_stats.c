@@ -74,6 +74,14 @@ cJSON *serve_cache_stats_json(apc *c) {
     cJSON_AddNumberToObject(o, "exact_max_bytes", (double)s.exact_max_bytes);
     cJSON_AddNumberToObject(o, "exact_evictions", (double)s.exact_evictions);
     cJSON_AddNumberToObject(o, "retire_stores", (double)s.retire_stores);
+    /* recurrent-state snapshots on block chains (apc_snap.c) */
+    cJSON_AddNumberToObject(o, "snap_interval", s.snap_interval);
+    cJSON_AddNumberToObject(o, "snap_stores", (double)s.snap_stores);
+    cJSON_AddNumberToObject(o, "snap_hits", (double)s.snap_hits);
+    cJSON_AddNumberToObject(o, "snap_evictions", (double)s.snap_evictions);
+    cJSON_AddNumberToObject(o, "snap_entries", s.snap_entries);
+    cJSON_AddNumberToObject(o, "snap_bytes", (double)s.snap_bytes);
+    cJSON_AddNumberToObject(o, "snap_max_bytes", (double)s.snap_max_bytes);
     cJSON_AddNumberToObject(o, "generation", (double)s.generation);
     cJSON *d = cJSON_CreateObject();
     for (int i = 0; i < APC_DECLINE_COUNT_; i++)
