@@ -181,6 +181,26 @@ static void test_schedule(void **st) {
     expect(p, sched(5000, 0, true, 0, 0, 2900, p, b, &nb), (int64_t[]){2048, 4096, 4999},
            (apc_ckpt_kind[]){A, B, R}, 3);
     expect(p, sched(4097, 0, true, 0, 0, 0, p, b, &nb), (int64_t[]){4096}, (apc_ckpt_kind[]){B}, 1);
+    /* The anchor floor is sys_min, not replay_min, on arr stacks too
+     * (issue 17): a 700-token system prompt anchors at 640 on a 64 grid. */
+    {
+        apc_ckpt_sched_in in;
+        memset(&in, 0, sizeof in);
+        in.n = 2000;
+        in.guard = 1999;
+        in.unit = 64;
+        in.has_arr = true;
+        in.sys_lcp = 700;
+        in.cfg = apc_ckpt_default_config();
+        in.cfg.interval = 0;
+        in.cfg.replay_min = 1024;
+        in.cfg.sys_min = 256;
+        int k = apc_ckpt_schedule(&in, p, 64, b, &nb);
+        bool anchored = false;
+        for (int i = 0; i < k; i++)
+            if (p[i].kind == A && p[i].pos == 640) anchored = true;
+        assert_true(anchored);
+    }
     /* restored 8192: the first interval point is 12288 */
     int n = sched(27001, 8192, true, 0, 0, 0, p, b, &nb);
     assert_int_equal(p[0].pos, 12288);

@@ -85,6 +85,10 @@ static void test_table_defaults_agree_with_library(void **state) {
     assert_int_equal(a->ckpt.decode_interval, b->ckpt.decode_interval);
     assert_int_equal(a->ckpt.anchor_entries, b->ckpt.anchor_entries);
     assert_int_equal(a->ckpt.anchor_budget_bytes, b->ckpt.anchor_budget_bytes);
+    assert_int_equal(a->exact_max_bytes, b->exact_max_bytes);
+    assert_int_equal(a->swa_block, b->swa_block);
+    assert_int_equal(a->ckpt.snapshot_interval, b->ckpt.snapshot_interval);
+    assert_int_equal(a->ckpt.snapshot_budget_bytes, b->ckpt.snapshot_budget_bytes);
     assert_null(a->disk.path);
     for (size_t i = 0; i < n; i++) assert_int_equal(c.source[i], SETTING_FROM_DEFAULT);
 }

@@ -314,6 +314,53 @@ static void test_snapshot_budget(void **st) {
     model_free(m);
 }
 
+/* ---- the exact tier by bytes ---- */
+
+/* Six agents, two turns each, interleaved, on the exact tier (mamba2 with
+ * snapshots off): every agent's turn 2 resumes from its own retirement
+ * snapshot. A count cap of 4 (the old default) evicted the first agents'
+ * entries before their second turn; the byte budget keeps them all. */
+static void test_exact_agents_by_bytes(void **st) {
+    (void)st;
+    enum { AGENTS = 6, SYS = 100, OWN = 30, REPLY = 4, NEXT = 10 };
+    REQUIRE_FIXTURE(path, "reference/mamba2-f32.gguf");
+    model *m = test_load_model(path);
+    engine_config cfg = engine_default_config();
+    cfg.n_threads = 2;
+    cfg.n_ctx = 512;
+    cfg.cache.ckpt.snapshot_interval = 0;
+    engine *e = test_open_engine(m, &cfg);
+    assert_int_equal(apc_get_tier(engine_cache(e)), APC_TIER_EXACT);
+    const int V = model_get_hparams(m)->n_vocab;
+    int32_t conv[AGENTS][SYS + OWN + REPLY + NEXT];
+    int64_t len[AGENTS];
+    test_random_tokens(&rng_state, conv[0], SYS, V);
+    char what[64];
+    for (int a = 0; a < AGENTS; a++) {
+        memcpy(conv[a], conv[0], SYS * sizeof(int32_t));
+        test_random_tokens(&rng_state, conv[a] + SYS, OWN, V);
+        len[a] = SYS + OWN;
+        snprintf(what, sizeof what, "exact agent %d turn 1", a + 1);
+        engine_result r;
+        computed(e, conv[a], len[a], REPLY, 0, what, &r);
+        memcpy(conv[a] + len[a], r.tokens, REPLY * sizeof(int32_t));
+        len[a] += REPLY;
+        engine_result_free(&r);
+    }
+    for (int a = 0; a < AGENTS; a++) {
+        test_random_tokens(&rng_state, conv[a] + len[a], NEXT, V);
+        len[a] += NEXT;
+        snprintf(what, sizeof what, "exact agent %d turn 2", a + 1);
+        within(what, computed(e, conv[a], len[a], REPLY, 0, what, NULL), NEXT, 0);
+    }
+    apc_stats s;
+    apc_get_stats(engine_cache(e), &s);
+    assert_int_equal(s.exact_max_entries, 0);
+    assert_true(s.exact_entries > 4);
+    close_engine(e);
+    model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_route_pool_rows),
@@ -323,6 +370,7 @@ int main(void) {
         cmocka_unit_test(test_siblings),
         cmocka_unit_test(test_snapshots_evicted_with_blocks),
         cmocka_unit_test(test_snapshot_budget),
+        cmocka_unit_test(test_exact_agents_by_bytes),
     };
     return test_run_group(tests, NULL, NULL);
 }

@@ -206,7 +206,7 @@ apc_config apc_default_config(void) {
     memset(&cfg, 0, sizeof cfg);
     cfg.enabled = true;
     cfg.hash = APC_HASH_SHA256;
-    cfg.exact_entries = 4;
+    cfg.exact_entries = 0; /* no count cap: exact_max_bytes sizes the tier */
     cfg.exact_max_bytes = (size_t)4 << 30;
     cfg.force_tier = APC_FORCE_NONE;
     cfg.ckpt_enabled = true;
@@ -287,9 +287,9 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
         c->route.tier = APC_TIER_NONE;
         snprintf(c->route.reason, sizeof c->route.reason, "the prompt cache is disabled by configuration");
     }
-    if (c->route.tier == APC_TIER_EXACT && cfg.exact_entries == 0) {
+    if (c->route.tier == APC_TIER_EXACT && cfg.exact_max_bytes == 0) {
         c->route.tier = APC_TIER_NONE;
-        snprintf(c->route.reason, sizeof c->route.reason, "exact tier with exact_entries=0");
+        snprintf(c->route.reason, sizeof c->route.reason, "exact tier with a byte budget of 0");
     }
     log_route(c);
     switch (c->route.tier) {

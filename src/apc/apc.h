@@ -102,7 +102,7 @@ typedef struct apc_ckpt_config {
     int interval;            /* EMBER_APC_CKPT_INTERVAL 4096: prefill checkpoint spacing, floored to the
                               * prefill unit, at least one unit; <= 0: terminal point only */
     bool replay;             /* EMBER_APC_CKPT_REPLAY 1: the N-1 replay checkpoint */
-    int replay_min;          /* EMBER_APC_CKPT_REPLAY_MIN 1024: least N for a replay on arr layouts */
+    int replay_min;          /* EMBER_APC_CKPT_REPLAY_MIN 64: least N for a replay on arr layouts */
     bool turn;               /* EMBER_APC_CKPT_TURN 1: the turn checkpoint at the predicted boundary */
     bool sys;                /* EMBER_APC_CKPT_SYS 1: the system-prompt anchor (both tiers) */
     int sys_min;             /* EMBER_APC_CKPT_SYS_MIN 256: least anchor position */
@@ -111,7 +111,7 @@ typedef struct apc_ckpt_config {
     int heavy;               /* EMBER_APC_CKPT_HEAVY 2: plain records per chain kept by strip-on-extend */
     size_t budget_bytes;     /* EMBER_APC_CKPT_BUDGET_MB 4096: record-owned bytes (recurrent states) */
     int decode_interval;     /* EMBER_APC_DECODE_CKPT 512: decode-time snapshot spacing; <= 0 off */
-    int anchor_entries;      /* EMBER_APC_ANCHOR_ENTRIES 4: exact-tier anchor LRU (at least 1) */
+    int anchor_entries;      /* EMBER_APC_ANCHOR_ENTRIES 0: count cap of the exact-tier anchor LRU; 0: none */
     size_t anchor_budget_bytes; /* EMBER_APC_ANCHOR_BUDGET_MB 4096 */
     /* Recurrent-state snapshots pinned to block chains (apc_snap.c): */
     int snapshot_interval;   /* EMBER_APC_SNAPSHOT_INTERVAL 64: a snapshot every this many tokens (a
@@ -126,8 +126,8 @@ apc_ckpt_config apc_ckpt_default_config(void);
 typedef struct apc_config {
     bool enabled;             /* false: tier none, stats {"enabled": false} */
     apc_hash_kind hash;
-    int exact_entries;        /* default 4 */
-    size_t exact_max_bytes;   /* default 4 GiB */
+    int exact_entries;        /* count cap of the exact LRU; 0 (default): none, the bytes decide */
+    size_t exact_max_bytes;   /* default 4 GiB; 0 turns the exact tier off */
     apc_force force_tier;     /* APC_FORCE_NONE: routing decides */
     bool ckpt_enabled;        /* false: stacks that would go ckpt go exact */
     bool swa_block;           /* sliding-window stacks whose pool keeps every row go block (default

@@ -70,7 +70,7 @@ apc_ckpt_config apc_ckpt_default_config(void) {
     c.heavy = 2;
     c.budget_bytes = (size_t)4096 << 20;
     c.decode_interval = 512;
-    c.anchor_entries = 4;
+    c.anchor_entries = 0; /* no count cap: anchor_budget_bytes sizes the LRU */
     c.anchor_budget_bytes = (size_t)4096 << 20;
     c.snapshot_interval = 64;
     c.snapshot_budget_bytes = (size_t)1024 << 20;
@@ -150,8 +150,10 @@ int apc_ckpt_schedule(const apc_ckpt_sched_in *in, apc_ckpt_point *out, int cap,
     }
     /* 4. The system-prompt anchor. */
     if (cfg->sys && in->sys_lcp > 0) {
+        /* The floor is sys_min alone: tying it to replay_min (the reference)
+         * kept recurrent stacks from anchoring system prompts shorter than
+         * the replay floor, which siblings share all the same. */
         int64_t fl = cfg->sys_min > KV_BLOCK_TOKENS ? cfg->sys_min : KV_BLOCK_TOKENS;
-        if (in->has_arr && cfg->replay_min > fl) fl = cfg->replay_min;
         if (N - 1 >= fl) {
             int64_t g = in->has_arr ? unit : KV_BLOCK_TOKENS;
             int64_t pos = floor_to(in->sys_lcp < N - 1 ? in->sys_lcp : N - 1, g);
@@ -206,7 +208,6 @@ apc_ckpt *apc_ckpt_create(apc *c, const cache_layer *stack, int n_layer, const a
     k->cfg = cfg->ckpt;
     if (k->cfg.records < 2) k->cfg.records = 2;
     if (k->cfg.heavy < 1) k->cfg.heavy = 1;
-    if (k->cfg.anchor_entries < 1) k->cfg.anchor_entries = 1;
     k->tier = apc_get_tier(c);
     for (int l = 0; l < n_layer; l++) {
         if (stack[l].kind == CACHE_KIND_ARR || stack[l].kind == CACHE_KIND_LIST) k->has_arr = true;

@@ -122,7 +122,7 @@ void apc_exact_touch(apc_exact *ex, apc_exact_entry *e) {
 int apc_exact_insert(apc_exact *ex, apc_exact_entry *e) {
     push_newest(ex, e);
     int dropped = 0;
-    while (ex->oldest != e && (ex->count > ex->max_entries || ex->bytes > ex->max_bytes)) {
+    while (ex->oldest != e && ((ex->max_entries > 0 && ex->count > ex->max_entries) || ex->bytes > ex->max_bytes)) {
         drop_entry(ex, ex->oldest);
         dropped++;
     }

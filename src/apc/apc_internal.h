@@ -89,7 +89,8 @@ apc_exact_entry *apc_exact_find_prefix(apc_exact *ex, const int32_t *tokens, int
 apc_exact_entry *apc_exact_find_same(apc_exact *ex, const int32_t *tokens, int64_t n, uint64_t salt);
 void apc_exact_touch(apc_exact *ex, apc_exact_entry *e);
 /* Inserts as newest, then drops the oldest entries (never the new one)
- * while over max_entries or max_bytes. Returns how many were dropped. */
+ * while over max_bytes or, when max_entries > 0, over max_entries.
+ * Returns how many were dropped. */
 int apc_exact_insert(apc_exact *ex, apc_exact_entry *e);
 /* Drops one pin; frees the entry when it is unlisted and unpinned. */
 void apc_exact_unpin(apc_exact *ex, apc_exact_entry *e);

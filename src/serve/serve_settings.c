@@ -128,8 +128,14 @@ static const serve_setting table[] = {
      "Pool pages are touched only as the cache fills, so servers started together all see the memory as free: "
      "for N servers on one machine give each 1/N.",
      false, SRV(memory_share)},
-    {"cache.exact_entries", "APC_EXACT_CACHE_ENTRIES", "exact-entries", SETTING_INT, "4", 0, 1 << 20, NULL, NULL,
-     "whole-state snapshots kept by the exact tier; 0 turns that tier off", NULL, false, APC(exact_entries)},
+    {"cache.exact_entries", "APC_EXACT_CACHE_ENTRIES", "exact-entries", SETTING_INT, "0", 0, 1 << 20, NULL, NULL,
+     "count cap on the exact tier's whole-state snapshots; 0: none, `cache.exact_budget_mb` sizes the tier",
+     "Sized by bytes so that interleaved agents do not evict each other's retirement snapshots; the newest entry "
+     "always survives.",
+     false, APC(exact_entries)},
+    {"cache.exact_budget_mb", "APC_EXACT_BUDGET_MB", "exact-budget-mb", SETTING_MIB, "4096", 0, 1 << 24, NULL, NULL,
+     "byte budget (MiB) of the exact tier's snapshots, least recently used first; 0 turns that tier off", NULL, false,
+     APC(exact_max_bytes)},
     {"cache.hash", "APC_HASH", "hash", SETTING_HASH, "sha256", 0, 0, NULL, NULL,
      "block key hash: sha256 (truncated to 128 bits) or xxh3 (fast)", NULL, false, APC(hash)},
     {"cache.fresh_wait_ms", "APC_FRESH_WAIT_MS", "fresh-wait-ms", SETTING_INT, "500", 0, 60000, NULL, "MS",
@@ -186,7 +192,7 @@ static const serve_setting table[] = {
      "Off: identical resends adopt at most the terminal point.", false, APC(ckpt.replay)},
     {"cache.ckpt.replay_min", "EMBER_APC_CKPT_REPLAY_MIN", "ckpt-replay-min", SETTING_INT, "64", 0, INT_MAX, NULL,
      NULL, "least prompt length N for a replay checkpoint on stacks with arr layers",
-     "Also the floor of the system-prompt anchor there. A replay record on an `arr` stack adopts only for the "
+     "A replay record on an `arr` stack adopts only for the "
      "identical resend (the replay gate). Why 64 (bytes per record vs tokens saved): docs/ckpt-replay.md.",
      false, APC(ckpt.replay_min)},
     {"cache.ckpt.turn", "EMBER_APC_CKPT_TURN", "ckpt-turn", SETTING_BOOL, "true", 0, 0, NULL, NULL,
@@ -196,7 +202,7 @@ static const serve_setting table[] = {
      "the system-prompt anchor, on the ckpt and exact tiers", NULL, false, APC(ckpt.sys)},
     {"cache.ckpt.sys_min", "EMBER_APC_CKPT_SYS_MIN", "ckpt-sys-min", SETTING_INT, "256", 0, INT_MAX, NULL, NULL,
      "least system-prompt anchor position",
-     "ckpt: also at least 16, and at least `cache.ckpt.replay_min` on `arr` stacks; exact: at least 2.", false,
+     "ckpt: also at least 16 (no longer tied to `cache.ckpt.replay_min`); exact: at least 2.", false,
      APC(ckpt.sys_min)},
     {"cache.ckpt.tripwire", "EMBER_APC_CKPT_TRIPWIRE", "ckpt-tripwire", SETTING_INT, "5", 0, INT_MAX, NULL, NULL,
      "threshold of the two one-time checkpoint warnings; 0 silences both",
@@ -243,8 +249,8 @@ static const serve_setting table[] = {
      false, APC(swa_block)},
 
     /* ---- cache.anchor: the exact tier's system-prompt anchors ---- */
-    {"cache.anchor.entries", "EMBER_APC_ANCHOR_ENTRIES", "anchor-entries", SETTING_INT, "4", 1, 1 << 20, NULL, NULL,
-     "entries of the exact-tier anchor LRU",
+    {"cache.anchor.entries", "EMBER_APC_ANCHOR_ENTRIES", "anchor-entries", SETTING_INT, "0", 0, 1 << 20, NULL, NULL,
+     "count cap of the exact-tier anchor LRU; 0: none, `cache.anchor.budget_mb` sizes it",
      "Separate from the exact snapshots, so sibling churn cannot evict the system prompt.", false,
      APC(ckpt.anchor_entries)},
     {"cache.anchor.budget_mb", "EMBER_APC_ANCHOR_BUDGET_MB", "anchor-budget-mb", SETTING_MIB, "4096", 0, 1 << 24,
