@@ -15,7 +15,7 @@ MODEL ?= models/stories260K.gguf
 
 PREFIX ?= /usr/local
 
-.PHONY: all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-serve bench-multiturn bench-predict bench-retire-stall bench-spec load-test install docs fuzz-all clean
+.PHONY: all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-serve bench-multiturn bench-scenarios bench-predict bench-retire-stall bench-spec load-test install docs fuzz-all clean
 
 all: build
 
@@ -101,6 +101,22 @@ bench-multiturn: build
 	  [ -f $$f ] || ./build/ember mkmodel --arch $$a --preset small --type q8_0 --seed 1 --out $$f || exit 1; \
 	  ./build/bench_multiturn --model $$f --turns $(TURNS) --turn-tokens $(TURN_TOKENS) --threads 2 $(MT_ARGS) || exit 1; \
 	done
+
+# Reuse scenarios (issue 17): identical resend, 6-turn chat, 4 agents x 2 turns
+# on a 1,500-token system prompt, branch A+B then A+C, restart from the SSD
+# tier; per family (`small` models, generated here if missing), prompt tokens
+# computed beside the ideal, and what the snapshot stops cost in prefill time.
+# SC_ARGS adds options: --interval T (snapshot spacing; 0: the old ckpt/exact
+# tiers), --llama-url http://127.0.0.1:PORT (the same requests against a
+# llama-server started on the same model file, side by side).
+SC_ARGS ?=
+bench-scenarios: build
+	mkdir -p $(BENCH_MODELS)
+	for a in $(MT_FAMILIES); do \
+	  f=$(BENCH_MODELS)/$$a-small-q8_0.gguf; \
+	  [ -f $$f ] || ./build/ember mkmodel --arch $$a --preset small --type q8_0 --seed 1 --out $$f || exit 1; \
+	done
+	./build/bench_scenarios --threads 2 $(SC_ARGS) $(foreach a,$(MT_FAMILIES),--model $(BENCH_MODELS)/$(a)-small-q8_0.gguf)
 
 # The cost of one next-turn render prediction (the engine-thread stall each
 # one caused before predictions moved to the predictor thread): an ~8k-token

@@ -241,9 +241,10 @@ static void log_route(const apc *c) {
     size_t bb = kv_pool_block_bytes(c->pool);
     int32_t nb = kv_pool_n_blocks(c->pool);
     ember_log(EMBER_LOG_INFO,
-              "APC enabled (block_size=%d, num_blocks=%d: %lld tokens, %.1f MiB; hash=%s; exact_entries=%d)",
+              "APC enabled (block_size=%d, num_blocks=%d: %lld tokens, %.1f MiB; hash=%s; exact budget %.0f MiB%s)",
               KV_BLOCK_TOKENS, nb, (long long)nb * KV_BLOCK_TOKENS, (double)nb * (double)bb / (1024.0 * 1024.0),
-              c->cfg.hash == APC_HASH_XXH3 ? "xxh3" : "sha256", c->cfg.exact_entries);
+              c->cfg.hash == APC_HASH_XXH3 ? "xxh3" : "sha256", (double)c->cfg.exact_max_bytes / (1024.0 * 1024.0),
+              c->cfg.exact_entries > 0 ? ", capped by count" : "");
 }
 
 apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *stack, const apc_state_ops *state,
@@ -787,7 +788,9 @@ void apc__store_blocks_keyed(apc *c, apc_store_point point, const int32_t *token
     c->served_tokens += added_tokens;
     if (point == APC_STORE_RETIRE && added > 0) c->retire_stores++;
     pthread_mutex_unlock(&c->lock);
-    if (c->disk) apc_disk_store_chain(c->disk, keys, n_blocks, tail, tokens, salt, seq);
+    /* With recurrent snapshots a plain chain on disk restores nothing without
+     * its state: those stacks mirror skeletons (apc_snap.c) instead. */
+    if (c->disk && !c->route.snapshots) apc_disk_store_chain(c->disk, keys, n_blocks, tail, tokens, salt, seq);
 }
 
 /* A disk writer is done with a snapshot it had pinned. */
