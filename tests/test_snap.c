@@ -11,7 +11,9 @@
  *  - siblings: four agents sharing a 300-token system prompt, two turns each,
  *    interleaved (all turn 1s, then all turn 2s); turn 1 of agents 2-4
  *    computes at most its own message + one interval, turn 2 at most the
- *    new message + one interval.
+ *    new message + one interval;
+ *  - decode snapshots: a follow-up that keeps part of a long reply resumes
+ *    at the last interval point of the reply below the cut.
  * The tokens computed are read twice: the request's prompt_forwarded and the
  * cache's matched_tokens counter (N minus what the lookup adopted). Every
  * warm result is compared with a cold run (ENGINE_CACHE_BYPASS) by memcmp of
@@ -183,6 +185,40 @@ static void test_siblings(void **st) {
             snprintf(what, sizeof what, "%s agent %d turn 2", f->name, a + 1);
             within(what, computed(e, conv[a], len[a], REPLY, SYS, what, NULL), NEXT, slack);
         }
+        close_engine(e);
+        model_free(m);
+    }
+}
+
+/* ---- decode-time snapshots ---- */
+
+/* A follow-up that keeps only part of a long reply (the client edited or cut
+ * it) resumes from the snapshot decode took at the last interval point below
+ * the cut, not from the prompt. */
+static void test_decode_snapshots(void **st) {
+    (void)st;
+    enum { P = 100, GEN = 200, KEEP = 150, NEW = 20 };
+    for (int fi = 0; fi < N_FAMILIES; fi++) {
+        const family *f = &families[fi];
+        if (!f->recurrent) continue;
+        REQUIRE_FIXTURE(path, f->path);
+        model *m = test_load_model(path);
+        engine *e = open_engine(m, 64, 0);
+        const int V = model_get_hparams(m)->n_vocab;
+        int32_t t[P + GEN + NEW];
+        test_random_tokens(&rng_state, t, P, V);
+        char what[96];
+        snprintf(what, sizeof what, "%s long reply", f->name);
+        engine_result r;
+        computed(e, t, P, GEN, 0, what, &r);
+        memcpy(t + P, r.tokens, KEEP * sizeof(int32_t));
+        engine_result_free(&r);
+        test_random_tokens(&rng_state, t + P + KEEP, NEW, V);
+        snprintf(what, sizeof what, "%s reply cut at %d", f->name, KEEP);
+        /* shared: P + KEEP = 250; the decode snapshot at 192 serves it */
+        int64_t got = computed(e, t, P + KEEP + NEW, 4, 0, what, NULL);
+        within(what, got, NEW, 64);
+        assert_int_equal(got, P + KEEP + NEW - 192);
         close_engine(e);
         model_free(m);
     }
@@ -368,6 +404,7 @@ int main(void) {
         cmocka_unit_test(test_branch_64),
         cmocka_unit_test(test_branch_128),
         cmocka_unit_test(test_siblings),
+        cmocka_unit_test(test_decode_snapshots),
         cmocka_unit_test(test_snapshots_evicted_with_blocks),
         cmocka_unit_test(test_snapshot_budget),
         cmocka_unit_test(test_exact_agents_by_bytes),
