@@ -2,11 +2,12 @@
  * ideal, on the `small` model of each family (issue 17).
  *
  * Usage: bench_scenarios [--model PATH]... [--threads N] [--interval T]
- *                        [--llama-url http://127.0.0.1:PORT]
+ *                        [--step S] [--llama-url http://127.0.0.1:PORT]
  *   With no --model, every family's `small` model in build/bench-models
  *   (qwen3 gemma3 qwen35 mamba2 falcon-h1; `make bench-scenarios` makes
  *   them). --interval overrides cache.ckpt.snapshot_interval (0: the
- *   checkpoint / exact tiers of before). The EMBER_APC_* switches apply.
+ *   checkpoint / exact tiers of before); --step sets the prefill step (512).
+ *   The EMBER_APC_* switches apply.
  *
  * Scenarios (token-id prompts drawn from a fixed seed, greedy replies):
  *   resend    one 1,000-token prompt, then the same again;
@@ -50,7 +51,7 @@
 enum { REPLY = 16, MAX_SEEN = 64, MAX_TOK = 4096 };
 
 typedef struct opts {
-    int threads, interval;
+    int threads, interval, step;
     int llama_port; /* 0: none */
 } opts;
 
@@ -399,6 +400,7 @@ static int bench_model(const char *path, const opts *o) {
     x.cfg = engine_default_config();
     x.cfg.n_threads = o->threads;
     x.cfg.n_ctx = 4096;
+    if (o->step > 0) x.cfg.prefill_step = o->step;
     if (serve_settings_apply_env_cache(&x.cfg.cache, &err) < 0) {
         fprintf(stderr, "bench_scenarios: %s\n", err.msg);
         model_free(m);
@@ -455,13 +457,13 @@ static int parse_loopback_port(const char *url) {
 }
 
 int main(int argc, char **argv) {
-    opts o = {2, -1, 0};
+    opts o = {2, -1, 0, 0};
     const char *models[16];
     int n_models = 0;
     for (int i = 1; i < argc; i++) {
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            printf("usage: bench_scenarios [--model PATH]... [--threads N] [--interval T] "
+            printf("usage: bench_scenarios [--model PATH]... [--threads N] [--interval T] [--step S] "
                    "[--llama-url http://127.0.0.1:PORT]\n");
             return 0;
         }
@@ -473,6 +475,8 @@ int main(int argc, char **argv) {
             if (n_models < 16) models[n_models++] = val;
         } else if (strcmp(argv[i], "--threads") == 0) {
             o.threads = atoi(val);
+        } else if (strcmp(argv[i], "--step") == 0) {
+            o.step = atoi(val);
         } else if (strcmp(argv[i], "--interval") == 0) {
             o.interval = atoi(val);
         } else if (strcmp(argv[i], "--llama-url") == 0) {
