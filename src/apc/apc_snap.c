@@ -350,6 +350,8 @@ static int64_t snap_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t 
 static void snap_plan(apc_req *r) {
     r->snap_hint[0] = r->hints.anchor_pos;
     r->snap_hint[1] = r->hints.turn_pos;
+    const int64_t iv = apc__snaps(r->c)->interval;
+    r->ring_next = (r->N / iv + 1) * iv; /* the first decode snapshot point */
 }
 
 static int64_t snap_next_stop(const apc_req *r, int64_t p) {
@@ -370,9 +372,15 @@ static void snap_prefilled(apc_req *r, const kv_seq *seq, const model_state *sta
     snap_store(r, APC_STORE_PREFILL, r->prompt, r->N, seq, state, true);
 }
 
+/* A speculative step may commit several tokens at once and jump over an
+ * interval point: the snapshot is then taken where the step landed (exact
+ * there too), the first position at or past the point. */
 static int64_t snap_decode(apc_req *r, const int32_t *all, const kv_seq *seq, const model_state *state) {
-    const int64_t p = seq->n_tokens;
-    if (p % apc__snaps(r->c)->interval == 0) snap_store(r, APC_STORE_PREFILL, all, p, seq, state, false);
+    const int64_t p = seq->n_tokens, iv = apc__snaps(r->c)->interval;
+    if (p >= r->ring_next) {
+        snap_store(r, APC_STORE_PREFILL, all, p, seq, state, false);
+        r->ring_next = (p / iv + 1) * iv;
+    }
     return 0; /* snapshots need no render prediction: the chain says where they apply */
 }
 
