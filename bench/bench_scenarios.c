@@ -15,7 +15,9 @@
  *             the 16-token reply and a 200-token message;
  *   agents    4 agents x 2 turns on one 1,500-token system prompt: own
  *             100-token message, then the reply and another 100 tokens;
- *             all turn 1s, then all turn 2s (interleaved);
+ *             all turn 1s, then all turn 2s (interleaved); ember gets the
+ *             system prompt's end as the hint its chat layer computes for
+ *             a system message (token-id requests to llama-server have none);
  *   branch    A+B, then A+C (A 800, B and C 200 tokens);
  *   restart   one 1,000-token prompt with the SSD tier on, a new engine on
  *             the same directory (a restart), the same prompt again.
@@ -108,8 +110,10 @@ typedef struct server {
     bool failed;
 } server;
 
-/* One greedy request; its reply goes to s->reply. */
-static void ask(server *s, const int32_t *prompt, int n, bool measured) {
+/* One greedy request; its reply goes to s->reply. anchor: the system
+ * prompt's end as ember's chat layer would hint it (0: none; llama-server
+ * has no such hint). */
+static void ask_hinted(server *s, const int32_t *prompt, int n, bool measured, int64_t anchor) {
     s->n_reply = 0;
     if (s->failed) return;
     if (s->e) {
@@ -118,6 +122,7 @@ static void ask(server *s, const int32_t *prompt, int n, bool measured) {
         q.n_prompt = n;
         q.max_tokens = REPLY;
         q.stop_at_eog = false;
+        q.plan.anchor_pos = anchor;
         engine_result r;
         ember_error err;
         if (engine_generate(s->e, &q, &r, &err) < 0) {
@@ -158,6 +163,8 @@ static void ask(server *s, const int32_t *prompt, int n, bool measured) {
     free(out);
 }
 
+static void ask(server *s, const int32_t *prompt, int n, bool measured) { ask_hinted(s, prompt, n, measured, 0); }
+
 /* ---- scenarios ---- */
 
 typedef struct row {
@@ -193,6 +200,7 @@ typedef struct step {
     int base;        /* -1: continue the thread; >= 0: copy this many tokens of `shared` */
     int add;         /* new tokens (drawn once per script, the same for both servers) */
     bool measured;
+    int anchor;      /* ember's system-prompt hint (a chat request's system message end); 0: none */
 } step;
 
 static void run_script(const ctx *x, server *s, const step *steps, int n_steps, int32_t *const *adds,
@@ -214,7 +222,7 @@ static void run_script(const ctx *x, server *s, const step *steps, int n_steps, 
             rw->ideal += ideal_of(sn, t, *n);
             rw->bound += ideal_of(sn, t, *n) + x->slack;
         }
-        ask(s, t, *n, st->measured);
+        ask_hinted(s, t, *n, st->measured, st->anchor);
         if (is_ember) seen_add(sn, t, *n);
         /* the reply continues this thread */
         memcpy(t + *n, s->reply, (size_t)s->n_reply * sizeof(int32_t));
@@ -279,19 +287,20 @@ static row sc_resend(const ctx *x) {
 
 static row sc_chat(const ctx *x) {
     step s[6];
-    for (int t = 0; t < 6; t++) s[t] = (step){0, t == 0 ? 0 : -1, t == 0 ? 300 : 200, t > 0};
+    for (int t = 0; t < 6; t++) s[t] = (step){0, t == 0 ? 0 : -1, t == 0 ? 300 : 200, t > 0, 0};
     return scenario(x, s, 6, 0);
 }
 
 static row sc_agents(const ctx *x) {
     step s[8];
-    for (int a = 0; a < 4; a++) s[a] = (step){a, 1500, 100, a > 0};
-    for (int a = 0; a < 4; a++) s[4 + a] = (step){a, -1, 100, true};
+    /* the shared 1,500 tokens are a system message: ember's chat layer hints its end */
+    for (int a = 0; a < 4; a++) s[a] = (step){a, 1500, 100, a > 0, 1500};
+    for (int a = 0; a < 4; a++) s[4 + a] = (step){a, -1, 100, true, 1500};
     return scenario(x, s, 8, 1500);
 }
 
 static row sc_branch(const ctx *x) {
-    step s[] = {{0, 800, 200, false}, {1, 800, 200, true}};
+    step s[] = {{0, 800, 200, false, 0}, {1, 800, 200, true, 0}};
     return scenario(x, s, 2, 800);
 }
 
