@@ -844,8 +844,11 @@ static void check_cache_arch(const char *arch, const char *tier, int64_t slack) 
     for (int i = 0; i < 3; i++) assert_job_ok(&jobs[i]);
     double anchors = cache_stat(sp->port, "anchor_hits");
     double hits1 = cache_stat(sp->port, "lookups_hit");
-    print_message("%s siblings: anchor_hits %.0f, hits %.0f -> %.0f\n", arch, anchors, hits0, hits1);
+    double snap_hits = cache_stat(sp->port, "snap_hits");
+    print_message("%s siblings: anchor_hits %.0f, snap_hits %.0f, hits %.0f -> %.0f\n", arch, anchors, snap_hits, hits0,
+                  hits1);
     assert_true(hits1 >= hits0 + 2);
+    if (strcmp(arch, "gemma3") != 0) assert_true(snap_hits >= 3); /* resend, turns, siblings: restored states */
     /* the siblings' greedy outputs are the ones they get alone */
     for (int i = 0; i < 3; i++) {
         job alone = {.port = sp->port};
@@ -1162,7 +1165,8 @@ static void test_cache_stats_reset_metrics(void **state) {
                                      "ember_prompt_tokens_total", "ember_completion_tokens_total",
                                      "ember_apc_lookups_hit_total", "ember_apc_matched_tokens_total",
                                      "ember_apc_evictions_total", "ember_apc_declines_total{reason=",
-                                     "ember_apc_exact_stores_total", "ember_apc_ckpt_hits_total"};
+                                     "ember_apc_exact_stores_total", "ember_apc_ckpt_hits_total",
+                                     "ember_apc_snap_hits_total", "ember_apc_snap_bytes"};
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
         if (strstr(r.body, families[i]) == NULL) print_message("missing %s\n", families[i]);
         assert_non_null(strstr(r.body, families[i]));

@@ -321,6 +321,13 @@ char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waitin
     gauge(&b, "ember_apc_exact_bytes", "Bytes of exact-tier snapshots.", (double)s.exact_bytes);
     gauge(&b, "ember_apc_exact_max_bytes", "Exact-tier capacity in bytes.", (double)s.exact_max_bytes);
     counter(&b, "ember_apc_exact_evictions_total", "Exact-tier snapshots evicted.", (double)s.exact_evictions);
+    counter(&b, "ember_apc_snap_stores_total", "Recurrent-state snapshots stored on block chains.",
+            (double)s.snap_stores);
+    counter(&b, "ember_apc_snap_hits_total", "Lookups that restored a recurrent-state snapshot.", (double)s.snap_hits);
+    counter(&b, "ember_apc_snap_evictions_total", "Snapshots dropped with their block or over the byte budget.",
+            (double)s.snap_evictions);
+    gauge(&b, "ember_apc_snap_entries", "Recurrent-state snapshots held.", s.snap_entries);
+    gauge(&b, "ember_apc_snap_bytes", "Bytes of recurrent-state snapshots.", (double)s.snap_bytes);
     counter(&b, "ember_apc_retire_stores_total", "Requests whose retirement stored something.",
             (double)s.retire_stores);
     gauge(&b, "ember_apc_generation", "Cache generation (bumped by each reset).", (double)s.generation);
