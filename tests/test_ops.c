@@ -4,12 +4,15 @@
  * as the single-row kernel (that is what keeps prefill and decode logits
  * identical), for the head sizes real models use - 64, 128, 256 and odd
  * small ones - with GQA groups, sliding windows and key counts that do and
- * do not fill whole 16-token blocks. Also: rmsnorm and rope against plain
- * formulas. */
+ * do not fill whole 16-token blocks, in every KV row format (f32, f16,
+ * q8_0), where attention over encoded rows must also equal attention over
+ * the decoded rows bit for bit. Also: the formats' round-trip error, and
+ * rmsnorm and rope against plain formulas. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/kv_rows.h"
 #include "tensor/ops.h"
 #include "tensor/quant.h"
 #include "test_util.h"
@@ -19,16 +22,44 @@ static float frand(uint64_t *s) {
     return (float)((*s >> 40) & 0xFFFFFF) / 16777216.0f * 2.0f - 1.0f;
 }
 
-static void check_rows_equal_single(int n_head, int n_head_kv, int d, int n_keys, int n_rows, int64_t window) {
+/* Blocks of random K (or V) rows in `type`, and the same rows decoded to
+ * f32: attention over the encoded blocks must equal attention over the
+ * decoded ones bit for bit. */
+typedef struct enc_blocks {
+    void **enc;
+    float **dec;
+    int n;
+} enc_blocks;
+
+static enc_blocks make_blocks(kv_row_type type, int n_blocks, int width, uint64_t *seed) {
+    enc_blocks b = {malloc((size_t)n_blocks * sizeof(void *)), malloc((size_t)n_blocks * sizeof(float *)), n_blocks};
+    size_t rb = kv_row_bytes(type, width);
+    float *row = malloc((size_t)width * sizeof(float));
+    for (int i = 0; i < n_blocks; i++) {
+        b.enc[i] = malloc(16 * rb);
+        b.dec[i] = malloc(16 * (size_t)width * sizeof(float));
+        for (int r = 0; r < 16; r++) {
+            for (int j = 0; j < width; j++) row[j] = frand(seed);
+            kv_row_encode(type, row, (uint8_t *)b.enc[i] + (size_t)r * rb, width);
+            kv_row_decode(type, (uint8_t *)b.enc[i] + (size_t)r * rb, 0, width, b.dec[i] + (size_t)r * width);
+        }
+    }
+    free(row);
+    return b;
+}
+
+static void free_blocks(enc_blocks *b) {
+    for (int i = 0; i < b->n; i++) free(b->enc[i]), free(b->dec[i]);
+    free(b->enc);
+    free(b->dec);
+}
+
+static void check_rows_equal_single(kv_row_type type, int n_head, int n_head_kv, int d, int n_keys, int n_rows,
+                                    int64_t window) {
     uint64_t seed = (uint64_t)(n_head * 131 + d * 7 + n_keys);
     int n_blocks = (n_keys + 15) / 16;
     int k_row = n_head_kv * d;
-    float **kb = malloc((size_t)n_blocks * sizeof *kb), **vb = malloc((size_t)n_blocks * sizeof *vb);
-    for (int b = 0; b < n_blocks; b++) {
-        kb[b] = malloc(16 * (size_t)k_row * sizeof(float));
-        vb[b] = malloc(16 * (size_t)k_row * sizeof(float));
-        for (int i = 0; i < 16 * k_row; i++) kb[b][i] = frand(&seed), vb[b][i] = frand(&seed);
-    }
+    enc_blocks kb = make_blocks(type, n_blocks, k_row, &seed), vb = make_blocks(type, n_blocks, k_row, &seed);
     int q_width = n_head * d;
     float *q = malloc((size_t)n_rows * q_width * sizeof(float));
     for (int i = 0; i < n_rows * q_width; i++) q[i] = frand(&seed) * 2.0f;
@@ -36,44 +67,99 @@ static void check_rows_equal_single(int n_head, int n_head_kv, int d, int n_keys
     for (int r = 0; r < n_rows; r++) pos[r] = n_keys - n_rows + r; /* the last n_rows positions */
     float *fast = calloc((size_t)n_rows * q_width, sizeof(float));
     float *slow = calloc((size_t)n_rows * q_width, sizeof(float));
+    float *plain = calloc((size_t)n_rows * q_width, sizeof(float));
     float *scratch = malloc((size_t)n_rows * n_head * (n_keys + 1) * sizeof(float));
     float scale = 1.0f / sqrtf((float)d);
     int group = n_head / n_head_kv;
+    const void *const *ke = (const void *const *)kb.enc, *const *ve = (const void *const *)vb.enc;
+    const void *const *kd = (const void *const *)kb.dec, *const *vd = (const void *const *)vb.dec;
     /* at most 64 (row, head) pairs per multi-row call: one kv head's group at a time */
     for (int h0 = 0; h0 < n_head; h0 += group)
         for (int r0 = 0; r0 < n_rows; r0 += 64 / group) {
             int nr = n_rows - r0 < 64 / group ? n_rows - r0 : 64 / group;
             op_attention_paged_rows(fast + (size_t)r0 * q_width, (size_t)q_width, q + (size_t)r0 * q_width,
-                                    (size_t)q_width, kb, vb, pos + r0, nr, n_head, n_head_kv, d, d, scale, window, h0,
-                                    h0 + group, scratch);
+                                    (size_t)q_width, ke, ve, type, pos + r0, nr, n_head, n_head_kv, d, d, scale,
+                                    window, h0, h0 + group, scratch);
         }
-    for (int r = 0; r < n_rows; r++)
-        op_attention_paged(slow + (size_t)r * q_width, q + (size_t)r * q_width, kb, vb, pos[r] + 1, pos[r], n_head,
-                           n_head_kv, d, d, scale, window, 0, n_head, scratch);
+    for (int r = 0; r < n_rows; r++) {
+        op_attention_paged(slow + (size_t)r * q_width, q + (size_t)r * q_width, ke, ve, type, pos[r] + 1, pos[r],
+                           n_head, n_head_kv, d, d, scale, window, 0, n_head, scratch);
+        op_attention_paged(plain + (size_t)r * q_width, q + (size_t)r * q_width, kd, vd, KV_ROW_F32, pos[r] + 1,
+                           pos[r], n_head, n_head_kv, d, d, scale, window, 0, n_head, scratch);
+    }
     if (memcmp(fast, slow, (size_t)n_rows * q_width * sizeof(float)) != 0)
-        fail_msg("attention rows differ from single rows: heads %d/%d, d %d, keys %d, rows %d, window %lld", n_head,
-                 n_head_kv, d, n_keys, n_rows, (long long)window);
-    for (int b = 0; b < n_blocks; b++) free(kb[b]), free(vb[b]);
-    free(kb); free(vb); free(q); free(pos); free(fast); free(slow); free(scratch);
+        fail_msg("%s attention rows differ from single rows: heads %d/%d, d %d, keys %d, rows %d, window %lld",
+                 kv_row_type_name(type), n_head, n_head_kv, d, n_keys, n_rows, (long long)window);
+    if (memcmp(slow, plain, (size_t)n_rows * q_width * sizeof(float)) != 0)
+        fail_msg("%s attention differs from attention on its decoded rows: heads %d/%d, d %d, keys %d",
+                 kv_row_type_name(type), n_head, n_head_kv, d, n_keys);
+    free_blocks(&kb);
+    free_blocks(&vb);
+    free(q); free(pos); free(fast); free(slow); free(plain); free(scratch);
 }
 
 static void test_attention_rows_bit_identical(void **state) {
     (void)state;
     const quant_isa isas[] = {QUANT_ISA_SCALAR, QUANT_ISA_AVX2, QUANT_ISA_AVX512};
+    const kv_row_type types[] = {KV_ROW_F32, KV_ROW_F16, KV_ROW_Q8_0};
     quant_isa saved = quant_get_isa();
     int checked = 0;
     for (int i = 0; i < 3; i++) {
         if (!quant_set_isa(isas[i])) continue;
-        check_rows_equal_single(16, 8, 128, 300, 40, 0);  /* qwen3-0.6b heads */
-        check_rows_equal_single(4, 2, 64, 80, 17, 0);
-        check_rows_equal_single(8, 1, 256, 33, 5, 0);     /* gemma-like MQA, d 256 */
-        check_rows_equal_single(4, 1, 32, 100, 20, 24);   /* sliding window */
-        check_rows_equal_single(8, 4, 8, 16, 16, 0);      /* stories260K head size */
-        check_rows_equal_single(16, 8, 128, 1, 1, 0);
+        for (int t = 0; t < 3; t++) {
+            check_rows_equal_single(types[t], 16, 8, 128, 300, 40, 0);  /* qwen3-0.6b heads */
+            check_rows_equal_single(types[t], 4, 2, 64, 80, 17, 0);
+            check_rows_equal_single(types[t], 8, 1, 256, 33, 5, 0);     /* gemma-like MQA, d 256 */
+            check_rows_equal_single(types[t], 4, 1, 32, 100, 20, 24);   /* sliding window */
+            check_rows_equal_single(types[t], 8, 4, 8, 16, 16, 0);      /* stories260K head size */
+            check_rows_equal_single(types[t], 16, 8, 128, 1, 1, 0);
+        }
+        if (quant_get_isa() == QUANT_ISA_AVX512) /* odd head sizes take the decoder's scalar q8_0 fallback */
+            check_rows_equal_single(KV_ROW_F16, 4, 2, 24, 40, 8, 0);
         checked++;
     }
     quant_set_isa(saved);
     assert_true(checked >= 1);
+}
+
+/* Each format round-trips a known pattern within its stated error: f32
+ * exactly, f16 within half an ulp of binary16 (relative 2^-11 for normal
+ * values), q8_0 within 0.6 of a quantization step (amax / 127) per block
+ * of 32 (half a step, plus the fp16 rounding of the scale). */
+static void test_kv_rows_round_trip(void **state) {
+    (void)state;
+    enum { W = 256 };
+    float x[W], y[W];
+    uint8_t buf[W * 4];
+    for (int i = 0; i < W; i++) x[i] = (float)((i * 37) % 101 - 50) * (i < 128 ? 0.013f : 3.7f) + 0.001f * (float)i;
+    const kv_row_type types[] = {KV_ROW_F32, KV_ROW_F16, KV_ROW_Q8_0};
+    for (int t = 0; t < 3; t++) {
+        assert_true(kv_row_supported(types[t], W));
+        assert_true(kv_row_bytes(types[t], W) % 4 == 0);
+        kv_row_encode(types[t], x, buf, W);
+        kv_row_decode(types[t], buf, 0, W, y);
+        for (int b = 0; b < W / 32; b++) {
+            float amax = 0;
+            for (int i = 32 * b; i < 32 * b + 32; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+            for (int i = 32 * b; i < 32 * b + 32; i++) {
+                float err = fabsf(y[i] - x[i]);
+                float bound = types[t] == KV_ROW_F32 ? 0.0f
+                              : types[t] == KV_ROW_F16 ? fabsf(x[i]) * 0x1p-11f
+                                                       : 0.6f * amax / 127.0f;
+                if (err > bound)
+                    fail_msg("%s: value %d (%g) came back as %g, error %g > %g", kv_row_type_name(types[t]), i,
+                             (double)x[i], (double)y[i], (double)err, (double)bound);
+            }
+        }
+        /* a slice decodes to the same values as the whole row */
+        float part[40];
+        kv_row_decode(types[t], buf, 64, 40, part);
+        assert_memory_equal(part, y + 64, sizeof part);
+    }
+    assert_int_equal(kv_row_bytes(KV_ROW_F16, W), 2 * W);
+    assert_int_equal(kv_row_bytes(KV_ROW_Q8_0, W), W / 32 * 34);
+    assert_int_equal(kv_row_bytes(KV_ROW_Q8_0, 32), 36); /* 34 padded to a word */
+    assert_false(kv_row_supported(KV_ROW_Q8_0, 48));
 }
 
 static void test_rmsnorm_and_rope(void **state) {
@@ -123,6 +209,7 @@ static void test_rmsnorm_and_rope(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_rows_bit_identical),
+        cmocka_unit_test(test_kv_rows_round_trip),
         cmocka_unit_test(test_rmsnorm_and_rope),
     };
     return test_run_group(tests, NULL, NULL);

@@ -8,8 +8,9 @@
  * use. Small pools stay on the heap, where the sanitizers see their
  * bounds. Inside a block, layer
  * l's K rows start at layer_offset[l] and its V rows right after them, so a
- * block is self-contained: copying it (copy-on-write) is one memcpy and a
- * future disk tier can write it as one record.
+ * block is self-contained: copying it (copy-on-write) is one memcpy and the
+ * disk tier writes it as one record. Rows are encoded (kv_rows.h) with a
+ * byte size that is a multiple of 4, so every offset is word-aligned.
  *
  * The free queue is an intrusive doubly-linked list over block ids in the
  * order blocks became free; allocation pops the head (the least recently
@@ -26,11 +27,14 @@
 struct kv_pool {
     int n_layer;
     int32_t n_blocks;
-    size_t block_floats;     /* floats per block, all layers */
-    size_t *layer_offset;    /* (n_layer) float offset of layer l's K rows within a block */
-    int *k_width;            /* (n_layer) */
+    kv_format format;
+    size_t block_bytes;      /* all layers */
+    size_t *layer_offset;    /* (n_layer) byte offset of layer l's K rows within a block */
+    int *k_width;            /* (n_layer) values per row */
     int *v_width;            /* (n_layer) */
-    float *data;             /* (n_blocks, block_floats) */
+    size_t *k_bytes;         /* (n_layer) bytes per encoded row */
+    size_t *v_bytes;         /* (n_layer) */
+    uint8_t *data;           /* (n_blocks, block_bytes) */
     size_t data_bytes;
     bool data_mapped;        /* data is an mmap of data_bytes, not heap */
     int32_t *refcount;       /* (n_blocks) */
@@ -63,31 +67,78 @@ static void queue_unlink(kv_pool *p, int32_t b) {
     p->n_free--;
 }
 
+int kv_format_parse(const char *text, kv_format *out) {
+    static const struct { const char *name; kv_format_kind kind; } names[] = {
+        {"f32", KV_FORMAT_F32}, {"f16", KV_FORMAT_F16}, {"q8_0", KV_FORMAT_Q8_0}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(text, names[i].name) == 0) {
+            out->kind = names[i].kind;
+            return 0;
+        }
+    return -1;
+}
+
+const char *kv_format_name(kv_format f) { return kv_row_type_name(kv_format_row_type(f)); }
+
+kv_row_type kv_format_row_type(kv_format f) {
+    switch (f.kind) {
+    case KV_FORMAT_F16: return KV_ROW_F16;
+    case KV_FORMAT_Q8_0: return KV_ROW_Q8_0;
+    default: return KV_ROW_F32;
+    }
+}
+
+uint64_t kv_format_id(kv_format f) { return (uint64_t)f.kind; }
+
+int kv_format_check(const kv_pool_config *cfg, ember_error *err) {
+    kv_row_type t = kv_format_row_type(cfg->format);
+    for (int l = 0; l < cfg->n_layer; l++)
+        if (!kv_row_supported(t, cfg->k_width[l]) || !kv_row_supported(t, cfg->v_width[l]))
+            return ember_fail(err, "KV format %s: layer %d has K/V rows of %d/%d values; %s needs multiples of %d",
+                              kv_format_name(cfg->format), l, cfg->k_width[l], cfg->v_width[l],
+                              kv_format_name(cfg->format), KV_ROW_Q8_0_BLOCK);
+    return 0;
+}
+
+size_t kv_format_token_bytes(const kv_pool_config *cfg) {
+    kv_row_type t = kv_format_row_type(cfg->format);
+    size_t bytes = 0;
+    for (int l = 0; l < cfg->n_layer; l++) bytes += kv_row_bytes(t, cfg->k_width[l]) + kv_row_bytes(t, cfg->v_width[l]);
+    return bytes;
+}
+
 kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err) {
     if (cfg->n_blocks < 1 || cfg->n_layer < 1) {
         ember_fail(err, "kv pool: needs at least one block and one layer (got %d blocks, %d layers)",
                    cfg->n_blocks, cfg->n_layer);
         return NULL;
     }
+    if (kv_format_check(cfg, err) < 0) return NULL;
     kv_pool *p = calloc(1, sizeof *p);
     if (p == NULL) goto oom;
     p->n_layer = cfg->n_layer;
     p->n_blocks = cfg->n_blocks;
+    p->format = cfg->format;
     p->layer_offset = calloc((size_t)cfg->n_layer, sizeof(size_t));
     p->k_width = calloc((size_t)cfg->n_layer, sizeof(int));
     p->v_width = calloc((size_t)cfg->n_layer, sizeof(int));
-    if (!p->layer_offset || !p->k_width || !p->v_width) goto oom;
+    p->k_bytes = calloc((size_t)cfg->n_layer, sizeof(size_t));
+    p->v_bytes = calloc((size_t)cfg->n_layer, sizeof(size_t));
+    if (!p->layer_offset || !p->k_width || !p->v_width || !p->k_bytes || !p->v_bytes) goto oom;
+    kv_row_type t = kv_format_row_type(cfg->format);
     size_t off = 0;
     for (int l = 0; l < cfg->n_layer; l++) {
         p->k_width[l] = cfg->k_width[l];
         p->v_width[l] = cfg->v_width[l];
+        p->k_bytes[l] = kv_row_bytes(t, cfg->k_width[l]);
+        p->v_bytes[l] = kv_row_bytes(t, cfg->v_width[l]);
         p->layer_offset[l] = off;
-        off += (size_t)KV_BLOCK_TOKENS * (size_t)(cfg->k_width[l] + cfg->v_width[l]);
+        off += (size_t)KV_BLOCK_TOKENS * (p->k_bytes[l] + p->v_bytes[l]);
     }
-    p->block_floats = off ? off : 1;
+    p->block_bytes = off ? off : 4;
     size_t nb = (size_t)cfg->n_blocks;
-    if (p->block_floats > SIZE_MAX / sizeof(float) / nb) goto oom;
-    p->data_bytes = nb * p->block_floats * sizeof(float);
+    if (p->block_bytes > SIZE_MAX / nb) goto oom;
+    p->data_bytes = nb * p->block_bytes;
     if (p->data_bytes > KV_POOL_MAP_BYTES) {
         void *m = mmap(NULL, p->data_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m != MAP_FAILED) {
@@ -95,7 +146,7 @@ kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err) {
             p->data_mapped = true;
         }
     } else {
-        p->data = calloc(nb * p->block_floats, sizeof(float));
+        p->data = calloc(nb, p->block_bytes);
     }
     p->refcount = calloc(nb, sizeof(int32_t));
     p->indexed = calloc(nb, sizeof(bool));
@@ -117,6 +168,8 @@ void kv_pool_free(kv_pool *p) {
     free(p->layer_offset);
     free(p->k_width);
     free(p->v_width);
+    free(p->k_bytes);
+    free(p->v_bytes);
     if (p->data_mapped) munmap(p->data, p->data_bytes);
     else free(p->data);
     free(p->refcount);
@@ -159,16 +212,31 @@ void kv_block_set_indexed(kv_pool *p, int32_t b, bool indexed) { p->indexed[b] =
 bool kv_block_is_indexed(const kv_pool *p, int32_t b) { return p->indexed[b]; }
 
 void kv_block_copy(kv_pool *p, int32_t dst, int32_t src) {
-    memcpy(p->data + (size_t)dst * p->block_floats, p->data + (size_t)src * p->block_floats,
-           p->block_floats * sizeof(float));
+    memcpy(p->data + (size_t)dst * p->block_bytes, p->data + (size_t)src * p->block_bytes, p->block_bytes);
 }
 
 float *kv_block_k(const kv_pool *p, int32_t b, int layer) {
-    return p->data + (size_t)b * p->block_floats + p->layer_offset[layer];
+    return (float *)(void *)(p->data + (size_t)b * p->block_bytes + p->layer_offset[layer]);
 }
 
 float *kv_block_v(const kv_pool *p, int32_t b, int layer) {
-    return kv_block_k(p, b, layer) + (size_t)KV_BLOCK_TOKENS * (size_t)p->k_width[layer];
+    return (float *)(void *)(p->data + (size_t)b * p->block_bytes + p->layer_offset[layer] +
+                             (size_t)KV_BLOCK_TOKENS * p->k_bytes[layer]);
+}
+
+static uint8_t *row_at(const kv_pool *p, int32_t b, int layer, int kv, int row) {
+    uint8_t *base = (uint8_t *)(kv == 0 ? kv_block_k(p, b, layer) : kv_block_v(p, b, layer));
+    return base + (size_t)row * (kv == 0 ? p->k_bytes[layer] : p->v_bytes[layer]);
+}
+
+void kv_row_write(kv_pool *p, int32_t b, int layer, int kv, int row, const float *src) {
+    kv_row_encode(kv_format_row_type(p->format), src, row_at(p, b, layer, kv, row),
+                  kv == 0 ? p->k_width[layer] : p->v_width[layer]);
+}
+
+void kv_row_read(const kv_pool *p, int32_t b, int layer, int kv, int row, float *dst) {
+    kv_row_decode(kv_format_row_type(p->format), row_at(p, b, layer, kv, row), 0,
+                  kv == 0 ? p->k_width[layer] : p->v_width[layer], dst);
 }
 
 void kv_seq_init(kv_seq *seq) { memset(seq, 0, sizeof *seq); }
@@ -241,5 +309,7 @@ void kv_seq_release(kv_pool *p, kv_seq *seq) {
 
 int32_t kv_pool_n_blocks(const kv_pool *p) { return p->n_blocks; }
 int32_t kv_pool_n_free(const kv_pool *p) { return p->n_free; }
-size_t kv_pool_block_bytes(const kv_pool *p) { return p->block_floats * sizeof(float); }
+size_t kv_pool_block_bytes(const kv_pool *p) { return p->block_bytes; }
+size_t kv_pool_row_bytes(const kv_pool *p, int layer, int kv) { return kv == 0 ? p->k_bytes[layer] : p->v_bytes[layer]; }
+kv_format kv_pool_format(const kv_pool *p) { return p->format; }
 uint64_t kv_pool_evictions(const kv_pool *p) { return p->evictions; }

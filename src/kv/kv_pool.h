@@ -17,6 +17,12 @@
  *    [n_tokens, n_tokens + n), kv_seq_prepare_append makes sure those rows
  *    live in blocks the sequence owns alone: a shared partial last block is
  *    copied first (copy-on-write), new blocks are allocated.
+ *  - Rows are stored in the pool's KV format (kv_format, chosen per server):
+ *    f32, f16 or q8_0 (tensor/kv_rows.h). A row of `width` values takes
+ *    kv_pool_row_bytes bytes, a multiple of 4, so the prompt cache copies
+ *    rows as 32-bit words whatever the format (kv_block_k/v hand out word
+ *    pointers; only f32 words are floats). kv_row_write encodes, attention
+ *    reads the encoded rows directly (ops.h).
  *  - Not thread-safe: the scheduler owns the pool. */
 #ifndef EMBER_KV_POOL_H
 #define EMBER_KV_POOL_H
@@ -26,16 +32,33 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "tensor/kv_rows.h"
 
 #define KV_BLOCK_TOKENS 16
 
 typedef struct kv_pool kv_pool;
 
+/* How K/V rows are stored. f32 is exact; f16 halves and q8_0 (8.5 bits a
+ * value) nearly quarters the bytes per token, at a small error (measured
+ * by bench/bench_kv). kind 0 is f32, so a zeroed config means f32. */
+typedef enum kv_format_kind {
+    KV_FORMAT_F32 = 0,
+    KV_FORMAT_F16 = 1,
+    KV_FORMAT_Q8_0 = 2,
+} kv_format_kind;
+
+typedef struct kv_format {
+    kv_format_kind kind;
+} kv_format;
+
+#define KV_FORMAT_CHOICES "f32|f16|q8_0"
+
 typedef struct kv_pool_config {
     int n_layer;
-    const int *k_width;  /* (n_layer) floats per K row: n_head_kv * d_k; 0 = no KV */
-    const int *v_width;  /* (n_layer) floats per V row */
+    const int *k_width;  /* (n_layer) values per K row: n_head_kv * d_k; 0 = no KV */
+    const int *v_width;  /* (n_layer) values per V row */
     int32_t n_blocks;
+    kv_format format;    /* zero: f32 */
 } kv_pool_config;
 
 /* Called when an indexed block is about to be reused for something else. */
@@ -47,6 +70,20 @@ typedef struct kv_seq {
     int32_t cap;
     int64_t n_tokens;    /* positions [0, n_tokens) hold valid K/V */
 } kv_seq;
+
+/* ---- KV formats ---- */
+int kv_format_parse(const char *text, kv_format *out);   /* -1: not one of KV_FORMAT_CHOICES */
+const char *kv_format_name(kv_format f);                  /* "f32", "f16", "q8_0" */
+kv_row_type kv_format_row_type(kv_format f);
+/* A number that names the format in cache keys and disk namespaces; 0 for
+ * f32 (the namespaces written before formats existed). */
+uint64_t kv_format_id(kv_format f);
+/* Why cfg's rows cannot be stored in cfg->format, or 0 (q8_0 needs widths
+ * that are multiples of 32). */
+int kv_format_check(const kv_pool_config *cfg, ember_error *err);
+/* Bytes one token's K and V take in the pool, all layers: the unit for
+ * sizing a pool from a memory budget. */
+size_t kv_format_token_bytes(const kv_pool_config *cfg);
 
 /* ---- Pool lifetime ---- */
 kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err);
@@ -61,8 +98,13 @@ int32_t kv_block_refcount(const kv_pool *pool, int32_t block);
 void kv_block_set_indexed(kv_pool *pool, int32_t block, bool indexed);
 bool kv_block_is_indexed(const kv_pool *pool, int32_t block);
 void kv_block_copy(kv_pool *pool, int32_t dst, int32_t src);
-float *kv_block_k(const kv_pool *pool, int32_t block, int layer); /* (16, k_width[layer]) */
-float *kv_block_v(const kv_pool *pool, int32_t block, int layer); /* (16, v_width[layer]) */
+/* Layer `layer`'s 16 K (V) rows of a block, kv_pool_row_bytes apart, as
+ * 32-bit words (floats only in f32). */
+float *kv_block_k(const kv_pool *pool, int32_t block, int layer);
+float *kv_block_v(const kv_pool *pool, int32_t block, int layer);
+/* Encodes / decodes row `row` (0..15) of a block; kv 0 = K, 1 = V. */
+void kv_row_write(kv_pool *pool, int32_t block, int layer, int kv, int row, const float *src);
+void kv_row_read(const kv_pool *pool, int32_t block, int layer, int kv, int row, float *dst);
 
 /* ---- Sequences ---- */
 void kv_seq_init(kv_seq *seq);
@@ -77,6 +119,8 @@ void kv_seq_truncate(kv_pool *pool, kv_seq *seq, int64_t n_tokens);
 int32_t kv_pool_n_blocks(const kv_pool *pool);
 int32_t kv_pool_n_free(const kv_pool *pool);        /* refcount 0 (includes indexed) */
 size_t kv_pool_block_bytes(const kv_pool *pool);
+size_t kv_pool_row_bytes(const kv_pool *pool, int layer, int kv); /* kv 0 = K, 1 = V */
+kv_format kv_pool_format(const kv_pool *pool);
 uint64_t kv_pool_evictions(const kv_pool *pool);
 
 #endif

@@ -16,7 +16,9 @@
  * row by row with kernels that are batch-invariant (matmul.h, ops.h), so a
  * row's result does not depend on the rest of the batch; that is what lets
  * the prompt cache hand out K/V computed in another request and still be
- * bit-identical to a cold prefill. The KV for all rows of a layer is written
+ * bit-identical to a cold prefill. K/V rows are encoded in the pool's format
+ * (f32, f16, q8_0) as they are stored, from that row's values alone, and
+ * attention reads them encoded, so the invariant holds in every format. The KV for all rows of a layer is written
  * before any row's attention reads it, so rows of the same sequence in one
  * batch see each other causally.
  *
@@ -45,6 +47,12 @@ static void *xcalloc(size_t n, size_t size, bool *ok) {
 model_ctx *model_ctx_create(const model *m, kv_pool *pool, int n_threads, int max_batch, ember_error *err) {
     const model_hparams *hp = &m->hp;
     if (max_batch < 1) max_batch = 1;
+    if (kv_format_row_type(kv_pool_format(pool)) != KV_ROW_F32 &&
+        (hp->d_k > ATTENTION_MAX_HEAD || hp->d_v > ATTENTION_MAX_HEAD)) {
+        ember_fail(err, "KV format %s: heads of %d/%d values are wider than the %d the attention kernels decode",
+                   kv_format_name(kv_pool_format(pool)), hp->d_k, hp->d_v, ATTENTION_MAX_HEAD);
+        return NULL;
+    }
     model_ctx *c = calloc(1, sizeof *c);
     if (c == NULL) goto oom;
     c->m = m;
@@ -133,9 +141,9 @@ static int reserve_attention(model_ctx *c, int64_t n_keys, ember_error *err) {
     }
     if (n_blocks > c->ptr_cap) {
         int32_t cap = n_blocks + 64;
-        float **kp = realloc(c->k_ptrs, (size_t)c->n_threads * (size_t)cap * sizeof(float *));
+        const void **kp = realloc(c->k_ptrs, (size_t)c->n_threads * (size_t)cap * sizeof(void *));
         if (kp) c->k_ptrs = kp;
-        float **vp = realloc(c->v_ptrs, (size_t)c->n_threads * (size_t)cap * sizeof(float *));
+        const void **vp = realloc(c->v_ptrs, (size_t)c->n_threads * (size_t)cap * sizeof(void *));
         if (vp) c->v_ptrs = vp;
         if (kp == NULL || vp == NULL) return ember_fail(err, "out of memory for block pointers");
         c->ptr_cap = cap;
@@ -181,8 +189,8 @@ static void task_qk_prepare(void *arg, int ith, int nth) {
         const kv_seq *seq = t->b->seqs[r];
         int32_t block = seq->blocks[pos / KV_BLOCK_TOKENS];
         int row = (int)(pos % KV_BLOCK_TOKENS);
-        memcpy(kv_block_k(c->pool, block, t->layer) + (size_t)row * k_dim, k, (size_t)k_dim * sizeof(float));
-        memcpy(kv_block_v(c->pool, block, t->layer) + (size_t)row * v_dim, v, (size_t)v_dim * sizeof(float));
+        kv_row_write(c->pool, block, t->layer, 0, row, k);
+        kv_row_write(c->pool, block, t->layer, 1, row, v);
     }
 }
 
@@ -200,8 +208,9 @@ static void task_attention(void *arg, int ith, int nth) {
     int group = hp->n_head / hp->n_head_kv;
     long units = row_blocks * hp->n_head_kv, u0, u1;
     ember_split_range(units, 1, ith, nth, &u0, &u1);
-    float **k_ptrs = c->k_ptrs + (size_t)ith * c->ptr_cap;
-    float **v_ptrs = c->v_ptrs + (size_t)ith * c->ptr_cap;
+    const void **k_ptrs = c->k_ptrs + (size_t)ith * c->ptr_cap;
+    const void **v_ptrs = c->v_ptrs + (size_t)ith * c->ptr_cap;
+    kv_row_type type = kv_format_row_type(kv_pool_format(c->pool));
     float *scores = c->att_scores + (size_t)ith * c->att_cap * ATT_ROWS * (size_t)group;
     const kv_seq *built = NULL;
     int32_t n_built = 0;
@@ -228,7 +237,7 @@ static void task_attention(void *arg, int ith, int nth) {
                 n_built = need;
             }
             op_attention_paged_rows(c->attn + r * out_stride, out_stride, c->q + r * q_stride, q_stride, k_ptrs,
-                                    v_ptrs, t->b->pos + r, (int)(re - r), hp->n_head, hp->n_head_kv, hp->d_k,
+                                    v_ptrs, type, t->b->pos + r, (int)(re - r), hp->n_head, hp->n_head_kv, hp->d_k,
                                     hp->d_v, scale, t->L->window, g * group, (g + 1) * group, scores);
             r = re;
         }

@@ -151,8 +151,8 @@ struct model_ctx {
     int64_t att_cap;     /* keys per thread slice */
     float *att_scores;   /* (n_threads, att_cap) */
     int32_t ptr_cap;     /* blocks per thread slice */
-    float **k_ptrs;      /* (n_threads, ptr_cap) */
-    float **v_ptrs;      /* (n_threads, ptr_cap) */
+    const void **k_ptrs; /* (n_threads, ptr_cap) encoded K rows of each block */
+    const void **v_ptrs; /* (n_threads, ptr_cap) */
 };
 
 /* y (n, w->n_out) = x (n, w->n_in) W^T; fails only for lack of memory. */

@@ -5,11 +5,67 @@
  * not a multiple of 16), an exp() evaluated by a degree-6 polynomial with
  * 2^n applied by vscalefps, and the value sum accumulated key by key in
  * registers. Every step depends only on this query's row, so the result is
- * the same whatever batch the row is in; decode and prefill share it. */
+ * the same whatever batch the row is in; decode and prefill share it.
+ *
+ * f16 and q8_0 rows are decoded with vcvtph2ps and int8 -> f32 products
+ * (exact, the same values as kv_row_decode) right where the f32 kernel would
+ * load them: per key row in the one-head path, per tile of 16 K rows or 32
+ * V rows in the multi-query path, which copies f32 tiles anyway. */
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "tensor/attention_impl.h"
+#include "tensor/quant.h"
+
+/* Values [offset, offset + n) of an encoded row into dst. */
+static inline void decode_avx512(kv_row_type type, const uint8_t *row, int offset, int n, float *dst) {
+    if (type == KV_ROW_F16) {
+        int i = 0;
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)(offset + i)))));
+        if (i < n) {
+            __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+            __m256i h = _mm256_maskz_loadu_epi16(m, row + 2 * (size_t)(offset + i));
+            _mm512_mask_storeu_ps(dst + i, m, _mm512_cvtph_ps(h));
+        }
+        return;
+    }
+    if (type == KV_ROW_Q8_0 && offset % KV_ROW_Q8_0_BLOCK == 0 && n % KV_ROW_Q8_0_BLOCK == 0) {
+        const uint8_t *b = row + (size_t)(offset / KV_ROW_Q8_0_BLOCK) * sizeof(block_q8_0);
+        for (int i = 0; i < n; i += KV_ROW_Q8_0_BLOCK, b += sizeof(block_q8_0)) {
+            uint16_t h;
+            memcpy(&h, b, 2);
+            __m512 d = _mm512_set1_ps(quant_f16_to_f32(h));
+            __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2))));
+            __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18))));
+            _mm512_storeu_ps(dst + i, _mm512_mul_ps(d, lo));
+            _mm512_storeu_ps(dst + i + 16, _mm512_mul_ps(d, hi));
+        }
+        return;
+    }
+    kv_row_decode(type, row, offset, n, dst);
+}
+
+/* Key or value j of a head as floats: in place for f32 rows, else decoded
+ * into buf. */
+static inline const float *row_at(const void *const *blocks, size_t stride, int64_t j, int offset, int n,
+                                  kv_row_type type, float *buf) {
+    const uint8_t *row = attention_row(blocks, stride, j);
+    if (type == KV_ROW_F32) return (const float *)row + offset;
+    decode_avx512(type, row, offset, n, buf);
+    return buf;
+}
+
+/* Where value `offset` of a row starts, in bytes (offset on a q8_0 block
+ * boundary), for prefetching. */
+static inline size_t value_byte(kv_row_type type, int offset) {
+    switch (type) {
+    case KV_ROW_F16: return 2 * (size_t)offset;
+    case KV_ROW_Q8_0: return (size_t)(offset / KV_ROW_Q8_0_BLOCK) * sizeof(block_q8_0);
+    default: return 4 * (size_t)offset;
+    }
+}
 
 static inline __m512 exp_ps(__m512 x) {
     const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
@@ -43,8 +99,10 @@ static inline float dot_avx512(const float *a, const float *b, int n) {
 void attention_head_avx512(const attention_head_args *a) {
     int64_t n = a->n_keys - a->first;
     float *s = a->scores;
+    float buf[128];
+    float kbuf[ATTENTION_MAX_HEAD];
     for (int64_t j = a->first; j < a->n_keys; j++) {
-        const float *k = a->k_blocks[j / 16] + (j % 16) * a->k_row + a->k_offset;
+        const float *k = row_at(a->k_blocks, a->k_stride, j, a->k_offset, a->d_k, a->type, kbuf);
         s[j - a->first] = dot_avx512(a->q, k, a->d_k) * a->scale;
     }
     float max = -INFINITY;
@@ -73,7 +131,7 @@ void attention_head_avx512(const attention_head_args *a) {
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
         for (int64_t jj = a->first; jj < a->n_keys; jj++) {
-            const float *v = a->v_blocks[jj / 16] + (jj % 16) * a->v_row + a->v_offset + d0;
+            const float *v = row_at(a->v_blocks, a->v_stride, jj, a->v_offset + d0, 128, a->type, buf);
             __m512 p = _mm512_set1_ps(s[jj - a->first] * inv);
 #pragma GCC unroll 8
             for (int r = 0; r < 8; r++) acc[r] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * r), acc[r]);
@@ -88,7 +146,7 @@ void attention_head_avx512(const attention_head_args *a) {
         __m512 acc[8];
         for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
         for (int64_t jj = a->first; jj < a->n_keys; jj++) {
-            const float *v = a->v_blocks[jj / 16] + (jj % 16) * a->v_row + a->v_offset + d0;
+            const float *v = row_at(a->v_blocks, a->v_stride, jj, a->v_offset + d0, width, a->type, buf);
             __m512 p = _mm512_set1_ps(s[jj - a->first] * inv);
             for (int r = 0; r < nreg; r++) {
                 __mmask16 m = r == nreg - 1 ? tail : 0xFFFF;
@@ -241,18 +299,25 @@ static void heads_multi(const attention_head_args *a, int n) {
     /* Scores, 16 keys at a time per query: 16 fma chains, then the 16
      * horizontal sums at once by a tree with _mm512_reduce_add_ps's order. */
     int64_t j = first;
+    const kv_row_type type = a[0].type;
+    const size_t k_head = value_byte(type, a[0].k_offset), v_head = value_byte(type, a[0].v_offset);
+    const int head_bytes = (int)value_byte(type, 128);
     float kt[16][128] __attribute__((aligned(64)));
     for (; j + 16 <= lo; j += 16) {
         for (int k = 0; k < 16; k++) {
-            const float *src = a[0].k_blocks[(j + k) / 16] + ((j + k) % 16) * a[0].k_row + a[0].k_offset;
             if (j + 16 + k < hi) {
-                const char *nx = (const char *)(a[0].k_blocks[(j + 16 + k) / 16] + ((j + 16 + k) % 16) * a[0].k_row +
-                                                a[0].k_offset);
+                const char *nx = (const char *)attention_row(a[0].k_blocks, a[0].k_stride, j + 16 + k) + k_head;
 #pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
+                for (int c = 0; c < 8; c++)
+                    if (64 * c < head_bytes) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
             }
+            if (type == KV_ROW_F32) {
+                const float *src = (const float *)attention_row(a[0].k_blocks, a[0].k_stride, j + k) + a[0].k_offset;
 #pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) _mm512_store_ps(kt[k] + 16 * c, _mm512_loadu_ps(src + 16 * c));
+                for (int c = 0; c < 8; c++) _mm512_store_ps(kt[k] + 16 * c, _mm512_loadu_ps(src + 16 * c));
+            } else {
+                decode_avx512(type, attention_row(a[0].k_blocks, a[0].k_stride, j + k), a[0].k_offset, 128, kt[k]);
+            }
         }
         for (int i = 0; i < n; i++) {
             __m512 qv[8], acc[16];
@@ -270,7 +335,7 @@ static void heads_multi(const attention_head_args *a, int n) {
     }
     /* The rest: one key row in registers against every query that sees it. */
     for (; j < hi; j++) {
-        const float *k = a[0].k_blocks[j / 16] + (j % 16) * a[0].k_row + a[0].k_offset;
+        const float *k = row_at(a[0].k_blocks, a[0].k_stride, j, a[0].k_offset, 128, type, kt[0]);
         __m512 kv[8];
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) kv[c] = _mm512_loadu_ps(k + 16 * c);
@@ -289,15 +354,19 @@ static void heads_multi(const attention_head_args *a, int n) {
     for (int64_t j0 = first; j0 < hi; j0 += VCHUNK) {
         int64_t j1 = j0 + VCHUNK < hi ? j0 + VCHUNK : hi;
         for (int64_t jj = j0; jj < j1; jj++) {
-            const float *src = a[0].v_blocks[jj / 16] + (jj % 16) * a[0].v_row + a[0].v_offset;
             if (jj + VCHUNK < hi) {
-                const char *nx = (const char *)(a[0].v_blocks[(jj + VCHUNK) / 16] + ((jj + VCHUNK) % 16) * a[0].v_row +
-                                                a[0].v_offset);
+                const char *nx = (const char *)attention_row(a[0].v_blocks, a[0].v_stride, jj + VCHUNK) + v_head;
 #pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
+                for (int c = 0; c < 8; c++)
+                    if (64 * c < head_bytes) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
             }
+            if (type == KV_ROW_F32) {
+                const float *src = (const float *)attention_row(a[0].v_blocks, a[0].v_stride, jj) + a[0].v_offset;
 #pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) _mm512_store_ps(vt[jj - j0] + 16 * c, _mm512_loadu_ps(src + 16 * c));
+                for (int c = 0; c < 8; c++) _mm512_store_ps(vt[jj - j0] + 16 * c, _mm512_loadu_ps(src + 16 * c));
+            } else {
+                decode_avx512(type, attention_row(a[0].v_blocks, a[0].v_stride, jj), a[0].v_offset, 128, vt[jj - j0]);
+            }
         }
         for (int s0 = 0; s0 < n; s0 += MQ) {
             int m = n - s0 < MQ ? n - s0 : MQ;
@@ -314,8 +383,8 @@ void attention_heads_avx512(const attention_head_args *a, int n) {
         if (a[i].d_k == 128 && a[i].d_v == 128)
             while (i + m < n && a[i + m].d_k == 128 && a[i + m].d_v == 128 && a[i + m].k_blocks == a[i].k_blocks &&
                    a[i + m].v_blocks == a[i].v_blocks && a[i + m].k_offset == a[i].k_offset &&
-                   a[i + m].v_offset == a[i].v_offset && a[i + m].k_row == a[i].k_row &&
-                   a[i + m].v_row == a[i].v_row && a[i + m].first == a[i].first)
+                   a[i + m].v_offset == a[i].v_offset && a[i + m].k_stride == a[i].k_stride &&
+                   a[i + m].v_stride == a[i].v_stride && a[i + m].type == a[i].type && a[i + m].first == a[i].first)
                 m++;
         if (a[i].d_k == 128 && a[i].d_v == 128)
             heads_multi(a + i, m);

@@ -1,23 +1,39 @@
 /* attention_impl.h - the per-head attention kernels behind op_attention_paged
  * (internal to src/tensor). One implementation per instruction set, chosen
- * with the same ISA as the quantized dot products (quant_get_isa). */
+ * with the same ISA as the quantized dot products (quant_get_isa).
+ *
+ * K and V rows are read in their storage format (kv_rows.h): f32 rows are
+ * used in place; f16 and q8_0 rows are decoded one row (or one tile of
+ * rows) at a time into registers or a small buffer, never the whole
+ * context. Decoding is exact, so every kernel computes on the decoded
+ * values with the f32 kernel's operation order. */
 #ifndef EMBER_TENSOR_ATTENTION_IMPL_H
 #define EMBER_TENSOR_ATTENTION_IMPL_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "tensor/kv_rows.h"
+#include "tensor/ops.h"
 
 typedef struct attention_head_args {
     float *out;               /* (d_v) */
     const float *q;           /* (d_k) */
-    float *const *k_blocks;   /* key j: k_blocks[j/16] + (j%16)*k_row + k_offset */
-    float *const *v_blocks;
+    const void *const *k_blocks; /* key j: row j%16 of k_blocks[j/16], k_stride bytes per row */
+    const void *const *v_blocks;
     int64_t first, n_keys;    /* keys [first, n_keys) are visible */
-    int k_row, v_row;         /* floats per K / V row (all kv heads) */
-    int k_offset, v_offset;   /* this head's kv head within a row */
+    size_t k_stride, v_stride; /* bytes per K / V row (all kv heads) */
+    int k_offset, v_offset;   /* this head's first value within a row */
     int d_k, d_v;
+    kv_row_type type;         /* storage format of K and V rows */
     float scale;
     float *scores;            /* (n_keys - first) scratch */
 } attention_head_args;
+
+/* The encoded row of key (or value) j. */
+static inline const uint8_t *attention_row(const void *const *blocks, size_t stride, int64_t j) {
+    return (const uint8_t *)blocks[j / 16] + (size_t)(j % 16) * stride;
+}
 
 void attention_head_scalar(const attention_head_args *a);
 void attention_head_avx512(const attention_head_args *a);

@@ -100,24 +100,35 @@ static float dot_f32(const float *a, const float *b, int n) {
     return sum;
 }
 
+/* Key or value j of this head as floats: in place for f32 rows, else
+ * decoded into buf. */
+static const float *head_row(const void *const *blocks, size_t stride, int64_t j, int offset, int n,
+                             kv_row_type type, float *buf) {
+    const uint8_t *row = attention_row(blocks, stride, j);
+    if (type == KV_ROW_F32) return (const float *)row + offset;
+    kv_row_decode(type, row, offset, n, buf);
+    return buf;
+}
+
 void attention_head_scalar(const attention_head_args *a) {
     int64_t n = a->n_keys - a->first;
+    float buf[ATTENTION_MAX_HEAD];
     for (int64_t j = a->first; j < a->n_keys; j++) {
-        const float *k = a->k_blocks[j / 16] + (j % 16) * a->k_row + a->k_offset;
+        const float *k = head_row(a->k_blocks, a->k_stride, j, a->k_offset, a->d_k, a->type, buf);
         a->scores[j - a->first] = dot_f32(a->q, k, a->d_k) * a->scale;
     }
     op_softmax(a->scores, (int)n);
     for (int d = 0; d < a->d_v; d++) a->out[d] = 0.0f;
     for (int64_t j = a->first; j < a->n_keys; j++) {
-        const float *v = a->v_blocks[j / 16] + (j % 16) * a->v_row + a->v_offset;
+        const float *v = head_row(a->v_blocks, a->v_stride, j, a->v_offset, a->d_v, a->type, buf);
         float p = a->scores[j - a->first];
         for (int d = 0; d < a->d_v; d++) a->out[d] += p * v[d];
     }
 }
 
-void op_attention_paged(float *out, const float *q, float *const *k_blocks, float *const *v_blocks,
-                        int64_t n_keys, int64_t query_pos, int n_head, int n_head_kv, int d_k, int d_v,
-                        float scale, int64_t window, int head_begin, int head_end, float *scratch) {
+void op_attention_paged(float *out, const float *q, const void *const *k_blocks, const void *const *v_blocks,
+                        kv_row_type type, int64_t n_keys, int64_t query_pos, int n_head, int n_head_kv, int d_k,
+                        int d_v, float scale, int64_t window, int head_begin, int head_end, float *scratch) {
     void (*head_fn)(const attention_head_args *) =
         quant_get_isa() == QUANT_ISA_AVX512 ? attention_head_avx512 : attention_head_scalar;
     int group = n_head / n_head_kv;
@@ -126,7 +137,8 @@ void op_attention_paged(float *out, const float *q, float *const *k_blocks, floa
     for (int h = head_begin; h < head_end; h++) {
         int kvh = h / group;
         attention_head_args a = {out + (int64_t)h * d_v, q + (int64_t)h * d_k, k_blocks, v_blocks, first, n_keys,
-                                 n_head_kv * d_k, n_head_kv * d_v, kvh * d_k, kvh * d_v, d_k, d_v, scale, scratch};
+                                 kv_row_bytes(type, n_head_kv * d_k), kv_row_bytes(type, n_head_kv * d_v),
+                                 kvh * d_k, kvh * d_v, d_k, d_v, type, scale, scratch};
         head_fn(&a);
     }
 }
@@ -140,7 +152,8 @@ static void run_heads(const attention_head_args *args, int n) {
 }
 
 void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size_t q_stride,
-                             float *const *k_blocks, float *const *v_blocks, const int64_t *query_pos,
+                             const void *const *k_blocks, const void *const *v_blocks, kv_row_type type,
+                             const int64_t *query_pos,
                              int n_rows, int n_head, int n_head_kv, int d_k, int d_v, float scale,
                              int64_t window, int head_begin, int head_end, float *scratch) {
     enum { MAX_PAIRS = 64 };
@@ -160,8 +173,9 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
             if (window > 0 && query_pos[r] - window + 1 > 0) first = query_pos[r] - window + 1;
             int kvh = h / group;
             args[n] = (attention_head_args){out + r * out_stride + (int64_t)h * d_v, q + r * q_stride + (int64_t)h * d_k,
-                                            k_blocks, v_blocks, first, query_pos[r] + 1, n_head_kv * d_k,
-                                            n_head_kv * d_v, kvh * d_k, kvh * d_v, d_k, d_v, scale,
+                                            k_blocks, v_blocks, first, query_pos[r] + 1,
+                                            kv_row_bytes(type, n_head_kv * d_k), kv_row_bytes(type, n_head_kv * d_v),
+                                            kvh * d_k, kvh * d_v, d_k, d_v, type, scale,
                                             scratch + (size_t)n * (size_t)max_keys};
             n++;
         }

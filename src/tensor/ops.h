@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tensor/kv_rows.h"
+
 typedef enum rope_mode {
     ROPE_NORM = 0, /* adjacent pairs (x[2i], x[2i+1]): llama */
     ROPE_NEOX = 1, /* halves (x[i], x[i + n_rot/2]): qwen, gemma */
@@ -40,16 +42,23 @@ void op_swiglu(float *y, const float *gate, const float *up, int n);
 /* x += y */
 void op_add(float *x, const float *y, int n);
 
+/* The widest head (d_k, d_v) attention reads from f16 or q8_0 rows: they
+ * are decoded into stack buffers of this many floats. */
+#define ATTENTION_MAX_HEAD 512
+
 /* Causal attention of one query token over keys at positions [0, n_keys)
- * that live in 16-token blocks: key j is row j % 16 of k_blocks[j / 16].
+ * that live in 16-token blocks: key j is row j % 16 of k_blocks[j / 16],
+ * rows stored as `type` (kv_rows.h: kv_row_bytes(type, width) bytes each)
+ * and read in that format (attention on an encoded cache equals attention
+ * on its decoded values, bit for bit).
  * q: (n_head, d_k); out: (n_head, d_v); K rows are (n_head_kv, d_k) wide,
  * V rows (n_head_kv, d_v). Query head h reads KV head h / (n_head/n_head_kv).
  * window > 0 masks keys with pos - key >= window (sliding window).
  * Only query heads [head_begin, head_end) are computed, so callers can
  * spread one token's heads over threads. scratch: n_keys floats. */
-void op_attention_paged(float *out, const float *q, float *const *k_blocks, float *const *v_blocks,
-                        int64_t n_keys, int64_t query_pos, int n_head, int n_head_kv, int d_k, int d_v,
-                        float scale, int64_t window, int head_begin, int head_end, float *scratch);
+void op_attention_paged(float *out, const float *q, const void *const *k_blocks, const void *const *v_blocks,
+                        kv_row_type type, int64_t n_keys, int64_t query_pos, int n_head, int n_head_kv, int d_k,
+                        int d_v, float scale, int64_t window, int head_begin, int head_end, float *scratch);
 /* op_attention_paged for n_rows query tokens of one sequence at once: row r
  * has q at q + r * q_stride, out at out + r * out_stride, position
  * query_pos[r] (keys [0, query_pos[r] + 1)). Each (row, head) gives the same
@@ -58,7 +67,8 @@ void op_attention_paged(float *out, const float *q, float *const *k_blocks, floa
  * scratch: n_rows * (head_end - head_begin) * (max query_pos + 1) floats;
  * at most 64 (row, head) pairs per call. */
 void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size_t q_stride,
-                             float *const *k_blocks, float *const *v_blocks, const int64_t *query_pos,
+                             const void *const *k_blocks, const void *const *v_blocks, kv_row_type type,
+                             const int64_t *query_pos,
                              int n_rows, int n_head, int n_head_kv, int d_k, int d_v, float scale,
                              int64_t window, int head_begin, int head_end, float *scratch);
 
