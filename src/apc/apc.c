@@ -262,17 +262,24 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
     c->layout.n_layer = layout->n_layer;
     c->layout.k_width = malloc((size_t)layout->n_layer * sizeof(int));
     c->layout.v_width = malloc((size_t)layout->n_layer * sizeof(int));
-    if (c->layout.k_width == NULL || c->layout.v_width == NULL ||
+    c->layout.k_values = malloc((size_t)layout->n_layer * sizeof(int));
+    c->layout.v_values = malloc((size_t)layout->n_layer * sizeof(int));
+    if (c->layout.k_width == NULL || c->layout.v_width == NULL || c->layout.k_values == NULL ||
+        c->layout.v_values == NULL ||
         apc_index_init(&c->index, kv_pool_n_blocks(pool)) < 0) {
         apc_free(c);
         ember_fail(err, "prompt cache: out of memory for an index of %d blocks", kv_pool_n_blocks(pool));
         return NULL;
     }
+    /* Rows are copied as the pool stores them: 32-bit words of its format. */
     for (int l = 0; l < layout->n_layer; l++) {
-        c->layout.k_width[l] = layout->k_width[l];
-        c->layout.v_width[l] = layout->v_width[l];
-        c->layout.row_floats += (size_t)layout->k_width[l] + (size_t)layout->v_width[l];
+        c->layout.k_width[l] = (int)(kv_pool_row_bytes(pool, l, 0) / 4);
+        c->layout.v_width[l] = (int)(kv_pool_row_bytes(pool, l, 1) / 4);
+        c->layout.row_floats += (size_t)c->layout.k_width[l] + (size_t)c->layout.v_width[l];
+        c->layout.k_values[l] = layout->k_width[l];
+        c->layout.v_values[l] = layout->v_width[l];
     }
+    c->layout.kv_format_id = kv_format_id(kv_pool_format(pool));
     c->exact.max_entries = cfg.exact_entries;
     c->exact.max_bytes = cfg.exact_max_bytes;
     if (state && state->bytes > 0) {
@@ -363,8 +370,10 @@ static int open_disk(apc *c, const apc_disk_config *dc, ember_error *err) {
     char cap[48];
     if (dc->max_bytes) snprintf(cap, sizeof cap, "%.2f GiB", (double)dc->max_bytes / (1u << 30));
     else snprintf(cap, sizeof cap, "unbounded");
-    ember_log(EMBER_LOG_INFO, "APC disk tier at %s (ns=%s, cap=%s, read_mode=%s, workers=%d)", dc->path, ds.ns_hex, cap,
-              dc->read_mode == APC_DISK_READ_MMAP ? "mmap" : "direct", dc->workers > 0 ? dc->workers : 1);
+    ember_log(EMBER_LOG_INFO, "APC disk tier at %s (ns=%s, cap=%s, read_mode=%s, workers=%d, kv_format=%s)", dc->path,
+              ds.ns_hex, cap, dc->read_mode == APC_DISK_READ_MMAP ? "mmap" : "direct", dc->workers > 0 ? dc->workers : 1,
+              kv_format_name(kv_pool_format(c->pool)));
+    apc_disk_note_other_formats(dc, &c->layout, c->cfg.hash, kv_pool_format(c->pool));
     return 0;
 }
 
@@ -386,6 +395,8 @@ void apc_free(apc *c) {
     apc_index_free(&c->index);
     free(c->layout.k_width);
     free(c->layout.v_width);
+    free(c->layout.k_values);
+    free(c->layout.v_values);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }

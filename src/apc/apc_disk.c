@@ -396,12 +396,15 @@ void apc_disk_namespace(const apc_disk_config *cfg, const apc_layout *lay, apc_h
         XXH3_128bits_update(st, cfg->fingerprint, 16);
     }
     FEED_U64(KV_BLOCK_TOKENS);
-    FEED_U64(0); /* KV dtype: f32 */
+    FEED_U64(lay->kv_format_id); /* KV format: 0 = f32, so older f32 namespaces stay readable */
     FEED_U64(hash);
     FEED_U64(lay->n_layer);
+    /* Values per row, not words: with the format id they name the rows, and
+     * a server can compute the namespace it would have under another format
+     * (apc_disk_note_other_formats). For f32 both are the same. */
     for (int l = 0; l < lay->n_layer; l++) {
-        FEED_U64(lay->k_width[l]);
-        FEED_U64(lay->v_width[l]);
+        FEED_U64(lay->k_values ? lay->k_values[l] : lay->k_width[l]);
+        FEED_U64(lay->v_values ? lay->v_values[l] : lay->v_width[l]);
     }
     FEED_U64(lay->state_bytes); /* the layer mix: recurrent state and the stack */
     FEED_U64(lay->stack_sig);
@@ -411,6 +414,32 @@ void apc_disk_namespace(const apc_disk_config *cfg, const apc_layout *lay, apc_h
     for (int i = 0; i < 8; i++) {
         ns[i] = (uint8_t)(h.low64 >> (8 * i));
         ns[8 + i] = (uint8_t)(h.high64 >> (8 * i));
+    }
+}
+
+static long count_entries(const char *dir_path);
+
+void apc_disk_note_other_formats(const apc_disk_config *cfg, const apc_layout *lay, apc_hash_kind hash,
+                                 kv_format own) {
+    static const kv_format_kind kinds[] = {KV_FORMAT_F32, KV_FORMAT_F16, KV_FORMAT_Q8_0};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        if (kinds[i] == own.kind) continue;
+        kv_format other = {kinds[i]};
+        apc_layout probe = *lay;
+        probe.kv_format_id = kv_format_id(other);
+        uint8_t ns[16];
+        apc_disk_namespace(cfg, &probe, hash, ns);
+        apc_key k;
+        memcpy(k.b, ns, 16);
+        char hex[33], path[4096];
+        apc_disk_key_hex(&k, hex);
+        snprintf(path, sizeof path, "%s/%s", cfg->path, hex);
+        long files = count_entries(path);
+        if (files > 0)
+            ember_log(EMBER_LOG_INFO,
+                      "APC disk: %s holds %ld cache files of this model written with kv_format=%s; this server "
+                      "stores kv_format=%s in namespace of its own and adopts none of them",
+                      cfg->path, files, kv_format_name(other), kv_format_name(own));
     }
 }
 

@@ -5,9 +5,10 @@
  *  - Directory. Files live in <path>/<namespace>/, the namespace being 32
  *    lowercase hex digits of XXH3-128 over (the tag "ember-apc-disk", the
  *    format version, the model fingerprint - engine_model_fingerprint, or the
- *    namespace_override string instead -, the block size, the KV dtype (f32),
- *    the block-key hash kind, n_layer and every layer's K and V width). Two
- *    models, or one model under two cache formats, never share a directory;
+ *    namespace_override string instead -, the block size, the KV format
+ *    (kv_format_id: f32, f16, q8_0), the block-key hash kind, n_layer and
+ *    every layer's K and V width). Two models, or one model under two cache
+ *    or KV formats, never share a directory;
  *    a renamed model file keeps its namespace (no path enters it).
  *  - Names. b-<32 hex>.apc: a block shard, named by the key of its last
  *    block. x-<32 hex>.apc: an exact snapshot, named by its exact key
@@ -51,7 +52,8 @@
  *                 tail block under its partial key); else 0
  *       84     4  n_layer
  *       88     8  n_tokens (shard: 16 * (nb - 1) + last rows)
- *       96     8  row_floats: sum over layers of K width + V width
+ *       96     8  row_floats: 32-bit words per position, sum over layers of
+ *                 K row words + V row words (the KV format's encoded rows)
  *      104     8  created, ns since the epoch (informational)
  *      112     8  state bytes: exact and skeleton: the namespace's
  *                 model_state_bytes (0 on stacks without recurrent
@@ -60,8 +62,8 @@
  *      128 16*nb  shard: the key of every block (the last = content key)
  *        .  4*n   token ids, int32
  *        .        K/V payload (shard, exact; none in a skeleton), layer by
- *                 layer: K rows [0, n) (k_width floats each) then V rows
- *                 [0, n), f32
+ *                 layer: K rows [0, n) (k_width words each) then V rows
+ *                 [0, n), encoded in the namespace's KV format (kv_rows.h)
  *        .     s  the model_state snapshot (state bytes; model.h format)
  *        .     8  checksum: XXH3-64 of every byte before it
  *
@@ -210,6 +212,11 @@ void apc_disk_namespace(const apc_disk_config *cfg, const apc_layout *lay, apc_h
  * lay (kept by reference) must carry its final state_bytes and stack_sig:
  * on recurrent stacks the namespace includes the state size (given to
  * apc_create). */
+/* Logs one line for each other KV format whose namespace (same model and
+ * cache settings) holds files under cfg->path: a restart that switched the
+ * format says why it finds nothing. */
+void apc_disk_note_other_formats(const apc_disk_config *cfg, const apc_layout *lay, apc_hash_kind hash,
+                                 kv_format own);
 apc_disk *apc_disk_open(const apc_disk_config *cfg, const apc_layout *lay, apc_hash_kind hash, kv_pool *pool,
                         ember_error *err);
 /* Waits for every queued write to land, stops the writers, frees. */

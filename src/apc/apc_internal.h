@@ -45,14 +45,20 @@ void apc_index_remove(apc_index *ix, int32_t block);
 void apc_index_clear(apc_index *ix);
 
 /* ---- Exact snapshots ---- */
+/* Rows are counted in 32-bit words as the pool stores them (kv_pool.h):
+ * floats in f32, packed f16 or q8_0 rows otherwise; the cache only copies
+ * them. */
 typedef struct apc_layout {
     int n_layer;
-    int *k_width;   /* (n_layer) floats per K row */
+    int *k_width;   /* (n_layer) words per K row */
     int *v_width;   /* (n_layer) */
-    size_t row_floats; /* sum over layers of k_width + v_width */
+    size_t row_floats; /* words per position: sum over layers of k_width + v_width */
     /* For the SSD tier's namespace and file sizes (0 when unknown/none): */
     size_t state_bytes;  /* model_state_bytes of recurrent stacks, else 0 */
     uint64_t stack_sig;  /* XXH3-64 of every layer's (kind, window, keep) */
+    /* The KV format (kv_pool.h), for the namespace: */
+    uint64_t kv_format_id; /* kv_format_id of the pool's format; 0 = f32 */
+    int *k_values, *v_values; /* (n_layer) values per K / V row; NULL: k_width / v_width (f32) */
 } apc_layout;
 
 typedef struct apc_exact_entry {

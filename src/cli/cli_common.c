@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int cli_engine_open(cli_engine *e, const char *path, int n_threads, int n_ctx, int max_batch) {
+int cli_engine_open(cli_engine *e, const char *path, int n_threads, int n_ctx, int max_batch, kv_format kv_fmt) {
     memset(e, 0, sizeof *e);
     ember_error err;
     e->m = model_load(path, &err);
@@ -20,6 +20,7 @@ int cli_engine_open(cli_engine *e, const char *path, int n_threads, int n_ctx, i
     kv_pool_config cfg;
     /* +1 block: copy-on-write of a shared last block needs a spare. */
     model_kv_config(e->m, (n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS + 1, &cfg);
+    cfg.format = kv_fmt;
     e->pool = kv_pool_create(&cfg, &err);
     if (e->pool == NULL) goto fail;
     e->ctx = model_ctx_create(e->m, e->pool, n_threads, max_batch, &err);

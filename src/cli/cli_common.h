@@ -18,7 +18,8 @@ typedef struct cli_engine {
 } cli_engine;
 
 /* Loads path and sizes the pool for n_ctx positions (0: min(train ctx, 4096)). */
-int cli_engine_open(cli_engine *e, const char *path, int n_threads, int n_ctx, int max_batch);
+/* The pool stores K/V in kv_fmt (zero: f32). */
+int cli_engine_open(cli_engine *e, const char *path, int n_threads, int n_ctx, int max_batch, kv_format kv_fmt);
 void cli_engine_close(cli_engine *e);
 
 /* Prompt tokens from -p TEXT (with BOS when the vocabulary adds it) or from

@@ -15,7 +15,7 @@
 #include "cli/cli_opts.h"
 #include "cli/commands.h"
 
-enum { OPT_PROMPT, OPT_TOKENS, OPT_OUT, OPT_THREADS, OPT_BATCH, OPT_MTP };
+enum { OPT_PROMPT, OPT_TOKENS, OPT_OUT, OPT_THREADS, OPT_BATCH, OPT_MTP, OPT_KV_FORMAT };
 
 static const cli_option logits_options[] = {
     {OPT_TOKENS, "--tokens", NULL, "1,2,3", "the prompt as comma-separated token ids", NULL},
@@ -24,6 +24,8 @@ static const cli_option logits_options[] = {
     {OPT_THREADS, "--threads", NULL, "K", "threads per forward pass (default: all CPUs)", NULL},
     {OPT_BATCH, "--batch", NULL, "B", "largest forward batch (default 512)", NULL},
     {OPT_MTP, "--mtp", NULL, NULL, "write the MTP (nextn) head's draft logits instead of the trunk's", NULL},
+    {OPT_KV_FORMAT, "--kv-format", NULL, KV_FORMAT_CHOICES,
+     "how the KV cache stores K/V rows (default f32, so the logits compare with the reference fixtures)", NULL},
     {0, NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -60,6 +62,7 @@ int cmd_logits(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *token_list = NULL, *out_path = NULL;
     int threads = 0, batch = 512;
     bool mtp = false;
+    kv_format kv_fmt = {KV_FORMAT_F32};
     cli_args args;
     cli_args_init(&args, &cmd_logits_command, argc, argv);
     for (int id; (id = cli_next(&args)) != CLI_END;) {
@@ -70,6 +73,11 @@ int cmd_logits(int argc, char **argv) {
         case OPT_THREADS: threads = (int)cli_parse_long(args.opt, args.value, 1, 1024); break;
         case OPT_BATCH: batch = (int)cli_parse_long(args.opt, args.value, 1, 1 << 16); break;
         case OPT_MTP: mtp = true; break;
+        case OPT_KV_FORMAT:
+            if (kv_format_parse(args.value, &kv_fmt) < 0)
+                return cli_usage_error(&cmd_logits_command, "--kv-format: expected one of %s, got '%s'",
+                                       KV_FORMAT_CHOICES, args.value);
+            break;
         case CLI_ARG:
             if (model_path)
                 return cli_usage_error(&cmd_logits_command, "one model only ('%s' and '%s')", model_path, args.value);
@@ -84,7 +92,7 @@ int cmd_logits(int argc, char **argv) {
         return cli_usage_error(&cmd_logits_command, "give the prompt as exactly one of --tokens and -p");
 
     cli_engine e;
-    if (cli_engine_open(&e, model_path, threads, 0, batch) < 0) return 1;
+    if (cli_engine_open(&e, model_path, threads, 0, batch, kv_fmt) < 0) return 1;
     int n = 0;
     int32_t *ids = token_list ? cli_parse_token_list(token_list, &n) : cli_tokenize_prompt(&e, prompt, &n);
     int rc = 1;
@@ -94,7 +102,7 @@ int cmd_logits(int argc, char **argv) {
     }
     if (n > e.n_ctx) {
         cli_engine_close(&e);
-        if (cli_engine_open(&e, model_path, threads, n, batch) < 0) goto done;
+        if (cli_engine_open(&e, model_path, threads, n, batch, kv_fmt) < 0) goto done;
     }
     int n_vocab = model_get_hparams(e.m)->n_vocab;
     ember_error err;

@@ -151,11 +151,13 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
     e->n_vocab = hp->n_vocab;
     kv_pool_config kc;
     model_kv_config(m, cfg.num_blocks, &kc);
+    kc.format = cfg.kv_format;
     e->pool = kv_pool_create(&kc, err);
     if (e->pool == NULL) goto fail;
-    ember_log(EMBER_LOG_DEBUG, "KV pool: %d blocks of %d tokens (%lld tokens, %.1f MiB)", cfg.num_blocks,
-              KV_BLOCK_TOKENS, (long long)cfg.num_blocks * KV_BLOCK_TOKENS,
-              (double)cfg.num_blocks * (double)kv_pool_block_bytes(e->pool) / (1024.0 * 1024.0));
+    ember_log(EMBER_LOG_DEBUG, "KV pool: %d blocks of %d tokens (%lld tokens, %.1f MiB, kv_format=%s, %zu bytes/token)",
+              cfg.num_blocks, KV_BLOCK_TOKENS, (long long)cfg.num_blocks * KV_BLOCK_TOKENS,
+              (double)cfg.num_blocks * (double)kv_pool_block_bytes(e->pool) / (1024.0 * 1024.0),
+              kv_format_name(kc.format), kv_format_token_bytes(&kc));
     /* The SSD tier's namespace starts from the model file's fingerprint. */
     if (cfg.cache.disk.path && cfg.cache.disk.path[0] && !cfg.cache.disk.has_fingerprint && model_get_gguf(m)) {
         engine_model_fingerprint(model_get_gguf(m), cfg.cache.disk.fingerprint);

@@ -55,6 +55,7 @@ typedef struct engine_config {
     int prefill_step;     /* grid step and largest forward batch; default 512 */
     int32_t num_blocks;   /* KV pool size; 0: default (see engine_default_blocks) */
     int n_ctx;            /* largest sequence; 0: the model's training context */
+    kv_format kv_format;  /* how the pool stores K/V rows; zero: f32 */
     apc_config cache;
     spec_config spec;     /* speculative decoding (engine_spec.h); kind SPEC_OFF: none */
 } engine_config;

@@ -91,6 +91,8 @@ kv_row_type kv_format_row_type(kv_format f) {
 uint64_t kv_format_id(kv_format f) { return (uint64_t)f.kind; }
 
 int kv_format_check(const kv_pool_config *cfg, ember_error *err) {
+    if (cfg->format.kind != KV_FORMAT_F32 && cfg->format.kind != KV_FORMAT_F16 && cfg->format.kind != KV_FORMAT_Q8_0)
+        return ember_fail(err, "KV format: unknown kind %d", (int)cfg->format.kind);
     kv_row_type t = kv_format_row_type(cfg->format);
     for (int l = 0; l < cfg->n_layer; l++)
         if (!kv_row_supported(t, cfg->k_width[l]) || !kv_row_supported(t, cfg->v_width[l]))

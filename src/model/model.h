@@ -113,7 +113,7 @@ const model_hparams *model_get_hparams(const model *m);
 const cache_layer *model_cache_stack(const model *m); /* (n_layer) */
 const tokenizer *model_get_tokenizer(const model *m);
 const gguf_file *model_get_gguf(const model *m);
-/* Fills k/v widths (arrays of n_layer ints owned by the model) for a pool. */
+/* The pool layout of this model (format f32; set cfg->format for another). */
 void model_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg);
 
 /* ---- Running ---- */

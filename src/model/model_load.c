@@ -578,4 +578,5 @@ void model_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg) {
     cfg->k_width = m->kv_k_width;
     cfg->v_width = m->kv_v_width;
     cfg->n_blocks = n_blocks;
+    cfg->format = (kv_format){KV_FORMAT_F32};
 }

@@ -78,6 +78,7 @@ typedef struct serve_config {
     double disk_max_gb;       /* GB; 0: unbounded; -1 ("auto", the default): serve_disk_cap.h */
     int disk_workers;
     char disk_read_mode[16];
+    char kv_format[16];       /* KV_FORMAT_CHOICES */
     char disk_namespace[256];
     unsigned char source[SERVE_SETTINGS_MAX]; /* setting_source of each row of the table */
 } serve_config;

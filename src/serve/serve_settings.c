@@ -128,6 +128,13 @@ static const serve_setting table[] = {
      "Pool pages are touched only as the cache fills, so servers started together all see the memory as free: "
      "for N servers on one machine give each 1/N.",
      false, SRV(memory_share)},
+    {"cache.kv_format", "EMBER_KV_FORMAT", "kv-format", SETTING_STR, "f16", 0, 0, KV_FORMAT_CHOICES, NULL,
+     "how the KV pool stores K/V rows: f32, f16 or q8_0",
+     "f16 halves the bytes per token of f32 and q8_0 takes 34 bytes per 32 values, so the same pool (the block "
+     "tier) holds 2x or 3.8x the tokens; measured quality and speed per format: `make bench-kv` (docs/kv-formats.md). "
+     "The format enters the SSD namespace: a server restarted with another format adopts none of the old files "
+     "and logs that once.",
+     false, SRV(kv_format)},
     {"cache.exact_entries", "APC_EXACT_CACHE_ENTRIES", "exact-entries", SETTING_INT, "0", 0, 1 << 20, NULL, NULL,
      "count cap on the exact tier's whole-state snapshots; 0: none, `cache.exact_budget_mb` sizes the tier",
      "Sized by bytes so that interleaved agents do not evict each other's retirement snapshots; the newest entry "
