@@ -1,0 +1,274 @@
+/* test_kv_formats.c - the KV formats (f16, q8_0) through the whole cache.
+ *
+ * The invariant does not weaken with a quantized pool: for every format and
+ * every tier (block and exact on stories260K, checkpoint on the sliding-
+ * window gemma3 and the gated-delta-net qwen35 references) a warm request's
+ * logits are bit-identical to a cold run's. Each check also asserts that the
+ * warm run adopted something, so a cache that silently stores nothing fails.
+ * Then: a quantized pool really changes the logits (a little), the pool
+ * holds the bytes per token the format promises, and a server restarted
+ * with another format adopts nothing from the SSD tier, logs why once, and
+ * finds its own files again when restarted with its own format. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "engine/engine.h"
+#include "test_util.h"
+
+#define STORIES "models/stories260K.gguf"
+#define GEMMA3 "reference/gemma3-f32.gguf"
+#define QWEN35 "reference/qwen35-f32.gguf"
+
+static const kv_format F16 = {KV_FORMAT_F16}, Q8_0 = {KV_FORMAT_Q8_0}, F32 = {KV_FORMAT_F32};
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static engine *open_engine(const model *m, kv_format fmt, apc_force force, const char *disk_root) {
+    engine_config cfg = engine_default_config();
+    cfg.n_threads = 2;
+    cfg.prefill_step = 32;
+    cfg.n_ctx = 1024;
+    cfg.kv_format = fmt;
+    cfg.cache.force_tier = force;
+    cfg.cache.ckpt.interval = 64;
+    cfg.cache.ckpt.replay_min = 48;
+    cfg.cache.ckpt.sys_min = 32;
+    cfg.cache.ckpt.decode_interval = 0;
+    cfg.cache.disk.path = disk_root;
+    return test_open_engine(m, &cfg);
+}
+
+static apc_stats stats_of(engine *e) {
+    apc_stats s;
+    apc_get_stats(engine_cache(e), &s);
+    return s;
+}
+
+/* Stores `prompt` (a request through the cache), then compares a
+ * lookup-only warm run with a cold one; returns the tokens adopted. */
+static int64_t store_then_probe(engine *e, const int32_t *prompt, int64_t n, const char *what) {
+    engine_result r, warm, cold;
+    test_generate(e, prompt, n, 4, ENGINE_CACHE_ON, &r);
+    engine_result_free(&r);
+    test_generate(e, prompt, n, 4, ENGINE_CACHE_LOOKUP, &warm);
+    test_generate(e, prompt, n, 4, ENGINE_CACHE_BYPASS, &cold);
+    assert_warm_equals_cold(&cold, &warm, what);
+    assert_int_equal(warm.cached_tokens + warm.prompt_forwarded, n);
+    int64_t got = warm.cached_tokens;
+    engine_result_free(&warm);
+    engine_result_free(&cold);
+    return got;
+}
+
+/* ---- warm == cold, block and exact tiers ---- */
+
+static void dense_tiers(kv_format fmt) {
+    REQUIRE_FIXTURE(path, STORIES);
+    model *m = test_load_model(path);
+    int V = model_get_hparams(m)->n_vocab;
+    const apc_force tiers[] = {APC_FORCE_BLOCK, APC_FORCE_EXACT};
+    for (int t = 0; t < 2; t++) {
+        engine *e = open_engine(m, fmt, tiers[t], NULL);
+        char what[128];
+        int32_t a[150], b[150];
+        test_random_tokens(&rng_state, a, 150, V);
+        memcpy(b, a, sizeof b);
+        test_random_tokens(&rng_state, b + 77, 73, V); /* diverges inside a block */
+        snprintf(what, sizeof what, "%s %s resend", kv_format_name(fmt), t ? "exact" : "block");
+        assert_int_equal(store_then_probe(e, a, 150, what), 149);
+        snprintf(what, sizeof what, "%s %s shared prefix", kv_format_name(fmt), t ? "exact" : "block");
+        int64_t got = store_then_probe(e, b, 150, what);
+        /* block: the 4 whole blocks of the common prefix; exact: b's own entry */
+        assert_true(got >= 64);
+        test_assert_no_block_leaks(e);
+        engine_free(e);
+    }
+    model_free(m);
+}
+
+static void test_warm_equals_cold_f16(void **state) {
+    (void)state;
+    dense_tiers(F16);
+}
+
+static void test_warm_equals_cold_q8_0(void **state) {
+    (void)state;
+    dense_tiers(Q8_0);
+}
+
+/* ---- warm == cold, checkpoint tier ---- */
+
+static void ckpt_tier(const char *rel, kv_format fmt) {
+    REQUIRE_FIXTURE(path, rel);
+    model *m = test_load_model(path);
+    int V = model_get_hparams(m)->n_vocab;
+    engine *e = open_engine(m, fmt, APC_FORCE_NONE, NULL);
+    assert_int_equal(apc_get_tier(engine_cache(e)), APC_TIER_CKPT);
+    int32_t p[200];
+    test_random_tokens(&rng_state, p, 200, V);
+    char what[128];
+    snprintf(what, sizeof what, "%s ckpt %s", kv_format_name(fmt), rel);
+    int64_t got = store_then_probe(e, p, 200, what);
+    if (got < 64) fail_msg("%s: adopted only %lld tokens", what, (long long)got);
+    assert_true(stats_of(e).ckpt_hits >= 1);
+    engine_free(e);
+    model_free(m);
+}
+
+static void test_ckpt_tier_formats(void **state) {
+    (void)state;
+    ckpt_tier(GEMMA3, F16);
+    ckpt_tier(GEMMA3, Q8_0);
+    ckpt_tier(QWEN35, F16);
+    ckpt_tier(QWEN35, Q8_0);
+}
+
+/* ---- the format is in effect ---- */
+
+static void test_format_changes_logits_a_little(void **state) {
+    (void)state;
+    REQUIRE_FIXTURE(path, STORIES);
+    model *m = test_load_model(path);
+    int V = model_get_hparams(m)->n_vocab;
+    int32_t p[100];
+    test_random_tokens(&rng_state, p, 100, V);
+    engine_result ref;
+    engine *e = open_engine(m, F32, APC_FORCE_NONE, NULL);
+    test_generate(e, p, 100, 8, ENGINE_CACHE_BYPASS, &ref);
+    kv_pool_config kc;
+    model_kv_config(m, 1, &kc);
+    size_t f32_bytes = kv_format_token_bytes(&kc);
+    engine_free(e);
+    const kv_format fmts[] = {F16, Q8_0};
+    const double bound[] = {0.05, 0.5};
+    for (int f = 0; f < 2; f++) {
+        e = open_engine(m, fmts[f], APC_FORCE_NONE, NULL);
+        engine_result r;
+        test_generate(e, p, 100, 8, ENGINE_CACHE_BYPASS, &r);
+        /* the first step's logits: same prompt, the K/V rows differ */
+        double max_diff = 0;
+        for (int i = 0; i < V; i++) {
+            double d = r.logits[i] - ref.logits[i];
+            if (d < 0) d = -d;
+            if (d > max_diff) max_diff = d;
+        }
+        print_message("%s: first-step logits max |diff| vs f32 KV %.3g\n", kv_format_name(fmts[f]), max_diff);
+        assert_true(max_diff > 0);
+        assert_true(max_diff < bound[f]);
+        /* bytes per token: stories260K rows are 32 values (5 layers, K and V) */
+        kc.format = fmts[f];
+        size_t want = fmts[f].kind == KV_FORMAT_F16 ? f32_bytes / 2 : 5 * 2 * 36;
+        assert_int_equal(kv_format_token_bytes(&kc), want);
+        assert_int_equal(kv_pool_block_bytes(engine_pool(e)), KV_BLOCK_TOKENS * want);
+        engine_result_free(&r);
+        engine_free(e);
+    }
+    engine_result_free(&ref);
+    model_free(m);
+}
+
+/* ---- restart across formats ---- */
+
+/* Runs open_engine with stderr captured at INFO level; *log gets the text. */
+static engine *open_logged(const model *m, kv_format fmt, const char *root, char **log) {
+    char tmpl[] = "/tmp/ember_kvfmt_logXXXXXX";
+    int fd = mkstemp(tmpl);
+    assert_true(fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    ember_log_level lvl = ember_log_get_level();
+    ember_log_set_level(EMBER_LOG_INFO);
+    engine *e = open_engine(m, fmt, APC_FORCE_NONE, root);
+    ember_log_set_level(lvl);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    *log = read_whole_file(tmpl, NULL);
+    unlink(tmpl);
+    assert_non_null(*log);
+    return e;
+}
+
+static void test_restart_across_formats(void **state) {
+    (void)state;
+    REQUIRE_FIXTURE(path, STORIES);
+    model *m = test_load_model(path);
+    int V = model_get_hparams(m)->n_vocab;
+    char *root = make_temp_dir();
+    int32_t p[96];
+    test_random_tokens(&rng_state, p, 96, V);
+    char *log;
+
+    /* f16 server: stores the prompt on disk. */
+    engine *e = open_logged(m, F16, root, &log);
+    assert_non_null(strstr(log, "kv_format=f16"));
+    free(log);
+    engine_result r;
+    test_generate(e, p, 96, 2, ENGINE_CACHE_ON, &r);
+    engine_result_free(&r);
+    apc_flush(engine_cache(e));
+    assert_true(stats_of(e).disk_writes >= 1);
+    char ns_f16[33];
+    snprintf(ns_f16, sizeof ns_f16, "%s", stats_of(e).disk_namespace);
+    engine_free(e);
+
+    /* q8_0 on the same root: its own namespace, nothing adopted, one line. */
+    e = open_logged(m, Q8_0, root, &log);
+    const char *line = strstr(log, "written with kv_format=f16; this server stores kv_format=q8_0");
+    if (line == NULL) fail_msg("no format line in: %s", log);
+    assert_null(strstr(line + 1, "written with kv_format=f16"));
+    free(log);
+    assert_string_not_equal(stats_of(e).disk_namespace, ns_f16);
+    engine_result warm, cold;
+    test_generate(e, p, 96, 2, ENGINE_CACHE_ON, &warm);
+    assert_int_equal(warm.cached_tokens, 0);
+    apc_stats s = stats_of(e);
+    assert_int_equal(s.disk_hits, 0);
+    engine_result_free(&warm);
+    apc_flush(engine_cache(e));
+    engine_free(e);
+
+    /* f16 again: its files are there, adopted bit-identically. */
+    e = open_logged(m, F16, root, &log);
+    assert_non_null(strstr(log, "written with kv_format=q8_0; this server stores kv_format=f16"));
+    free(log);
+    test_generate(e, p, 96, 2, ENGINE_CACHE_LOOKUP, &warm);
+    test_generate(e, p, 96, 2, ENGINE_CACHE_BYPASS, &cold);
+    assert_warm_equals_cold(&cold, &warm, "f16 after a q8_0 restart");
+    assert_int_equal(warm.cached_tokens, 95);
+    assert_true(stats_of(e).disk_hits >= 1);
+    engine_result_free(&warm);
+    engine_result_free(&cold);
+    engine_free(e);
+
+    /* f32 (the namespace of servers before formats existed) sees neither. */
+    e = open_logged(m, F32, root, &log);
+    assert_non_null(strstr(log, "written with kv_format=f16"));
+    assert_non_null(strstr(log, "written with kv_format=q8_0"));
+    free(log);
+    test_generate(e, p, 96, 2, ENGINE_CACHE_LOOKUP, &warm);
+    assert_int_equal(warm.cached_tokens, 0);
+    assert_int_equal(stats_of(e).disk_hits, 0);
+    engine_result_free(&warm);
+    engine_free(e);
+
+    remove_tree(root);
+    free(root);
+    model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_warm_equals_cold_f16),
+        cmocka_unit_test(test_warm_equals_cold_q8_0),
+        cmocka_unit_test(test_ckpt_tier_formats),
+        cmocka_unit_test(test_format_changes_logits_a_little),
+        cmocka_unit_test(test_restart_across_formats),
+    };
+    return test_run_group(tests, NULL, NULL);
+}
