@@ -15,7 +15,7 @@ MODEL ?= models/stories260K.gguf
 
 PREFIX ?= /usr/local
 
-.PHONY: all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-serve bench-multiturn bench-scenarios bench-predict bench-retire-stall bench-spec load-test install docs fuzz-all clean
+.PHONY: all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-kv bench-serve bench-multiturn bench-scenarios bench-predict bench-retire-stall bench-spec load-test install docs fuzz-all clean
 
 all: build
 
@@ -80,6 +80,17 @@ bench: build
 	  if [ -n "$(LLAMA_BENCH)" ]; then $(LLAMA_BENCH) -m $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf -t 2 -p 512,2048 -n 128 -r 3 2>/dev/null || exit 1; fi; \
 	  ./build/bench_engine $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf --threads 2 --reps 3 || exit 1; \
 	done
+
+# KV formats (f32, f16, q8_0): quality against f32 KV (mean KL, top-1
+# agreement, perplexity) over bench/data/kv_text.txt (English, 5092 stories260K
+# tokens / 2301 qwen3 tokens), bytes per token and decode tokens/s at a 4096-token
+# context, on the trained stories260K and on the qwen3-0.6b shape (random
+# weights: its KL measures the numerical perturbation only). docs/kv-formats.md.
+bench-kv: build
+	mkdir -p $(BENCH_MODELS)
+	./build/bench_kv models/stories260K.gguf --text bench/data/kv_text.txt --threads 2 || exit 1
+	[ -f $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf ] || ./build/ember mkmodel --arch qwen3 --preset qwen3-0.6b --type q8_0 --seed 1 --out $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf || exit 1
+	./build/bench_kv $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf --text bench/data/kv_text.txt --threads 2
 
 # Serving benchmark: ember serve on the built-in default model (qwen3 small,
 # context 4096): aggregate decode tokens/s with 1, 4 and 16 streams, TTFT

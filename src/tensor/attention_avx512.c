@@ -85,25 +85,42 @@ static inline __m512 exp_ps(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-static inline float dot_avx512(const float *a, const float *b, int n) {
-    __m512 acc = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-    if (i < n) {
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+/* Values [e, e + n) of an encoded row (n <= 16) in lanes [0, n), zeros in
+ * the rest: the f32 kernel's masked load, on decoded values. */
+static inline __attribute__((always_inline)) __m512 load16(const kv_row_type type, const uint8_t *row, int e, int n) {
+    __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    if (type == KV_ROW_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + 2 * (size_t)e));
+    if (type == KV_ROW_Q8_0) {
+        int in = e % KV_ROW_Q8_0_BLOCK;
+        if (in + n <= KV_ROW_Q8_0_BLOCK) {
+            const uint8_t *b = row + (size_t)(e / KV_ROW_Q8_0_BLOCK) * sizeof(block_q8_0);
+            uint16_t h;
+            memcpy(&h, b, 2);
+            __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, b + 2 + in)));
+            return _mm512_maskz_mul_ps(m, _mm512_set1_ps(_cvtsh_ss(h)), q);
+        }
+        float buf[16];
+        kv_row_decode(type, row, e, n, buf);
+        return _mm512_maskz_loadu_ps(m, buf);
     }
-    return _mm512_reduce_add_ps(acc);
+    return _mm512_maskz_loadu_ps(m, row + 4 * (size_t)e);
 }
 
-void attention_head_avx512(const attention_head_args *a) {
+/* One head, K/V rows of a type fixed at compile time (each instance has its
+ * loads inlined). The operation order is dot_avx512's per key, then the
+ * same softmax, then fma(p_j, v_j, acc) key by key per 16 lanes. */
+static inline __attribute__((always_inline)) void head_typed(const attention_head_args *a, const kv_row_type type) {
     int64_t n = a->n_keys - a->first;
     float *s = a->scores;
-    float buf[128];
-    float kbuf[ATTENTION_MAX_HEAD];
     for (int64_t j = a->first; j < a->n_keys; j++) {
-        const float *k = row_at(a->k_blocks, a->k_stride, j, a->k_offset, a->d_k, a->type, kbuf);
-        s[j - a->first] = dot_avx512(a->q, k, a->d_k) * a->scale;
+        const uint8_t *row = attention_row(a->k_blocks, a->k_stride, j);
+        __m512 acc = _mm512_setzero_ps();
+        for (int i = 0; i < a->d_k; i += 16) {
+            int w = a->d_k - i < 16 ? a->d_k - i : 16;
+            __mmask16 m = w == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << w) - 1);
+            acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a->q + i), load16(type, row, a->k_offset + i, w), acc);
+        }
+        s[j - a->first] = _mm512_reduce_add_ps(acc) * a->scale;
     }
     float max = -INFINITY;
     for (int64_t j = 0; j < n; j++) max = s[j] > max ? s[j] : max;
@@ -131,10 +148,11 @@ void attention_head_avx512(const attention_head_args *a) {
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
         for (int64_t jj = a->first; jj < a->n_keys; jj++) {
-            const float *v = row_at(a->v_blocks, a->v_stride, jj, a->v_offset + d0, 128, a->type, buf);
+            const uint8_t *row = attention_row(a->v_blocks, a->v_stride, jj);
             __m512 p = _mm512_set1_ps(s[jj - a->first] * inv);
 #pragma GCC unroll 8
-            for (int r = 0; r < 8; r++) acc[r] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * r), acc[r]);
+            for (int r = 0; r < 8; r++)
+                acc[r] = _mm512_fmadd_ps(p, load16(type, row, a->v_offset + d0 + 16 * r, 16), acc[r]);
         }
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) _mm512_storeu_ps(a->out + d0 + 16 * r, acc[r]);
@@ -142,21 +160,29 @@ void attention_head_avx512(const attention_head_args *a) {
     for (; d0 < a->d_v; d0 += 128) {
         int width = a->d_v - d0 < 128 ? a->d_v - d0 : 128;
         int nreg = (width + 15) / 16;
+        int tail_w = width % 16 ? width % 16 : 16;
         __mmask16 tail = (__mmask16)(width % 16 ? (1u << (width % 16)) - 1 : 0xFFFF);
         __m512 acc[8];
         for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
         for (int64_t jj = a->first; jj < a->n_keys; jj++) {
-            const float *v = row_at(a->v_blocks, a->v_stride, jj, a->v_offset + d0, width, a->type, buf);
+            const uint8_t *row = attention_row(a->v_blocks, a->v_stride, jj);
             __m512 p = _mm512_set1_ps(s[jj - a->first] * inv);
-            for (int r = 0; r < nreg; r++) {
-                __mmask16 m = r == nreg - 1 ? tail : 0xFFFF;
-                acc[r] = _mm512_fmadd_ps(p, _mm512_maskz_loadu_ps(m, v + 16 * r), acc[r]);
-            }
+            for (int r = 0; r < nreg; r++)
+                acc[r] = _mm512_fmadd_ps(p, load16(type, row, a->v_offset + d0 + 16 * r, r == nreg - 1 ? tail_w : 16),
+                                         acc[r]);
         }
         for (int r = 0; r < nreg; r++) {
             __mmask16 m = r == nreg - 1 ? tail : 0xFFFF;
             _mm512_mask_storeu_ps(a->out + d0 + 16 * r, m, acc[r]);
         }
+    }
+}
+
+void attention_head_avx512(const attention_head_args *a) {
+    switch (a->type) {
+    case KV_ROW_F16: head_typed(a, KV_ROW_F16); break;
+    case KV_ROW_Q8_0: head_typed(a, KV_ROW_Q8_0); break;
+    default: head_typed(a, KV_ROW_F32); break;
     }
 }
 

@@ -1,0 +1,295 @@
+/* bench_kv.c - what each KV format costs in quality, memory and decode speed.
+ *
+ * Usage: bench_kv MODEL --text FILE [--window W] [--threads N] [--formats f32,f16,q8_0]
+ *                 [--decode-ctx 4096] [--decode-steps 16]
+ *
+ * Quality: the text is tokenized (with BOS) and cut into windows of W tokens
+ * (default: the model's training context, at most the text). Each window is
+ * forwarded once per format, 512 positions per batch, every position's
+ * logits kept; against f32 KV (the reference) each format reports the mean
+ * KL divergence KL(p_f32 || p_fmt) of the next-token distributions, the
+ * top-1 agreement (argmax equal), and the perplexity of the text itself
+ * (exp of the mean negative log-likelihood of each actual next token). All
+ * formats run side by side on the same chunk so only two chunks of logits
+ * are alive at once (a 151936-word vocabulary makes them large).
+ *
+ * Memory: bytes per token of K and V over all layers (kv_format_token_bytes)
+ * and tokens per GiB of pool.
+ *
+ * Speed: decode tokens/s at a context of --decode-ctx tokens. The sequence's
+ * K/V rows are filled with random values (encoded in the format) instead of
+ * prefilling 4k tokens, which would take minutes on two cores and measure
+ * nothing more: a decode step's cost does not depend on the values. Then
+ * --decode-steps single-token steps are timed (after one untimed step). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/clock.h"
+#include "core/rng.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+#define MAX_FORMATS 4
+#define CHUNK 512
+
+typedef struct fmt_run {
+    kv_format fmt;
+    kv_pool *pool;
+    model_ctx *ctx;
+    kv_seq seq;
+    double kl, nll;
+    int64_t top1, n_kl, n_nll;
+} fmt_run;
+
+static void *read_text(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) buf[n] = 0;
+    *len = (size_t)n;
+    return buf;
+}
+
+/* log-softmax of x (n) into out, in double. */
+static void log_softmax(const float *x, int n, double *out) {
+    double max = -INFINITY;
+    for (int i = 0; i < n; i++) max = x[i] > max ? x[i] : max;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)x[i] - max);
+    double lse = max + log(sum);
+    for (int i = 0; i < n; i++) out[i] = (double)x[i] - lse;
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static int open_run(const model *m, fmt_run *r, int32_t n_blocks, int threads, ember_error *err) {
+    kv_pool_config kc;
+    model_kv_config(m, n_blocks, &kc);
+    kc.format = r->fmt;
+    r->pool = kv_pool_create(&kc, err);
+    if (r->pool == NULL) return -1;
+    r->ctx = model_ctx_create(m, r->pool, threads, CHUNK, err);
+    if (r->ctx == NULL) return -1;
+    kv_seq_init(&r->seq);
+    return 0;
+}
+
+static void close_run(fmt_run *r) {
+    if (r->pool) kv_seq_release(r->pool, &r->seq);
+    model_ctx_free(r->ctx);
+    kv_pool_free(r->pool);
+    r->pool = NULL;
+    r->ctx = NULL;
+}
+
+/* Decode tokens/s of format fmt at a context of n_ctx tokens. */
+static double decode_rate(const model *m, kv_format fmt, int n_ctx, int steps, int threads, ember_error *err) {
+    const model_hparams *hp = model_get_hparams(m);
+    fmt_run r = {.fmt = fmt};
+    if (open_run(m, &r, (n_ctx + steps + 1) / KV_BLOCK_TOKENS + 2, threads, err) < 0) {
+        close_run(&r);
+        return -1;
+    }
+    if (kv_seq_prepare_append(r.pool, &r.seq, n_ctx, err) < 0) {
+        close_run(&r);
+        return -1;
+    }
+    kv_pool_config kc;
+    model_kv_config(m, 1, &kc);
+    int widest = 0;
+    for (int l = 0; l < kc.n_layer; l++) {
+        if (kc.k_width[l] > widest) widest = kc.k_width[l];
+        if (kc.v_width[l] > widest) widest = kc.v_width[l];
+    }
+    float *row = malloc((size_t)(widest ? widest : 1) * sizeof(float));
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    for (int64_t p = 0; p < n_ctx; p++)
+        for (int l = 0; l < kc.n_layer; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                int w = kv == 0 ? kc.k_width[l] : kc.v_width[l];
+                if (w == 0) continue;
+                for (int i = 0; i < w; i++) {
+                    s = s * 6364136223846793005ull + 1442695040888963407ull;
+                    row[i] = (float)((s >> 40) & 0xFFFF) / 32768.0f - 1.0f;
+                }
+                kv_row_write(r.pool, r.seq.blocks[p / KV_BLOCK_TOKENS], l, kv, (int)(p % KV_BLOCK_TOKENS), row);
+            }
+    free(row);
+    r.seq.n_tokens = n_ctx;
+    float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
+    int32_t tok = 100 % hp->n_vocab;
+    double rate = -1;
+    if (model_eval(r.ctx, &r.seq, &tok, 1, false, logits, err) == 0) {
+        double t0 = ember_now();
+        int i = 0;
+        for (; i < steps; i++)
+            if (model_eval(r.ctx, &r.seq, &tok, 1, false, logits, err) < 0) break;
+        if (i == steps) rate = steps / (ember_now() - t0);
+    }
+    free(logits);
+    close_run(&r);
+    return rate;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: bench_kv MODEL --text FILE [--window W] [--threads N] [--formats f32,f16,q8_0] "
+                        "[--decode-ctx 4096] [--decode-steps 16]\n");
+        return 2;
+    }
+    const char *path = argv[1], *text_path = NULL;
+    int threads = 2, window = 0, decode_ctx = 4096, decode_steps = 16;
+    char formats_arg[128] = "f32,f16,q8_0";
+    for (int i = 2; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--text") == 0) text_path = argv[i + 1];
+        else if (strcmp(argv[i], "--threads") == 0) threads = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--window") == 0) window = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--decode-ctx") == 0) decode_ctx = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--decode-steps") == 0) decode_steps = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--formats") == 0) snprintf(formats_arg, sizeof formats_arg, "%s", argv[i + 1]);
+        else {
+            fprintf(stderr, "bench_kv: unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (text_path == NULL) {
+        fprintf(stderr, "bench_kv: --text FILE is required\n");
+        return 2;
+    }
+    fmt_run runs[MAX_FORMATS];
+    memset(runs, 0, sizeof runs);
+    int n_fmt = 1; /* runs[0] is the f32 reference */
+    runs[0].fmt = (kv_format){KV_FORMAT_F32};
+    for (char *tok = strtok(formats_arg, ","); tok; tok = strtok(NULL, ",")) {
+        kv_format f;
+        if (kv_format_parse(tok, &f) < 0) {
+            fprintf(stderr, "bench_kv: unknown format '%s' (%s)\n", tok, KV_FORMAT_CHOICES);
+            return 2;
+        }
+        if (f.kind == KV_FORMAT_F32 || n_fmt == MAX_FORMATS) continue;
+        runs[n_fmt++].fmt = f;
+    }
+
+    ember_error err;
+    model *m = model_load(path, &err);
+    if (m == NULL) {
+        fprintf(stderr, "bench_kv: %s\n", err.msg);
+        return 1;
+    }
+    const model_hparams *hp = model_get_hparams(m);
+    int V = hp->n_vocab;
+    size_t text_len;
+    char *text = read_text(text_path, &text_len);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (text == NULL || tokenizer_encode(model_get_tokenizer(m), text, text_len, true, false, &ids, &n_ids, &err) < 0) {
+        fprintf(stderr, "bench_kv: %s: %s\n", text_path, text ? err.msg : "cannot read");
+        return 1;
+    }
+    free(text);
+    if (window <= 0) window = hp->n_ctx_train > 0 ? hp->n_ctx_train : 2048;
+    if ((size_t)window > n_ids) window = (int)n_ids;
+
+    printf("model %s: %s, %d layers, heads %d/%d of %d, vocab %d, %d threads\n", path, hp->arch_name, hp->n_layer,
+           hp->n_head, hp->n_head_kv, hp->d_k, V, threads);
+    printf("text %s: %zu tokens in windows of %d\n", text_path, n_ids, window);
+    fflush(stdout);
+
+    for (int f = 0; f < n_fmt; f++)
+        if (open_run(m, &runs[f], window / KV_BLOCK_TOKENS + 2, threads, &err) < 0) {
+            fprintf(stderr, "bench_kv: %s: %s\n", kv_format_name(runs[f].fmt), err.msg);
+            return 1;
+        }
+    float *ref = malloc((size_t)CHUNK * V * sizeof(float)), *got = malloc((size_t)CHUNK * V * sizeof(float));
+    double *lp_ref = malloc((size_t)V * sizeof(double)), *lp = malloc((size_t)V * sizeof(double));
+    if (!ref || !got || !lp_ref || !lp) {
+        fprintf(stderr, "bench_kv: out of memory for logits of %d positions\n", CHUNK);
+        return 1;
+    }
+    double t_start = ember_now();
+    for (size_t w0 = 0; w0 + 2 <= n_ids; w0 += (size_t)window) {
+        int wn = n_ids - w0 < (size_t)window ? (int)(n_ids - w0) : window;
+        for (int f = 0; f < n_fmt; f++) kv_seq_truncate(runs[f].pool, &runs[f].seq, 0);
+        for (int c0 = 0; c0 < wn; c0 += CHUNK) {
+            int cn = wn - c0 < CHUNK ? wn - c0 : CHUNK;
+            const int32_t *chunk = ids + w0 + (size_t)c0;
+            for (int f = 0; f < n_fmt; f++) {
+                float *out = f == 0 ? ref : got;
+                if (model_eval(runs[f].ctx, &runs[f].seq, chunk, cn, true, out, &err) < 0) {
+                    fprintf(stderr, "bench_kv: %s\n", err.msg);
+                    return 1;
+                }
+                for (int i = 0; i < cn; i++) {
+                    const float *lr = ref + (size_t)i * V, *lg = out + (size_t)i * V;
+                    bool has_next = c0 + i + 1 < wn;
+                    if (f == 0) {
+                        if (has_next) {
+                            log_softmax(lr, V, lp_ref);
+                            runs[0].nll -= lp_ref[chunk[i + 1]];
+                            runs[0].n_nll++;
+                        }
+                        continue;
+                    }
+                    log_softmax(lr, V, lp_ref);
+                    log_softmax(lg, V, lp);
+                    double kl = 0;
+                    for (int v = 0; v < V; v++) kl += exp(lp_ref[v]) * (lp_ref[v] - lp[v]);
+                    runs[f].kl += kl;
+                    runs[f].n_kl++;
+                    runs[f].top1 += argmax(lr, V) == argmax(lg, V);
+                    if (has_next) {
+                        runs[f].nll -= lp[chunk[i + 1]];
+                        runs[f].n_nll++;
+                    }
+                }
+            }
+        }
+    }
+    printf("quality over %lld positions (%.0f s)\n", (long long)runs[0].n_nll, ember_now() - t_start);
+    printf("%-6s %12s %10s %12s %12s %14s %14s\n", "format", "mean KL", "top-1", "perplexity", "bytes/token",
+           "tokens/GiB", "decode tok/s");
+    kv_pool_config kc;
+    model_kv_config(m, 1, &kc);
+    for (int f = 0; f < n_fmt; f++) {
+        close_run(&runs[f]);
+        kc.format = runs[f].fmt;
+        size_t bpt = kv_format_token_bytes(&kc);
+        double rate = decode_rate(m, runs[f].fmt, decode_ctx, decode_steps, threads, &err);
+        if (rate < 0) fprintf(stderr, "bench_kv: decode at %d: %s\n", decode_ctx, err.msg);
+        char kl[32], top[32];
+        if (f == 0) {
+            snprintf(kl, sizeof kl, "(reference)");
+            snprintf(top, sizeof top, "-");
+        } else {
+            snprintf(kl, sizeof kl, "%.3g", runs[f].n_kl ? runs[f].kl / (double)runs[f].n_kl : 0.0);
+            snprintf(top, sizeof top, "%.2f%%", runs[f].n_kl ? 100.0 * (double)runs[f].top1 / (double)runs[f].n_kl : 0.0);
+        }
+        printf("%-6s %12s %10s %12.4f %12zu %14.0f %14.2f\n", kv_format_name(runs[f].fmt), kl, top,
+               exp(runs[f].nll / (double)(runs[f].n_nll ? runs[f].n_nll : 1)), bpt, (double)(1u << 30) / (double)bpt,
+               rate);
+        fflush(stdout);
+    }
+    printf("decode: tokens/s of single-token steps at a context of %d tokens (%d steps)\n", decode_ctx, decode_steps);
+    free(ref);
+    free(got);
+    free(lp_ref);
+    free(lp);
+    free(ids);
+    model_free(m);
+    return 0;
+}
