@@ -1,6 +1,6 @@
 /* test_cli.c - the `ember` command end to end, as a user runs it:
  * run (greedy text equals the golden continuation), logits (file equals the
- * in-process logits bit for bit), inspect (reports the cache stack),
+ * in-process logits bit for bit, in each KV format), inspect (reports the cache stack),
  * tokenize (ids equal the golden prompt ids), and bad arguments (exit 2). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,39 +30,52 @@ static void test_run_greedy_matches_golden(void **state) {
     free(out);
 }
 
+/* The file equals the in-process logits of a pool in the same KV format:
+ * no flag means f32, and --kv-format picks each of the others. */
 static void test_logits_file_matches_in_process(void **state) {
     (void)state;
     const char *bin = bin_or_skip();
     if (bin == NULL) skip();
     REQUIRE_FIXTURE(model_path, "models/stories260K.gguf");
     char *dir = make_temp_dir();
-    char out_path[512], cmd[2048], *out;
-    snprintf(out_path, sizeof out_path, "%s/logits.f32", dir);
-    snprintf(cmd, sizeof cmd, "%s logits %s --tokens 1,403,407,261,378 --out %s 2>/dev/null", bin, model_path, out_path);
-    assert_int_equal(run_capture(cmd, &out), 0);
-    free(out);
-    size_t size;
-    float *file = read_whole_file(out_path, &size);
-    assert_int_equal(size, 5 * 512 * sizeof(float));
+    const char *flags[] = {"", "--kv-format f16", "--kv-format q8_0"};
+    const kv_format formats[] = {{KV_FORMAT_F32}, {KV_FORMAT_F16}, {KV_FORMAT_Q8_0}};
+    float *first = NULL;
+    for (int f = 0; f < 3; f++) {
+        char out_path[512], cmd[2048], *out;
+        snprintf(out_path, sizeof out_path, "%s/logits-%d.f32", dir, f);
+        snprintf(cmd, sizeof cmd, "%s logits %s --tokens 1,403,407,261,378 %s --out %s 2>/dev/null", bin, model_path,
+                 flags[f], out_path);
+        assert_int_equal(run_capture(cmd, &out), 0);
+        free(out);
+        size_t size;
+        float *file = read_whole_file(out_path, &size);
+        assert_int_equal(size, 5 * 512 * sizeof(float));
 
-    ember_error err;
-    model *m = model_load(model_path, &err);
-    kv_pool_config cfg;
-    model_kv_config(m, 4, &cfg);
-    kv_pool *pool = kv_pool_create(&cfg, &err);
-    model_ctx *ctx = model_ctx_create(m, pool, 1, 8, &err);
-    kv_seq seq;
-    kv_seq_init(&seq);
-    float *mine = malloc(5 * 512 * sizeof(float));
-    const int32_t ids[5] = {1, 403, 407, 261, 378};
-    assert_int_equal(model_eval(ctx, &seq, ids, 5, true, mine, &err), 0);
-    assert_memory_equal(file, mine, 5 * 512 * sizeof(float));
-    kv_seq_release(pool, &seq);
-    model_ctx_free(ctx);
-    kv_pool_free(pool);
-    model_free(m);
-    free(mine);
-    free(file);
+        ember_error err;
+        model *m = model_load(model_path, &err);
+        kv_pool_config cfg;
+        model_kv_config(m, 4, &cfg);
+        cfg.format = formats[f];
+        kv_pool *pool = kv_pool_create(&cfg, &err);
+        model_ctx *ctx = model_ctx_create(m, pool, 1, 8, &err);
+        kv_seq seq;
+        kv_seq_init(&seq);
+        float *mine = malloc(5 * 512 * sizeof(float));
+        const int32_t ids[5] = {1, 403, 407, 261, 378};
+        assert_int_equal(model_eval(ctx, &seq, ids, 5, true, mine, &err), 0);
+        assert_memory_equal(file, mine, 5 * 512 * sizeof(float));
+        /* another format gives other logits (the first position attends to itself alone: skip it) */
+        if (first) assert_memory_not_equal(file + 512, first + 512, 4 * 512 * sizeof(float));
+        kv_seq_release(pool, &seq);
+        model_ctx_free(ctx);
+        kv_pool_free(pool);
+        model_free(m);
+        free(mine);
+        if (first == NULL) first = file;
+        else free(file);
+    }
+    free(first);
     remove_tree(dir);
     free(dir);
 }
@@ -101,6 +114,10 @@ static void test_bad_arguments(void **state) {
     snprintf(cmd, sizeof cmd, "%s frobnicate 2>&1", bin);
     assert_int_equal(run_capture(cmd, &out), 2);
     assert_non_null(strstr(out, "unknown command"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s logits m.gguf --tokens 1 --out x --kv-format q4 2>&1", bin);
+    assert_int_equal(run_capture(cmd, &out), 2);
+    assert_non_null(strstr(out, "--kv-format: expected one of f32|f16|q8_0, got 'q4'"));
     free(out);
     snprintf(cmd, sizeof cmd, "%s run /nonexistent.gguf -p hi 2>&1", bin);
     assert_int_equal(run_capture(cmd, &out), 1);
