@@ -85,12 +85,14 @@ bench: build
 # agreement, perplexity) over bench/data/kv_text.txt (English, 5092 stories260K
 # tokens / 2301 qwen3 tokens), bytes per token and decode tokens/s at a 4096-token
 # context, on the trained stories260K and on the qwen3-0.6b shape (random
-# weights: its KL measures the numerical perturbation only). docs/kv-formats.md.
+# weights: its KL measures the numerical perturbation only). kvarn is measured
+# by simulation (bench/bench_kv.c says how). docs/kv-formats.md.
+KV_FORMATS ?= --formats f16,q8_0,kvarn-k6v5,kvarn-k6v5-t0,kvarn-k4v4-t0
 bench-kv: build
 	mkdir -p $(BENCH_MODELS)
-	./build/bench_kv models/stories260K.gguf --text bench/data/kv_text.txt --threads 2 || exit 1
+	./build/bench_kv models/stories260K.gguf --text bench/data/kv_text.txt --threads 2 $(KV_FORMATS) || exit 1
 	[ -f $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf ] || ./build/ember mkmodel --arch qwen3 --preset qwen3-0.6b --type q8_0 --seed 1 --out $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf || exit 1
-	./build/bench_kv $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf --text bench/data/kv_text.txt --threads 2
+	./build/bench_kv $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf --text bench/data/kv_text.txt --threads 2 $(KV_FORMATS)
 
 # Serving benchmark: ember serve on the built-in default model (qwen3 small,
 # context 4096): aggregate decode tokens/s with 1, 4 and 16 streams, TTFT

@@ -13,6 +13,17 @@
  * formats run side by side on the same chunk so only two chunks of logits
  * are alive at once (a 151936-word vocabulary makes them large).
  *
+ * kvarn-kKvV[-tT] (e.g. kvarn-k6v5) is measured by simulation, not by a
+ * kvarn pool (ember has none yet): an f16 pool holds the sink, the tail and
+ * the live group as kvarn does, and before each 128-token batch at
+ * position 128c every group g >= 1 with 128 (g + 1) + T <= 128 c is sealed
+ * in place: its K rows encoded to a K-bit record and decoded back (V alike),
+ * the decoded values stored as f16 (one more rounding than a real record
+ * pool would do, 2^-11 relative, far below the codes' error). That is the
+ * representation a kvarn attention would read, so KL / top-1 / perplexity
+ * are kvarn's; bytes/token is the sealed records' (asymptotic) cost, and
+ * decode speed is not measured (no kernel reads records yet).
+ *
  * Memory: bytes per token of K and V over all layers (kv_format_token_bytes)
  * and tokens per GiB of pool.
  *
@@ -31,13 +42,20 @@
 #include "core/clock.h"
 #include "core/rng.h"
 #include "model/model.h"
+#include "tensor/kvarn.h"
 #include "tokenizer/tokenizer.h"
 
-#define MAX_FORMATS 4
-#define CHUNK 512
+#define MAX_FORMATS 6
+/* 128 positions per batch: kvarn seals at 128-token group boundaries, so
+ * each batch sees one sealing state (the other formats are batch-invariant:
+ * the chunk size does not change their logits). */
+#define CHUNK KVARN_GROUP
 
 typedef struct fmt_run {
     kv_format fmt;
+    /* kvarn (simulated, see seal_groups): 0 bits = not kvarn */
+    int k_bits, v_bits, tail;
+    int64_t sealed;      /* groups [1, sealed) of the current window are records */
     kv_pool *pool;
     model_ctx *ctx;
     kv_seq seq;
@@ -97,6 +115,74 @@ static void close_run(fmt_run *r) {
     kv_pool_free(r->pool);
     r->pool = NULL;
     r->ctx = NULL;
+}
+
+/* "kvarn-k6v5" or "kvarn-k6v5-t1024" -> r's kvarn fields; -1 if not kvarn. */
+static int parse_kvarn(const char *text, fmt_run *r) {
+    int k, v, t = 1024, used = 0;
+    if (sscanf(text, "kvarn-k%dv%d%n", &k, &v, &used) != 2) return -1;
+    if (text[used] == '-' && sscanf(text + used, "-t%d", &t) != 1) return -1;
+    if (k < KVARN_MIN_BITS || k > KVARN_MAX_BITS || v < KVARN_MIN_BITS || v > KVARN_MAX_BITS || t < 0 ||
+        t % KVARN_GROUP)
+        return -1;
+    r->fmt = (kv_format){KV_FORMAT_F16};
+    r->k_bits = k;
+    r->v_bits = v;
+    r->tail = t;
+    return 0;
+}
+
+static const char *run_name(const fmt_run *r, char *buf, size_t cap) {
+    if (r->k_bits == 0) return kv_format_name(r->fmt);
+    snprintf(buf, cap, "kvarn-k%dv%d-t%d", r->k_bits, r->v_bits, r->tail);
+    return buf;
+}
+
+/* Seals, before a batch starting at position `start` (a multiple of 128),
+ * every group the kvarn rule seals by then: group g >= 1 (group 0 is the
+ * fp16 sink) once 128 (g + 1) + tail <= start. */
+static void seal_groups(const model *m, fmt_run *r, int64_t start) {
+    kv_pool_config kc;
+    model_kv_config(m, 1, &kc);
+    int head = model_get_hparams(m)->d_k;
+    if (r->sealed < 1) r->sealed = 1;
+    for (; KVARN_GROUP * (r->sealed + 1) + r->tail <= start; r->sealed++) {
+        int64_t g0 = KVARN_GROUP * r->sealed;
+        for (int l = 0; l < kc.n_layer; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                int w = kv == 0 ? kc.k_width[l] : kc.v_width[l];
+                if (w == 0) continue;
+                float *rows = malloc((size_t)KVARN_GROUP * (size_t)w * sizeof(float));
+                int bits = kv == 0 ? r->k_bits : r->v_bits;
+                uint8_t *rec = malloc(kvarn_record_bytes(w, bits));
+                for (int t = 0; t < KVARN_GROUP; t++) {
+                    int64_t p = g0 + t;
+                    kv_row_read(r->pool, r->seq.blocks[p / KV_BLOCK_TOKENS], l, kv, (int)(p % KV_BLOCK_TOKENS),
+                                rows + (size_t)t * w);
+                }
+                kvarn_encode(rows, w, head, bits, rec);
+                kvarn_decode(rec, w, head, bits, rows);
+                for (int t = 0; t < KVARN_GROUP; t++) {
+                    int64_t p = g0 + t;
+                    kv_row_write(r->pool, r->seq.blocks[p / KV_BLOCK_TOKENS], l, kv, (int)(p % KV_BLOCK_TOKENS),
+                                 rows + (size_t)t * w);
+                }
+                free(rows);
+                free(rec);
+            }
+    }
+}
+
+/* Bytes per token of kvarn's sealed records, all layers. */
+static size_t kvarn_token_bytes(const model *m, const fmt_run *r) {
+    kv_pool_config kc;
+    model_kv_config(m, 1, &kc);
+    size_t b = 0;
+    for (int l = 0; l < kc.n_layer; l++) {
+        if (kc.k_width[l]) b += kvarn_record_bytes(kc.k_width[l], r->k_bits);
+        if (kc.v_width[l]) b += kvarn_record_bytes(kc.v_width[l], r->v_bits);
+    }
+    return (b + KVARN_GROUP - 1) / KVARN_GROUP;
 }
 
 /* A sequence of n_ctx positions of random K/V rows in r's format. */
@@ -196,11 +282,16 @@ int main(int argc, char **argv) {
     runs[0].fmt = (kv_format){KV_FORMAT_F32};
     for (char *tok = strtok(formats_arg, ","); tok; tok = strtok(NULL, ",")) {
         kv_format f;
+        if (n_fmt == MAX_FORMATS) break;
+        if (parse_kvarn(tok, &runs[n_fmt]) == 0) {
+            n_fmt++;
+            continue;
+        }
         if (kv_format_parse(tok, &f) < 0) {
-            fprintf(stderr, "bench_kv: unknown format '%s' (%s)\n", tok, KV_FORMAT_CHOICES);
+            fprintf(stderr, "bench_kv: unknown format '%s' (%s or kvarn-k<K>v<V>[-t<T>])\n", tok, KV_FORMAT_CHOICES);
             return 2;
         }
-        if (f.kind == KV_FORMAT_F32 || n_fmt == MAX_FORMATS) continue;
+        if (f.kind == KV_FORMAT_F32) continue;
         runs[n_fmt++].fmt = f;
     }
 
@@ -243,12 +334,16 @@ int main(int argc, char **argv) {
     double t_start = ember_now();
     for (size_t w0 = 0; w0 + 2 <= n_ids; w0 += (size_t)window) {
         int wn = n_ids - w0 < (size_t)window ? (int)(n_ids - w0) : window;
-        for (int f = 0; f < n_fmt; f++) kv_seq_truncate(runs[f].pool, &runs[f].seq, 0);
+        for (int f = 0; f < n_fmt; f++) {
+            kv_seq_truncate(runs[f].pool, &runs[f].seq, 0);
+            runs[f].sealed = 0;
+        }
         for (int c0 = 0; c0 < wn; c0 += CHUNK) {
             int cn = wn - c0 < CHUNK ? wn - c0 : CHUNK;
             const int32_t *chunk = ids + w0 + (size_t)c0;
             for (int f = 0; f < n_fmt; f++) {
                 float *out = f == 0 ? ref : got;
+                if (runs[f].k_bits) seal_groups(m, &runs[f], c0);
                 if (model_eval(runs[f].ctx, &runs[f].seq, chunk, cn, true, out, &err) < 0) {
                     fprintf(stderr, "bench_kv: %s\n", err.msg);
                     return 1;
@@ -280,17 +375,31 @@ int main(int argc, char **argv) {
         }
     }
     printf("quality over %lld positions (%.0f s)\n", (long long)runs[0].n_nll, ember_now() - t_start);
-    printf("%-6s %12s %10s %12s %12s %14s %14s\n", "format", "mean KL", "top-1", "perplexity", "bytes/token",
+    printf("%-16s %12s %10s %12s %12s %14s %14s\n", "format", "mean KL", "top-1", "perplexity", "bytes/token",
            "tokens/GiB", "decode tok/s");
     kv_pool_config kc;
     model_kv_config(m, 1, &kc);
     for (int f = 0; f < n_fmt; f++) close_run(&runs[f]);
     double rates[MAX_FORMATS];
-    decode_rates(m, runs, n_fmt, decode_ctx, decode_steps, decode_rounds < 1 ? 1 : decode_rounds, threads, rates);
+    int n_plain = 0; /* decode speed: the formats a pool stores (not the kvarn simulations) */
+    fmt_run plain[MAX_FORMATS];
+    int plain_of[MAX_FORMATS];
+    for (int f = 0; f < n_fmt; f++) {
+        plain_of[f] = -1;
+        if (runs[f].k_bits == 0) {
+            plain_of[f] = n_plain;
+            plain[n_plain++] = runs[f];
+        }
+    }
+    double plain_rates[MAX_FORMATS];
+    decode_rates(m, plain, n_plain, decode_ctx, decode_steps, decode_rounds < 1 ? 1 : decode_rounds, threads,
+                 plain_rates);
+    for (int f = 0; f < n_fmt; f++) rates[f] = plain_of[f] >= 0 ? plain_rates[plain_of[f]] : -1;
     for (int f = 0; f < n_fmt; f++) {
         kc.format = runs[f].fmt;
-        size_t bpt = kv_format_token_bytes(&kc);
+        size_t bpt = runs[f].k_bits ? kvarn_token_bytes(m, &runs[f]) : kv_format_token_bytes(&kc);
         double rate = rates[f];
+        char name[48];
         char kl[32], top[32];
         if (f == 0) {
             snprintf(kl, sizeof kl, "(reference)");
@@ -299,9 +408,12 @@ int main(int argc, char **argv) {
             snprintf(kl, sizeof kl, "%.3g", runs[f].n_kl ? runs[f].kl / (double)runs[f].n_kl : 0.0);
             snprintf(top, sizeof top, "%.2f%%", runs[f].n_kl ? 100.0 * (double)runs[f].top1 / (double)runs[f].n_kl : 0.0);
         }
-        printf("%-6s %12s %10s %12.4f %12zu %14.0f %14.2f\n", kv_format_name(runs[f].fmt), kl, top,
+        char speed[32];
+        if (rate > 0) snprintf(speed, sizeof speed, "%.2f", rate);
+        else snprintf(speed, sizeof speed, "-");
+        printf("%-16s %12s %10s %12.4f %12zu %14.0f %14s\n", run_name(&runs[f], name, sizeof name), kl, top,
                exp(runs[f].nll / (double)(runs[f].n_nll ? runs[f].n_nll : 1)), bpt, (double)(1u << 30) / (double)bpt,
-               rate);
+               speed);
         fflush(stdout);
     }
     printf("decode: tokens/s of single-token steps at a context of %d tokens (best of %d rounds of %d steps, formats "
