@@ -466,6 +466,7 @@ static void test_stats_json_fields(void **state) {
     assert_int_equal((int)cJSON_GetObjectItem(j, "served_tokens")->valuedouble, 40);
     assert_true(cJSON_GetObjectItem(j, "token_hit_rate")->valuedouble == 39.0 / 79.0);
     assert_string_equal(cJSON_GetObjectItem(j, "tier")->valuestring, "block");
+    assert_string_equal(cJSON_GetObjectItem(j, "kv_format")->valuestring, "f32"); /* the fixture's pool */
     cJSON_Delete(j);
     fx_close(&f);
 

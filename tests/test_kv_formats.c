@@ -8,7 +8,8 @@
  * Then: a quantized pool really changes the logits (a little), the pool
  * holds the bytes per token the format promises, and a server restarted
  * with another format adopts nothing from the SSD tier, logs why once, and
- * finds its own files again when restarted with its own format. */
+ * finds its own files again when restarted with its own format; and the
+ * setting (cache.kv_format: default f16, environment, flag, file). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,8 @@
 
 #include "core/log.h"
 #include "engine/engine.h"
+#include "serve/serve_config.h"
+#include "serve/serve_settings.h"
 #include "test_util.h"
 
 #define STORIES "models/stories260K.gguf"
@@ -262,6 +265,36 @@ static void test_restart_across_formats(void **state) {
     model_free(m);
 }
 
+/* ---- the setting ---- */
+
+static void test_setting(void **state) {
+    (void)state;
+    serve_config c;
+    serve_config_defaults(&c);
+    engine_config ec;
+    serve_config_engine(&c, &ec);
+    assert_int_equal(ec.kv_format.kind, KV_FORMAT_F16); /* the serving default (docs/kv-formats.md) */
+    ember_error err;
+    setenv("EMBER_KV_FORMAT", "q8_0", 1);
+    int rc = serve_config_apply_env(&c, &err);
+    unsetenv("EMBER_KV_FORMAT");
+    assert_int_equal(rc, 0);
+    serve_config_engine(&c, &ec);
+    assert_int_equal(ec.kv_format.kind, KV_FORMAT_Q8_0);
+    bool neg;
+    const serve_setting *row = serve_setting_by_flag("kv-format", &neg);
+    assert_non_null(row);
+    assert_int_equal(serve_settings_apply_flag(&c, row, "f32", false, &err), 0);
+    serve_config_engine(&c, &ec);
+    assert_int_equal(ec.kv_format.kind, KV_FORMAT_F32);
+    assert_int_equal(serve_settings_apply_flag(&c, row, "q4_0", false, &err), -1);
+    if (strstr(err.msg, "expected one of f32|f16|q8_0, got 'q4_0'") == NULL) fail_msg("message: %s", err.msg);
+    const char *yaml = "cache:\n  kv_format: f16\n";
+    assert_int_equal(serve_config_load_string(&c, yaml, strlen(yaml), "t.yaml", &err), 0);
+    serve_config_engine(&c, &ec);
+    assert_int_equal(ec.kv_format.kind, KV_FORMAT_F16);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_warm_equals_cold_f16),
@@ -269,6 +302,7 @@ int main(void) {
         cmocka_unit_test(test_ckpt_tier_formats),
         cmocka_unit_test(test_format_changes_logits_a_little),
         cmocka_unit_test(test_restart_across_formats),
+        cmocka_unit_test(test_setting),
     };
     return test_run_group(tests, NULL, NULL);
 }

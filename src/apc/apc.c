@@ -881,6 +881,7 @@ void apc_get_stats(apc *c, apc_stats *s) {
     s->pool_free = kv_pool_n_free(c->pool);
     s->pool_referenced = s->num_blocks - s->pool_free;
     s->block_bytes = kv_pool_block_bytes(c->pool);
+    snprintf(s->kv_format, sizeof s->kv_format, "%s", kv_format_name(kv_pool_format(c->pool)));
     s->lookups_hit = c->lookups_hit;
     s->lookups_miss = c->lookups_miss;
     s->matched_tokens = c->matched_tokens;
