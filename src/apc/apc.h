@@ -242,7 +242,9 @@ uint64_t apc_salt_for_tenant(const char *tenant, size_t len);
 /* The compiled-in defaults (docs/cache-switches.md); no environment. */
 apc_config apc_default_config(void);
 /* The pool must outlive the cache; the cache installs the pool's evict hook.
- * layout gives the per-layer K/V widths (model_kv_config); state is NULL or
+ * layout gives the per-layer K/V widths in values (model_kv_config); the
+ * cache copies rows as the pool encodes them (kv_pool_row_bytes, the pool's
+ * kv_format) and keys the SSD namespace on that format. state is NULL or
  * bytes == 0 for stacks without recurrent layers. cfg->disk.fingerprint
  * (the caller computes it from the model file) names the SSD namespace. */
 apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *stack, const apc_state_ops *state,
