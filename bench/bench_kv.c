@@ -33,7 +33,10 @@
  * nothing more: a decode step's cost does not depend on the values. Then
  * rounds of --decode-steps single-token steps are timed, the formats taking
  * turns within each round, and each format's best round is reported (on a
- * shared machine the least disturbed round is the truest figure). */
+ * shared machine the least disturbed round is the truest figure). Beside
+ * it, one thread's attention time for one token over that context, all
+ * layers: the part of the step the format changes, free of the matrix
+ * products' noise. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +46,7 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "tensor/kvarn.h"
+#include "tensor/ops.h"
 #include "tokenizer/tokenizer.h"
 
 #define MAX_FORMATS 6
@@ -215,12 +219,47 @@ static int fill_context(const model *m, fmt_run *r, int n_ctx, int spare, int th
     return 0;
 }
 
+/* Milliseconds one thread spends in attention for one query token over
+ * r's whole context, all layers (the part of a decode step the format
+ * changes; the matrix products stay the same). */
+static double attention_ms(const model *m, fmt_run *r) {
+    const model_hparams *hp = model_get_hparams(m);
+    int32_t nb = r->seq.n_blocks;
+    const void **kp = malloc((size_t)nb * sizeof(void *)), **vp = malloc((size_t)nb * sizeof(void *));
+    float *q = calloc((size_t)hp->n_head * hp->d_k, sizeof(float));
+    float *out = malloc((size_t)hp->n_head * hp->d_v * sizeof(float));
+    int group = hp->n_head / hp->n_head_kv;
+    float *scratch = malloc((size_t)group * (size_t)(r->seq.n_tokens + 1) * sizeof(float));
+    for (int i = 0; i < hp->n_head * hp->d_k; i++) q[i] = 0.01f * (float)(i % 13);
+    int64_t pos = r->seq.n_tokens - 1;
+    kv_row_type type = kv_format_row_type(kv_pool_format(r->pool));
+    double t0 = ember_now();
+    for (int l = 0; l < hp->n_layer; l++) {
+        if (kv_pool_row_bytes(r->pool, l, 0) == 0) continue;
+        for (int32_t b = 0; b < nb; b++) {
+            kp[b] = kv_block_k(r->pool, r->seq.blocks[b], l);
+            vp[b] = kv_block_v(r->pool, r->seq.blocks[b], l);
+        }
+        for (int g = 0; g < hp->n_head_kv; g++)
+            op_attention_paged_rows(out, (size_t)hp->n_head * hp->d_v, q, (size_t)hp->n_head * hp->d_k, kp, vp, type,
+                                    &pos, 1, hp->n_head, hp->n_head_kv, hp->d_k, hp->d_v, 0.08f, 0, g * group,
+                                    (g + 1) * group, scratch);
+    }
+    double ms = (ember_now() - t0) * 1e3;
+    free(kp);
+    free(vp);
+    free(q);
+    free(out);
+    free(scratch);
+    return ms;
+}
+
 /* Decode tokens/s of each format at a context of n_ctx tokens: rounds of
  * `steps` single-token steps, formats interleaved within each round, the
  * best round per format (the machine is shared: the fastest round is the
  * one least disturbed). */
 static void decode_rates(const model *m, fmt_run *runs, int n_fmt, int n_ctx, int steps, int rounds, int threads,
-                         double *rate) {
+                         double *rate, double *attn_ms) {
     ember_error err;
     fmt_run dec[MAX_FORMATS];
     memset(dec, 0, sizeof dec);
@@ -228,6 +267,7 @@ static void decode_rates(const model *m, fmt_run *runs, int n_fmt, int n_ctx, in
     int32_t tok = 100 % model_get_hparams(m)->n_vocab;
     for (int f = 0; f < n_fmt; f++) {
         rate[f] = -1;
+        attn_ms[f] = -1;
         dec[f].fmt = runs[f].fmt;
         if (fill_context(m, &dec[f], n_ctx, steps + 1, threads, &err) < 0 ||
             model_eval(dec[f].ctx, &dec[f].seq, &tok, 1, false, logits, &err) < 0) {
@@ -245,6 +285,9 @@ static void decode_rates(const model *m, fmt_run *runs, int n_fmt, int n_ctx, in
                 if (model_eval(dec[f].ctx, &dec[f].seq, &tok, 1, false, logits, &err) < 0) break;
             double r = steps / (ember_now() - t0);
             if (i == steps && r > rate[f]) rate[f] = r;
+            kv_seq_truncate(dec[f].pool, &dec[f].seq, n_ctx);
+            double ms = attention_ms(m, &dec[f]);
+            if (attn_ms[f] < 0 || ms < attn_ms[f]) attn_ms[f] = ms;
         }
     for (int f = 0; f < n_fmt; f++) close_run(&dec[f]);
     free(logits);
@@ -375,8 +418,8 @@ int main(int argc, char **argv) {
         }
     }
     printf("quality over %lld positions (%.0f s)\n", (long long)runs[0].n_nll, ember_now() - t_start);
-    printf("%-16s %12s %10s %12s %12s %14s %14s\n", "format", "mean KL", "top-1", "perplexity", "bytes/token",
-           "tokens/GiB", "decode tok/s");
+    printf("%-16s %12s %10s %12s %12s %14s %14s %12s\n", "format", "mean KL", "top-1", "perplexity", "bytes/token",
+           "tokens/GiB", "decode tok/s", "attn ms/tok");
     kv_pool_config kc;
     model_kv_config(m, 1, &kc);
     for (int f = 0; f < n_fmt; f++) close_run(&runs[f]);
@@ -391,10 +434,13 @@ int main(int argc, char **argv) {
             plain[n_plain++] = runs[f];
         }
     }
-    double plain_rates[MAX_FORMATS];
+    double plain_rates[MAX_FORMATS], plain_attn[MAX_FORMATS], attn[MAX_FORMATS];
     decode_rates(m, plain, n_plain, decode_ctx, decode_steps, decode_rounds < 1 ? 1 : decode_rounds, threads,
-                 plain_rates);
-    for (int f = 0; f < n_fmt; f++) rates[f] = plain_of[f] >= 0 ? plain_rates[plain_of[f]] : -1;
+                 plain_rates, plain_attn);
+    for (int f = 0; f < n_fmt; f++) {
+        rates[f] = plain_of[f] >= 0 ? plain_rates[plain_of[f]] : -1;
+        attn[f] = plain_of[f] >= 0 ? plain_attn[plain_of[f]] : -1;
+    }
     for (int f = 0; f < n_fmt; f++) {
         kc.format = runs[f].fmt;
         size_t bpt = runs[f].k_bits ? kvarn_token_bytes(m, &runs[f]) : kv_format_token_bytes(&kc);
@@ -408,16 +454,19 @@ int main(int argc, char **argv) {
             snprintf(kl, sizeof kl, "%.3g", runs[f].n_kl ? runs[f].kl / (double)runs[f].n_kl : 0.0);
             snprintf(top, sizeof top, "%.2f%%", runs[f].n_kl ? 100.0 * (double)runs[f].top1 / (double)runs[f].n_kl : 0.0);
         }
-        char speed[32];
+        char speed[32], att[32];
         if (rate > 0) snprintf(speed, sizeof speed, "%.2f", rate);
         else snprintf(speed, sizeof speed, "-");
-        printf("%-16s %12s %10s %12.4f %12zu %14.0f %14s\n", run_name(&runs[f], name, sizeof name), kl, top,
+        if (attn[f] > 0) snprintf(att, sizeof att, "%.1f", attn[f]);
+        else snprintf(att, sizeof att, "-");
+        printf("%-16s %12s %10s %12.4f %12zu %14.0f %14s %12s\n", run_name(&runs[f], name, sizeof name), kl, top,
                exp(runs[f].nll / (double)(runs[f].n_nll ? runs[f].n_nll : 1)), bpt, (double)(1u << 30) / (double)bpt,
-               speed);
+               speed, att);
         fflush(stdout);
     }
     printf("decode: tokens/s of single-token steps at a context of %d tokens (best of %d rounds of %d steps, formats "
-           "interleaved)\n", decode_ctx, decode_rounds, decode_steps);
+           "interleaved); attn: one thread's attention of one token over that context, all layers (best round)\n",
+           decode_ctx, decode_rounds, decode_steps);
     free(ref);
     free(got);
     free(lp_ref);
