@@ -571,6 +571,7 @@ void model_mtp_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg) 
     cfg->k_width = m->mtp ? m->mtp->kv_k_width : NULL;
     cfg->v_width = m->mtp ? m->mtp->kv_v_width : NULL;
     cfg->n_blocks = n_blocks;
+    cfg->format = (kv_format){KV_FORMAT_F32};
 }
 
 void model_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg) {
