@@ -8,17 +8,21 @@
  * Then: a quantized pool really changes the logits (a little), the pool
  * holds the bytes per token the format promises, and a server restarted
  * with another format adopts nothing from the SSD tier, logs why once, and
- * finds its own files again when restarted with its own format; and the
- * setting (cache.kv_format: default f16, environment, flag, file). */
+ * finds its own files again when restarted with its own format, also as
+ * the reference's bitrate-b scenario through `ember serve`; and the setting
+ * (cache.kv_format: default f16, environment, flag, file). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "core/log.h"
 #include "engine/engine.h"
 #include "serve/serve_config.h"
 #include "serve/serve_settings.h"
+#include "http_client.h"
 #include "test_util.h"
 
 #define STORIES "models/stories260K.gguf"
@@ -265,6 +269,115 @@ static void test_restart_across_formats(void **state) {
     model_free(m);
 }
 
+/* ---- the bitrate-b scenario, through the server ---- */
+
+typedef struct completion {
+    char *text;
+    int prompt_tokens, cached;
+} completion;
+
+static completion complete(int port, const char *prompt) {
+    char body[8192];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":16,\"temperature\":0}", prompt);
+    char *resp = NULL;
+    int status = http_call(port, "POST", "/v1/completions", NULL, body, &resp);
+    if (status != 200) fail_msg("completion: HTTP %d: %s", status, resp ? resp : "");
+    cJSON *j = cJSON_Parse(resp);
+    assert_non_null(j);
+    completion c;
+    cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cJSON *text = choice ? cJSON_GetObjectItem(choice, "text") : NULL;
+    assert_true(cJSON_IsString(text));
+    c.text = strdup(text->valuestring);
+    cJSON *usage = cJSON_GetObjectItem(j, "usage");
+    c.prompt_tokens = cJSON_GetObjectItem(usage, "prompt_tokens")->valueint;
+    c.cached = cJSON_GetObjectItem(cJSON_GetObjectItem(usage, "prompt_tokens_details"), "cached_tokens")->valueint;
+    cJSON_Delete(j);
+    free(resp);
+    return c;
+}
+
+static double stat_of(int port, const char *key) {
+    char *resp = NULL;
+    assert_int_equal(http_call(port, "GET", "/v1/cache/stats", NULL, NULL, &resp), 200);
+    cJSON *j = cJSON_Parse(resp);
+    assert_non_null(j);
+    cJSON *v = cJSON_GetObjectItem(j, key);
+    if (v == NULL) fail_msg("stats lack %s: %s", key, resp);
+    double d = cJSON_IsString(v) ? 0 : v->valuedouble;
+    cJSON_Delete(j);
+    free(resp);
+    return d;
+}
+
+/* The reference's bitrate-b phase (section 16) with ember's formats: a
+ * server at f16 warms a disk root, a second server at q8_0 on the same root
+ * has 0 disk hits and adopts < 64 tokens on its first request, stores, and
+ * adopts > 50% of the prefix on a warm replay with the same answer; a third
+ * at f16 again finds the first one's files. */
+static void test_bitrate_b_scenario(void **state) {
+    (void)state;
+    if (ember_binary() == NULL) {
+        print_message("skipping: EMBER_BIN is not set (run under ctest)\n");
+        skip();
+    }
+    REQUIRE_FIXTURE(model_path, STORIES);
+    char *root = make_temp_dir();
+    char prompt[4096] = "";
+    for (int i = 0; i < 12; i++) {
+        char s[256];
+        snprintf(s, sizeof s, "On day %d the little dog ran to the river, found a red ball and brought it home. ", i + 1);
+        strcat(prompt, s);
+    }
+    char log[600];
+    pid_t pid = 0;
+    char *fmt_f16[] = {"--kv-format", "f16", "--disk-path", root, NULL};
+    char *fmt_q8[] = {"--kv-format", "q8_0", "--disk-path", root, NULL};
+
+    snprintf(log, sizeof log, "%s/a.log", root);
+    int port = http_spawn_ember(ember_binary(), model_path, fmt_f16, log, &pid);
+    assert_true(port > 0);
+    completion a = complete(port, prompt);
+    assert_true(a.prompt_tokens > 128);
+    assert_int_equal(http_stop_server(&pid, 10000), 0);
+
+    snprintf(log, sizeof log, "%s/b.log", root);
+    port = http_spawn_ember(ember_binary(), model_path, fmt_q8, log, &pid);
+    assert_true(port > 0);
+    completion b1 = complete(port, prompt);
+    assert_true(b1.cached < 64);
+    assert_int_equal((int)stat_of(port, "disk_hits"), 0);
+    assert_true(stat_of(port, "stores") > 0);
+    completion b2 = complete(port, prompt);
+    if (b2.cached * 2 <= b2.prompt_tokens) fail_msg("warm replay adopted %d of %d", b2.cached, b2.prompt_tokens);
+    assert_string_equal(b2.text, b1.text);
+    assert_int_equal(http_stop_server(&pid, 10000), 0);
+    char *text = read_whole_file(log, NULL);
+    assert_non_null(text);
+    const char *line = strstr(text, "written with kv_format=f16; this server stores kv_format=q8_0");
+    if (line == NULL) fail_msg("no format line in the q8_0 server's log:\n%s", text);
+    assert_null(strstr(line + 1, "written with kv_format=f16"));
+    free(text);
+
+    snprintf(log, sizeof log, "%s/c.log", root);
+    port = http_spawn_ember(ember_binary(), model_path, fmt_f16, log, &pid);
+    assert_true(port > 0);
+    completion c = complete(port, prompt);
+    if (c.cached * 2 <= c.prompt_tokens) fail_msg("f16 restart adopted %d of %d", c.cached, c.prompt_tokens);
+    assert_true(stat_of(port, "disk_hits") > 0);
+    assert_string_equal(c.text, a.text);
+    assert_int_equal(http_stop_server(&pid, 10000), 0);
+    print_message("bitrate-b: %d prompt tokens; q8_0 after f16: cached %d, replay %d; f16 again: cached %d\n",
+                  a.prompt_tokens, b1.cached, b2.cached, c.cached);
+
+    free(a.text);
+    free(b1.text);
+    free(b2.text);
+    free(c.text);
+    remove_tree(root);
+    free(root);
+}
+
 /* ---- the setting ---- */
 
 static void test_setting(void **state) {
@@ -303,6 +416,7 @@ int main(void) {
         cmocka_unit_test(test_format_changes_logits_a_little),
         cmocka_unit_test(test_restart_across_formats),
         cmocka_unit_test(test_setting),
+        cmocka_unit_test(test_bitrate_b_scenario),
     };
     return test_run_group(tests, NULL, NULL);
 }
