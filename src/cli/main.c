@@ -56,7 +56,7 @@ static void write_man(FILE *out) {
     fputs(".SH ENVIRONMENT\n"
           "Every variable listed under\n.B SETTINGS\n(read by \\fBember serve\\fR and \\fBember settings\\fR), and:\n"
           ".TP\n.B EMBER_LOG\nlog level: debug, info (default), warn, error or silent.\n"
-          ".TP\n.B EMBER_FIXTURES\nwhere \\fBember mkmodel \\-\\-preset qwen3\\-0.6b\\fR looks for the Qwen3 "
+          ".TP\n.B EMBER_FIXTURES\nwhere \\fBember\\ mkmodel \\-\\-preset qwen3\\-0.6b\\fR looks for the Qwen3 "
           "tokenizer (default ../shared/fixtures).\n"
           ".SH EXIT STATUS\n"
           "0 on success (and after \\fB\\-\\-help\\fR), 1 when the work failed (a file that cannot be read, a bad "
