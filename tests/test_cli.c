@@ -1,5 +1,6 @@
 /* test_cli.c - the `ember` command end to end, as a user runs it:
- * run (greedy text equals the golden continuation), logits (file equals the
+ * run (greedy text equals the golden continuation, also with an f16 KV
+ * cache), logits (file equals the
  * in-process logits bit for bit, in each KV format), inspect (reports the cache stack),
  * tokenize (ids equal the golden prompt ids), and bad arguments (exit 2). */
 #include <stdio.h>
@@ -26,6 +27,12 @@ static void test_run_greedy_matches_golden(void **state) {
     snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon a time' -n 32 --threads 2 2>/dev/null", bin, model_path);
     assert_int_equal(run_capture(cmd, &out), 0);
     /* golden/greedy.jsonl, second line: the 32-token continuation of this prompt */
+    assert_non_null(strstr(out, ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw"));
+    free(out);
+    /* an f16 KV cache tells the same story */
+    snprintf(cmd, sizeof cmd, "%s run %s -p 'Once upon a time' -n 32 --threads 2 --kv-format f16 2>/dev/null", bin,
+             model_path);
+    assert_int_equal(run_capture(cmd, &out), 0);
     assert_non_null(strstr(out, ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw"));
     free(out);
 }
@@ -114,6 +121,10 @@ static void test_bad_arguments(void **state) {
     snprintf(cmd, sizeof cmd, "%s frobnicate 2>&1", bin);
     assert_int_equal(run_capture(cmd, &out), 2);
     assert_non_null(strstr(out, "unknown command"));
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s run m.gguf -p hi --kv-format bf16 2>&1", bin);
+    assert_int_equal(run_capture(cmd, &out), 2);
+    assert_non_null(strstr(out, "--kv-format: expected one of f32|f16|q8_0, got 'bf16'"));
     free(out);
     snprintf(cmd, sizeof cmd, "%s logits m.gguf --tokens 1 --out x --kv-format q4 2>&1", bin);
     assert_int_equal(run_capture(cmd, &out), 2);

@@ -17,7 +17,7 @@
 #include "cli/commands.h"
 #include "engine/engine.h"
 
-enum { OPT_PROMPT, OPT_N, OPT_TEMP, OPT_SEED, OPT_THREADS, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_CTX, OPT_BATCH };
+enum { OPT_PROMPT, OPT_N, OPT_TEMP, OPT_SEED, OPT_THREADS, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_REPEAT, OPT_CTX, OPT_BATCH, OPT_KV_FORMAT };
 
 static const cli_option run_options[] = {
     {OPT_PROMPT, "--prompt", "-p", "TEXT", "the prompt (required)", NULL},
@@ -31,6 +31,7 @@ static const cli_option run_options[] = {
     {OPT_REPEAT, "--repeat-penalty", NULL, "R", "penalty of tokens already seen", NULL},
     {OPT_CTX, "--ctx", NULL, "N", "context in tokens (default: prompt + N, at most the training context)", NULL},
     {OPT_BATCH, "--batch", NULL, "B", "prefill chunk in tokens (default 512)", NULL},
+    {OPT_KV_FORMAT, "--kv-format", NULL, KV_FORMAT_CHOICES, "how the KV cache stores K/V rows (default f32)", NULL},
     {0, NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -75,6 +76,7 @@ static void show_prefill(void *user, int64_t done, int64_t n_prompt) {
 int cmd_run(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL;
     int n_predict = 128, threads = 0, n_ctx = 0, batch = 512;
+    kv_format kv_fmt = {KV_FORMAT_F32};
     engine_request req = engine_default_request();
     req.sampling = sampler_default_params();
     req.sampling.temperature = 0.0f; /* greedy unless asked otherwise: reproducible by default */
@@ -94,6 +96,11 @@ int cmd_run(int argc, char **argv) {
         case OPT_REPEAT: req.sampling.repeat_penalty = (float)cli_parse_double(a, val); break;
         case OPT_CTX: n_ctx = (int)cli_parse_long(a, val, 16, 1 << 24); break;
         case OPT_BATCH: batch = (int)cli_parse_long(a, val, 1, 1 << 16); break;
+        case OPT_KV_FORMAT:
+            if (kv_format_parse(val, &kv_fmt) < 0)
+                return cli_usage_error(&cmd_run_command, "--kv-format: expected one of %s, got '%s'", KV_FORMAT_CHOICES,
+                                       val);
+            break;
         case CLI_ARG:
             if (model_path) return cli_usage_error(&cmd_run_command, "one model only ('%s' and '%s')", model_path, val);
             model_path = val;
@@ -132,6 +139,7 @@ int cmd_run(int argc, char **argv) {
     cfg.prefill_step = batch;
     cfg.n_ctx = n_ctx;
     cfg.num_blocks = (n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS + 1;
+    cfg.kv_format = kv_fmt;
     eng = engine_create(m, &cfg, &err);
     stream = tok_stream_create(tok, false);
     if (eng == NULL) goto fail;
