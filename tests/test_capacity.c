@@ -222,9 +222,10 @@ static void test_default_pool_from_memory(void **state) {
                      4);
     assert_int_equal(tokens, blocks * 16);
     assert_non_null(strstr(line, "cache.memory_share 0.5 x ("));
-    /* the default model's block is 64 KiB (4 layers x 256 floats x 16 rows) */
-    double expect_lo = 0.5 * ((double)(avail_before < avail_after ? avail_before : avail_after) * 0.9 - 4 * MIB) / 65536;
-    double expect_hi = 0.5 * ((double)(avail_before > avail_after ? avail_before : avail_after) * 0.9) / 65536;
+    /* the default model's block is 32 KiB in the serving default KV format,
+     * f16 (4 layers x 256 values x 2 bytes x 16 rows; 64 KiB in f32) */
+    double expect_lo = 0.5 * ((double)(avail_before < avail_after ? avail_before : avail_after) * 0.9 - 4 * MIB) / 32768;
+    double expect_hi = 0.5 * ((double)(avail_before > avail_after ? avail_before : avail_after) * 0.9) / 32768;
     /* memory moves while other programs run: 15% either way */
     if ((double)blocks < expect_lo * 0.85 || (double)blocks > expect_hi * 1.15)
         fail_msg("pool of %lld blocks, expected %.0f..%.0f from MemAvailable", blocks, expect_lo, expect_hi);

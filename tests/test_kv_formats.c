@@ -1,9 +1,10 @@
 /* test_kv_formats.c - the KV formats (f16, q8_0) through the whole cache.
  *
  * The invariant does not weaken with a quantized pool: for every format and
- * every tier (block and exact on stories260K, checkpoint on the sliding-
- * window gemma3 and the gated-delta-net qwen35 references) a warm request's
- * logits are bit-identical to a cold run's. Each check also asserts that the
+ * every tier (block and exact on stories260K; on the sliding-window gemma3
+ * and the gated-delta-net qwen35 references both their default block tier
+ * with state snapshots and the checkpoint tier) a warm request's logits are
+ * bit-identical to a cold run's. Each check also asserts that the
  * warm run adopted something, so a cache that silently stores nothing fails.
  * Then: a quantized pool really changes the logits (a little), the pool
  * holds the bytes per token the format promises, and a server restarted
@@ -108,29 +109,47 @@ static void test_warm_equals_cold_q8_0(void **state) {
 
 /* ---- warm == cold, checkpoint tier ---- */
 
-static void ckpt_tier(const char *rel, kv_format fmt) {
+/* ckpt: the checkpoint tier (sliding windows not served by blocks, no
+ * state snapshots in the block tier); else the default routing of these
+ * stacks, the block tier with recurrent-state snapshots. */
+static void hybrid_tiers(const char *rel, kv_format fmt, bool ckpt) {
     REQUIRE_FIXTURE(path, rel);
     model *m = test_load_model(path);
     int V = model_get_hparams(m)->n_vocab;
-    engine *e = open_engine(m, fmt, APC_FORCE_NONE, NULL);
-    assert_int_equal(apc_get_tier(engine_cache(e)), APC_TIER_CKPT);
+    engine_config cfg = engine_default_config();
+    cfg.n_threads = 2;
+    cfg.prefill_step = 32;
+    cfg.n_ctx = 1024;
+    cfg.kv_format = fmt;
+    cfg.cache.ckpt.interval = 64;
+    cfg.cache.ckpt.replay_min = 48;
+    cfg.cache.ckpt.sys_min = 32;
+    cfg.cache.ckpt.decode_interval = 0;
+    if (ckpt) {
+        cfg.cache.swa_block = false;
+        cfg.cache.ckpt.snapshot_interval = 0;
+    }
+    engine *e = test_open_engine(m, &cfg);
+    assert_int_equal(apc_get_tier(engine_cache(e)), ckpt ? APC_TIER_CKPT : APC_TIER_BLOCK);
     int32_t p[200];
     test_random_tokens(&rng_state, p, 200, V);
     char what[128];
-    snprintf(what, sizeof what, "%s ckpt %s", kv_format_name(fmt), rel);
+    snprintf(what, sizeof what, "%s %s %s", kv_format_name(fmt), ckpt ? "ckpt" : "block", rel);
     int64_t got = store_then_probe(e, p, 200, what);
     if (got < 64) fail_msg("%s: adopted only %lld tokens", what, (long long)got);
-    assert_true(stats_of(e).ckpt_hits >= 1);
+    if (ckpt) assert_true(stats_of(e).ckpt_hits >= 1);
     engine_free(e);
     model_free(m);
 }
 
 static void test_ckpt_tier_formats(void **state) {
     (void)state;
-    ckpt_tier(GEMMA3, F16);
-    ckpt_tier(GEMMA3, Q8_0);
-    ckpt_tier(QWEN35, F16);
-    ckpt_tier(QWEN35, Q8_0);
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+        hybrid_tiers(GEMMA3, F16, ckpt);
+        hybrid_tiers(GEMMA3, Q8_0, ckpt);
+        hybrid_tiers(QWEN35, F16, ckpt);
+        hybrid_tiers(QWEN35, Q8_0, ckpt);
+    }
 }
 
 /* ---- the format is in effect ---- */

@@ -88,12 +88,12 @@ bool engine_has_kv(const model *m) {
     return false;
 }
 
-size_t engine_block_bytes(const model *m) {
+size_t engine_block_bytes(const model *m, kv_format fmt) {
     kv_pool_config kc;
     model_kv_config(m, 1, &kc);
-    size_t row = 0;
-    for (int l = 0; l < kc.n_layer; l++) row += (size_t)kc.k_width[l] + (size_t)kc.v_width[l];
-    return (row ? row : 1) * KV_BLOCK_TOKENS * sizeof(float);
+    kc.format = fmt;
+    size_t row = kv_format_token_bytes(&kc);
+    return (row ? row : 4) * KV_BLOCK_TOKENS;
 }
 
 static size_t config_block_bytes(const kv_pool_config *kc) {
@@ -102,8 +102,8 @@ static size_t config_block_bytes(const kv_pool_config *kc) {
     return row * KV_BLOCK_TOKENS * sizeof(float);
 }
 
-size_t engine_blocks_bytes(const model *m, const spec_config *spec) {
-    size_t bytes = engine_block_bytes(m);
+size_t engine_blocks_bytes(const model *m, kv_format fmt, const spec_config *spec) {
+    size_t bytes = engine_block_bytes(m, fmt);
     kv_pool_config kc;
     if (spec && spec->kind == SPEC_DRAFT && spec->draft) {
         model_kv_config(spec->draft, 1, &kc);
@@ -117,7 +117,7 @@ size_t engine_blocks_bytes(const model *m, const spec_config *spec) {
 }
 
 int32_t engine_default_blocks(const model *m, int n_ctx) {
-    size_t block_bytes = engine_block_bytes(m);
+    size_t block_bytes = engine_block_bytes(m, (kv_format){KV_FORMAT_F32});
     int64_t want = 4 * (((int64_t)n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     int64_t most = (int64_t)(((size_t)2 << 30) / block_bytes);
     if (want > most) want = most;

@@ -121,12 +121,13 @@ engine_config engine_default_config(void);
  * (the CLI's and the tests'; `ember serve` sizes its pool from memory,
  * serve_pool_size.h). */
 int32_t engine_default_blocks(const model *m, int n_ctx);
-/* Bytes of one KV block of m (16 tokens, every layer's K and V, f32). */
-size_t engine_block_bytes(const model *m);
+/* Bytes of one KV block of m (16 tokens, every layer's K and V) in KV
+ * format fmt (kv_format_token_bytes). */
+size_t engine_block_bytes(const model *m, kv_format fmt);
 /* Bytes one block of num_blocks costs across every pool the engine makes
- * with that count: the target's, and the draft model's or the MTP head's
- * when spec speculates with one. */
-size_t engine_blocks_bytes(const model *m, const spec_config *spec);
+ * with that count: the target's in fmt, and the draft model's or the MTP
+ * head's (f32) when spec speculates with one. */
+size_t engine_blocks_bytes(const model *m, kv_format fmt, const spec_config *spec);
 /* Whether any layer of m keeps K/V in the pool (false: recurrent only). */
 bool engine_has_kv(const model *m);
 engine *engine_create(const model *m, const engine_config *cfg, ember_error *err);

@@ -1241,7 +1241,7 @@ static int size_pool(const model *m, const serve_config *cfg, engine_config *ec,
      * target's: its blocks and weights count too. */
     const gguf_file *df = ec->spec.kind == SPEC_DRAFT && ec->spec.draft ? model_get_gguf(ec->spec.draft) : NULL;
     serve_pool_inputs in = {0, (f ? gguf_file_size(f) : 0) + (df ? gguf_file_size(df) : 0), cfg->memory_share,
-                            engine_blocks_bytes(m, &ec->spec), cfg->num_blocks,
+                            engine_blocks_bytes(m, ec->kv_format, &ec->spec), cfg->num_blocks,
                             (ec->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS + 1};
     ember_error merr;
     if (serve_mem_available(&in.available, &merr) < 0) {
