@@ -266,8 +266,15 @@ static void test_chat_and_resend_cache(void **state) {
     assert_string_equal(la, lb); /* bit-identical logits print identically */
     free(la);
     free(lb);
-    /* another tenant shares nothing */
-    cJSON *c = post_ok(g_open.port, "/v1/chat/completions", "X-APC-Tenant: someone-else\r\n", body);
+    /* another tenant shares nothing (a tenant header is not trusted by
+     * default: it changes nothing; another cache_salt does) */
+    cJSON *h = post_ok(g_open.port, "/v1/chat/completions", "X-APC-Tenant: someone-else\r\n", body);
+    assert_int_equal((int)jnum(h, "usage.prompt_tokens_details.cached_tokens"), n - 1);
+    cJSON_Delete(h);
+    char other[1024];
+    snprintf(other, sizeof other, "%s", body);
+    memcpy(strstr(other, "resend-test"), "someone-ls", 10);
+    cJSON *c = post_ok(g_open.port, "/v1/chat/completions", NULL, other);
     assert_int_equal((int)jnum(c, "usage.prompt_tokens_details.cached_tokens"), 0);
     assert_string_equal(jstr(a, "choices.0.message.content"), jstr(c, "choices.0.message.content"));
     cJSON_Delete(a);

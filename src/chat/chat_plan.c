@@ -20,7 +20,28 @@ int chat_encode_prompt(const tokenizer *tok, const char *text, int32_t **ids, si
         const char *bt = tokenizer_token_text(tok, tokenizer_bos(tok), &bl);
         if (bt && bl > 0 && strncmp(text, bt, bl) == 0) bos = false;
     }
-    return tokenizer_encode(tok, text, strlen(text), bos, true, ids, n, &err);
+    return tokenizer_encode_rendered(tok, text, strlen(text), bos, ids, n, &err);
+}
+
+int chat_json_defuse(const tokenizer *tok, cJSON *j) {
+    for (cJSON *it = j; it; it = it->next) {
+        if (it->string && !(it->type & cJSON_StringIsConst)) {
+            size_t n;
+            char *d = tokenizer_defuse_specials(tok, it->string, strlen(it->string), &n);
+            if (d == NULL) return -1;
+            free(it->string);
+            it->string = d;
+        }
+        if (cJSON_IsString(it) && it->valuestring && !(it->string && strcmp(it->string, "role") == 0)) {
+            size_t n;
+            char *d = tokenizer_defuse_specials(tok, it->valuestring, strlen(it->valuestring), &n);
+            if (d == NULL) return -1;
+            free(it->valuestring);
+            it->valuestring = d;
+        }
+        if (it->child && chat_json_defuse(tok, it->child) < 0) return -1;
+    }
+    return 0;
 }
 
 int64_t chat_token_common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
@@ -48,6 +69,7 @@ struct chat_turn_predictor {
     chat_render_opts opts;
     int64_t n_prompt;
     bool thinking_open;
+    bool defuse;        /* the reply's strings are defused as the request's were */
     chat_predict_fn fn; /* chat_turn_predictor_from_fn */
     void *fn_user;
 };
@@ -106,7 +128,18 @@ int64_t chat_turn_predict(chat_turn_predictor *p, const int32_t *tokens, int64_t
     if (text == NULL) return -1;
     char *reasoning = NULL, *content = NULL, *out = NULL;
     int64_t got = -1;
-    if (chat_split_reasoning(text, p->thinking_open, &reasoning, &content) == 0) {
+    bool split = chat_split_reasoning(text, p->thinking_open, &reasoning, &content) == 0;
+    if (split && p->defuse) { /* the client sends the reply back as a message, which gets defused */
+        size_t n_d;
+        char *dc = content ? tokenizer_defuse_specials(p->tok, content, strlen(content), &n_d) : NULL;
+        char *dr = reasoning ? tokenizer_defuse_specials(p->tok, reasoning, strlen(reasoning), &n_d) : NULL;
+        split = (content == NULL || dc != NULL) && (reasoning == NULL || dr != NULL);
+        free(content);
+        free(reasoning);
+        content = dc;
+        reasoning = dr;
+    }
+    if (split) {
         chat_reply r = {content ? content : "", reasoning, NULL};
         ember_error err;
         if (chat_predict_next_turn(p->tpl, p->msgs, p->tools, &p->opts, &r, &out, &err) == 0)
@@ -141,6 +174,7 @@ void chat_cache_plan_make(const chat_plan_params *in, chat_cache_plan *out) {
     p->tok = tok;
     p->n_prompt = n_prompt;
     p->thinking_open = in->thinking_open;
+    p->defuse = in->defuse_replies;
     p->opts.add_generation_prompt = false;
     p->opts.enable_thinking = -1;
     p->opts.bos_token = p->bos;

@@ -43,6 +43,7 @@ typedef struct chat_plan_params {
     const int32_t *prompt;     /* the prompt's tokens */
     int64_t n_prompt;
     bool thinking_open;        /* the prompt ends inside <think> */
+    bool defuse_replies;       /* the reply is defused like the request's strings (tokenizer.h) */
 } chat_plan_params;
 
 typedef struct chat_cache_plan {
@@ -68,7 +69,14 @@ int64_t chat_token_common_prefix(const int32_t *a, int64_t na, const int32_t *b,
 
 /* ---- Tokenizing like the prompt ---- */
 /* One BOS unless the text starts with it (when the tokenizer adds one),
- * special tokens parsed; *ids malloc'd. */
+ * special tokens parsed, defused text kept as text
+ * (tokenizer_encode_rendered); *ids malloc'd. */
 int chat_encode_prompt(const tokenizer *tok, const char *text, int32_t **ids, size_t *n);
+/* Defuses every string of the JSON tree j and its siblings in place
+ * (tokenizer_defuse_specials): values and object keys (a tool's parameter
+ * names reach the render too), except values under the key "role", which
+ * the API checks against a fixed list. What a request sends is defused this
+ * way before it is rendered. -1: out of memory. */
+int chat_json_defuse(const tokenizer *tok, cJSON *j);
 
 #endif

@@ -16,6 +16,7 @@
 
 #include "apc/apc.h"
 #include "chat/chat.h"
+#include "serve/serve_tenant.h"
 
 int api_fail(api_error *e, int status, const char *type, const char *param, const char *code, const char *fmt, ...) {
     e->status = status;
@@ -190,7 +191,9 @@ static int get_int(const cJSON *o, const char *name, long long lo, long long hi,
         return api_fail(e, 400, "invalid_request_error", name, "integer_below_min_value",
                         "Invalid '%s': integer below minimum value. Expected a value >= %lld, but got %.0f instead.",
                         name, lo, d);
-    if (d > (double)hi)
+    /* (double)hi rounds LLONG_MAX up to 2^63, which no long long holds: a
+     * value there would pass the check and overflow the cast below */
+    if (d > (double)hi || d >= 0x1p63)
         return api_fail(e, 400, "invalid_request_error", name, "integer_above_max_value",
                         "Invalid '%s': integer above maximum value. Expected a value <= %lld, but got %.0f instead.",
                         name, hi, d);
@@ -227,7 +230,9 @@ int api_encode(const api_ctx *ctx, const char *text, bool add_special, int32_t *
         const char *bt = tokenizer_token_text(ctx->tok, tokenizer_bos(ctx->tok), &bl);
         if (bt && bl > 0 && strncmp(text, bt, bl) == 0) bos = false;
     }
-    return tokenizer_encode(ctx->tok, text, strlen(text), bos, true, ids, n, err);
+    /* a rendered chat keeps its defused user text as text (tokenizer.h); a
+     * prompt is valid UTF-8 and so holds no marks: the same as parsing it */
+    return tokenizer_encode_rendered(ctx->tok, text, strlen(text), bos, ids, n, err);
 }
 
 static int tokenize(const api_ctx *ctx, const char *text, bool add_special, api_req *out, api_error *e) {
@@ -466,9 +471,13 @@ int api_parse(const api_ctx *ctx, bool chat, const char *body_text, size_t len, 
         bad_type(e, "cache_salt", "a string", salt);
         goto done;
     }
-    if (tenant && tenant[0]) out->p.salt = apc_salt_for_tenant(tenant, strlen(tenant));
-    else if (salt && cJSON_IsString(salt) && salt->valuestring[0])
-        out->p.salt = apc_salt_for_tenant(salt->valuestring, strlen(salt->valuestring));
+    {
+        static const unsigned char no_secret[SERVE_TENANT_SECRET_BYTES];
+        const char *sub = salt && cJSON_IsString(salt) ? salt->valuestring : NULL;
+        out->p.salt = serve_tenant_salt(ctx->tenant_secret ? ctx->tenant_secret : no_secret, tenant, sub);
+        /* the scheduler's fairness goes by tenant; without one, by salt */
+        out->p.tenant_id = tenant && tenant[0] ? apc_salt_for_tenant(tenant, strlen(tenant)) : out->p.salt;
+    }
     /* ---- the prompt ---- */
     if (chat) {
         const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(body, "messages");
@@ -574,6 +583,7 @@ int api_parse(const api_ctx *ctx, bool chat, const char *body_text, size_t len, 
     long long mt = ctx->n_ctx - out->p.n_prompt;
     if (ctx->max_seq_tokens > 0 && ctx->max_seq_tokens - out->p.n_prompt < mt)
         mt = ctx->max_seq_tokens - out->p.n_prompt > 1 ? ctx->max_seq_tokens - out->p.n_prompt : 1;
+    if (ctx->default_max_tokens > 0 && mt > ctx->default_max_tokens) mt = ctx->default_max_tokens;
     const char *mname = "max_tokens";
     if ((got = get_int(body, "max_tokens", 1, ctx->n_ctx, &ll, e)) < 0) goto done;
     if (got) mt = ll;

@@ -16,12 +16,15 @@
  *  - `model`, when present and not null, must be one of ctx->model_names
  *    (the served name, the model file's name with and without .gguf):
  *    otherwise 404 model_not_found. api_model_known checks a name.
- *  - max_tokens / max_completion_tokens missing or null mean "up to the
- *    context": the room left in the context, also bounded by what the KV
- *    pool can hold for one request, so such a request is never refused for
- *    the pool and never waits for more than the whole pool.
- *  - The tenant salt is the first present of: the X-APC-Tenant header, the
- *    X-Tenant-Id header, the body's cache_salt.
+ *  - max_tokens / max_completion_tokens missing or null mean
+ *    ctx->default_max_tokens (0: "up to the context"), within the room left
+ *    in the context and what the KV pool can hold for one request, so such
+ *    a request is never refused for the pool and never waits for more than
+ *    the whole pool.
+ *  - The salt of the request's cache entries is serve_tenant_salt of the
+ *    tenant (the caller's: its API key's, or a trusted proxy's header) and
+ *    the body's cache_salt, so a cache_salt partitions only inside its
+ *    tenant. No tenant and no cache_salt: salt 0.
  *  - Responses are rendered with cJSON: whole objects (chat.completion,
  *    text_completion), SSE chunk objects (chat.completion.chunk and streamed
  *    text_completion), the usage object with
@@ -65,6 +68,8 @@ typedef struct api_ctx {
     int n_model_names;
     int n_ctx;
     int64_t max_seq_tokens;              /* longest sequence the KV pool holds for one request; 0: no bound */
+    int default_max_tokens;              /* reply length without max_tokens; 0: the rest of the context */
+    const unsigned char *tenant_secret;  /* SERVE_TENANT_SECRET_BYTES mixed into salts; NULL: zeros */
 } api_ctx;
 
 typedef struct api_req {

@@ -7,10 +7,16 @@
  * chat_messages_from_json is lenient where the API is strict (a user
  * message without content).
  *
- * The cache plan re-renders the validated messages without a generation
- * prompt (and with the "0" probe) and tokenizes those renders exactly as
- * serve_api.c tokenizes the prompt (one BOS unless the render starts with
- * it; special tokens parsed), so positions are common-prefix lengths in the
+ * Every string of the request (message fields, content parts, tool calls,
+ * tools, template kwargs) is defused before rendering (tokenizer.h:
+ * tokenizer_defuse_specials), so text a user wrote never becomes a control
+ * token and cannot open or close a turn; the render is tokenized with
+ * tokenizer_encode_rendered. chat.parse_special_in_content turns that off.
+ *
+ * The cache plan re-renders the validated messages (defused the same way)
+ * without a generation prompt (and with the "0" probe) and tokenizes those
+ * renders exactly as serve_api.c tokenizes the prompt (one BOS unless the
+ * render starts with it; the template's special tokens parsed), so positions are common-prefix lengths in the
  * prompt's own tokens. The predictor keeps its own copies of the messages,
  * tools, kwargs and token texts: it runs on the scheduler's thread, after
  * the HTTP request's JSON is gone. */
@@ -26,6 +32,8 @@
 
 struct serve_chat {
     chat_template *tpl;
+    const tokenizer *tok;
+    bool parse_special_in_content; /* the old, unsafe behaviour: no defusing */
     char *bos, *eos;
     tool_syntax tools;
 };
@@ -43,6 +51,7 @@ serve_chat *serve_chat_create(const model *m, ember_error *err) {
         return NULL;
     }
     const tokenizer *tok = model_get_tokenizer(m);
+    c->tok = tok;
     bool fell_back = false;
     ember_error why;
     why.msg[0] = 0;
@@ -73,6 +82,20 @@ void serve_chat_free(serve_chat *c) {
 }
 
 tool_syntax serve_chat_tool_syntax(const serve_chat *c) { return c->tools; }
+
+void serve_chat_set_parse_special_in_content(serve_chat *c, bool on) { c->parse_special_in_content = on; }
+
+/* A defused deep copy of j (NULL stays NULL); *failed on out of memory. */
+static cJSON *defused_copy(const serve_chat *c, const cJSON *j, bool *failed) {
+    if (j == NULL) return NULL;
+    cJSON *d = cJSON_Duplicate(j, true);
+    if (d == NULL || chat_json_defuse(c->tok, d) < 0) {
+        cJSON_Delete(d);
+        *failed = true;
+        return NULL;
+    }
+    return d;
+}
 
 static bool role_ok(const char *r) {
     static const char *roles[] = {"system", "user", "assistant", "tool", "developer"};
@@ -143,8 +166,29 @@ int serve_chat_render(const serve_chat *c, const cJSON *messages, const cJSON *t
         }
         i++;
     }
+    /* user text is defused; only the template's markup stays live */
+    cJSON *own_msgs = NULL, *own_tools = NULL, *own_kwargs = NULL;
+    if (!c->parse_special_in_content) {
+        bool failed = false;
+        own_msgs = defused_copy(c, messages, &failed);
+        own_tools = defused_copy(c, tools, &failed);
+        own_kwargs = defused_copy(c, kwargs, &failed);
+        if (failed) {
+            cJSON_Delete(own_msgs);
+            cJSON_Delete(own_tools);
+            cJSON_Delete(own_kwargs);
+            snprintf(param, param_cap, "messages");
+            return ember_fail(err, "out of memory");
+        }
+        messages = own_msgs;
+        tools = own_tools;
+        kwargs = own_kwargs;
+    }
     chat_messages *msgs = chat_messages_from_json(messages, err);
     if (msgs == NULL) {
+        cJSON_Delete(own_msgs);
+        cJSON_Delete(own_tools);
+        cJSON_Delete(own_kwargs);
         snprintf(param, param_cap, "messages");
         return -1;
     }
@@ -158,6 +202,9 @@ int serve_chat_render(const serve_chat *c, const cJSON *messages, const cJSON *t
     const cJSON *t = tools && cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0 ? tools : NULL;
     int rc = chat_render(c->tpl, msgs, t, &opts, out, err);
     chat_messages_free(msgs);
+    cJSON_Delete(own_msgs);
+    cJSON_Delete(own_tools);
+    cJSON_Delete(own_kwargs);
     if (rc < 0) {
         snprintf(param, param_cap, "messages");
         ember_fail_prefix(err, "the chat template failed: ");
@@ -174,8 +221,19 @@ void serve_chat_cache_plan(const serve_chat *c, const tokenizer *tok, const cJSO
                            chat_cache_plan *out) {
     memset(out, 0, sizeof *out);
     ember_error err;
+    cJSON *own_msgs = NULL, *own_tools = NULL, *own_kwargs = NULL;
+    if (!c->parse_special_in_content) { /* rendered as serve_chat_render rendered the prompt */
+        bool failed = false;
+        own_msgs = defused_copy(c, messages, &failed);
+        own_tools = defused_copy(c, tools, &failed);
+        own_kwargs = defused_copy(c, kwargs, &failed);
+        messages = own_msgs;
+        tools = own_tools;
+        kwargs = own_kwargs;
+        if (failed) goto done;
+    }
     chat_messages *msgs = chat_messages_from_json(messages, &err);
-    if (msgs == NULL) return;
+    if (msgs == NULL) goto done;
     chat_plan_params p;
     memset(&p, 0, sizeof p);
     p.tpl = c->tpl;
@@ -188,6 +246,11 @@ void serve_chat_cache_plan(const serve_chat *c, const tokenizer *tok, const cJSO
     p.prompt = prompt;
     p.n_prompt = n_prompt;
     p.thinking_open = thinking_open;
+    p.defuse_replies = !c->parse_special_in_content;
     chat_cache_plan_make(&p, out);
     chat_messages_free(msgs);
+done:
+    cJSON_Delete(own_msgs);
+    cJSON_Delete(own_tools);
+    cJSON_Delete(own_kwargs);
 }

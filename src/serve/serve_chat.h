@@ -37,6 +37,9 @@ typedef struct serve_chat serve_chat;
 serve_chat *serve_chat_create(const model *m, ember_error *err);
 void serve_chat_free(serve_chat *c);
 tool_syntax serve_chat_tool_syntax(const serve_chat *c);
+/* On: control-token text in messages becomes control tokens (the unsafe
+ * behaviour before defusing; chat.parse_special_in_content). Default off. */
+void serve_chat_set_parse_special_in_content(serve_chat *c, bool on);
 /* *out is malloc'd. *thinking_open: the prompt ends inside <think>. */
 int serve_chat_render(const serve_chat *c, const cJSON *messages, const cJSON *tools, const cJSON *kwargs,
                       char **out, bool *thinking_open, char *param, size_t param_cap, ember_error *err);

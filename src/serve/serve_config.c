@@ -88,6 +88,13 @@ static int yaml_tree(const char *text, size_t len, const char *name, ynode **out
             }
             n->line = line;
             if (ev.type == YAML_SCALAR_EVENT) {
+                /* "\0" is a valid YAML escape; every setting is a C string */
+                if (memchr(ev.data.scalar.value, 0, ev.data.scalar.length) != NULL) {
+                    free(n);
+                    ember_fail(err, "%s:%d: a value holds U+0000 (\\0), which no setting may contain", name, line);
+                    failed = true;
+                    break;
+                }
                 n->kind = Y_SCALAR;
                 n->value = strndup((const char *)ev.data.scalar.value, ev.data.scalar.length);
                 n->quoted = ev.data.scalar.style == YAML_SINGLE_QUOTED_SCALAR_STYLE ||

@@ -37,6 +37,10 @@ typedef struct serve_config {
     char host[256];
     int port;                 /* 0: any free port (logged) */
     char api_key[256];        /* "": no authentication */
+    char api_keys_file[512];  /* "": no keys file (serve_tenant.h) */
+    bool trusted_tenant_header; /* tenant headers are set by a trusted proxy */
+    char tenant_secret_file[512]; /* "": beside cache.disk.path, else the per-user cache directory */
+    int default_max_tokens;   /* reply length without max_tokens; 0: the rest of the context */
     char model_id[128];       /* "": the model file's base name */
     int n_ctx;                /* 0: min(training context, 4096) */
     int n_threads;            /* 0: all CPUs */
@@ -66,6 +70,8 @@ typedef struct serve_config {
     char kv_events_replay_endpoint[256]; /* ROUTER address for replays; "": none */
     char kv_events_topic[256];           /* "": kv@<host>@<model id> */
     int kv_events_buffer_steps;          /* batches kept for replays, default 10000 */
+    /* chat: */
+    bool parse_special_in_content; /* control-token text in messages becomes control tokens */
     /* cache: */
     int block_size;           /* only 16 is supported */
     int32_t num_blocks;       /* KV pool = cache; 0: memory_share of available memory (serve_pool_size.h) */

@@ -61,6 +61,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -80,6 +81,7 @@
 #include "serve/serve_recent.h"
 #include "serve/serve_sched.h"
 #include "serve/serve_tokenize.h"
+#include "serve/serve_tenant.h"
 
 /* libmicrohttpd's own limits sit this far above ours, so that requests over
  * our limits can still be answered 503 before a flood is cut at accept. */
@@ -108,6 +110,9 @@ struct server {
     serve_metrics *metrics;
     serve_recent *recent;    /* the dashboard's last finished requests */
     kv_events *kv_events;    /* NULL: server.kv_events.endpoint is empty */
+    serve_keys *keys;        /* server.api_keys_file, or NULL */
+    serve_tenant_stats *tenant_stats;
+    unsigned char secret[SERVE_TENANT_SECRET_BYTES]; /* mixed into every tenant salt */
     struct MHD_Daemon *d;
     api_ctx api;
     char model_id[128];
@@ -155,7 +160,14 @@ struct gen {
 
 typedef struct stream_ctx stream_ctx;
 
+/* Who sent a request, decided from its headers on the handler's first call. */
+typedef struct principal {
+    bool admin;                      /* may read global stats and metrics, and reset */
+    char tenant[SERVE_TENANT_MAX];   /* "": none (salt from cache_salt alone) */
+} principal;
+
 typedef struct conn_state {
+    principal who;
     char *body;
     size_t len, cap;
     bool too_big;
@@ -230,36 +242,82 @@ static void make_id(char *out, size_t cap, const char *prefix) {
     snprintf(out, cap, "%s%016llx%06llx", prefix, x, n & 0xFFFFFF);
 }
 
-/* The tenant header, or NULL; -1 with e filled when it holds a control
- * character (an embedded NUL would cut the salt's string short). */
-static int tenant_of(struct MHD_Connection *c, const char **out, api_error *e) {
-    static const char *const names[] = {"X-APC-Tenant", "X-Tenant-Id"};
-    *out = NULL;
-    for (int i = 0; i < 2; i++) {
-        const char *t = NULL;
-        size_t n = 0;
-        if (MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, names[i], strlen(names[i]), &t, &n) != MHD_YES ||
-            t == NULL || n == 0)
-            continue;
-        for (size_t k = 0; k < n; k++)
-            if ((unsigned char)t[k] < 0x20 && t[k] != '\t')
-                return api_fail(e, 400, "invalid_request_error", names[i], "invalid_value",
-                                "Invalid value for header '%s': control characters are not allowed.", names[i]);
-        *out = t;
-        return 0;
-    }
+/* The tenant headers (X-APC-Tenant, X-Tenant-Id): every value is checked
+ * for control characters (an embedded NUL would cut the name short); with
+ * server.trusted_tenant_header the one value present becomes the tenant
+ * (more than one is refused: a proxy that appends instead of replacing must
+ * not let the client's own header through), otherwise they are ignored and
+ * the tenant stays the API key's. -1 with e filled on a bad header. */
+typedef struct header_scan {
+    int n;
+    const char *bad;   /* the name of a header with a control character */
+    const char *value;
+    size_t len;
+} header_scan;
+
+static enum MHD_Result scan_tenant_header(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
+                                          const char *value, size_t value_size) {
+    (void)kind;
+    (void)key_size;
+    header_scan *h = cls;
+    const char *name = strcasecmp(key, "X-APC-Tenant") == 0 ? "X-APC-Tenant"
+                       : strcasecmp(key, "X-Tenant-Id") == 0 ? "X-Tenant-Id"
+                                                             : NULL;
+    if (name == NULL) return MHD_YES;
+    h->n++;
+    if (value == NULL) value = "", value_size = 0;
+    if (!h->bad && value_size > 0 && !serve_tenant_name_ok(value, value_size)) h->bad = name;
+    h->value = value;
+    h->len = value_size;
+    return MHD_YES;
+}
+
+static int tenant_of(server *srv, struct MHD_Connection *c, const principal *who, char *out, api_error *e) {
+    snprintf(out, SERVE_TENANT_MAX, "%s", who->tenant);
+    header_scan h = {0};
+    MHD_get_connection_values_n(c, MHD_HEADER_KIND, scan_tenant_header, &h);
+    if (h.bad)
+        return api_fail(e, 400, "invalid_request_error", h.bad, "invalid_value",
+                        "Invalid value for header '%s': control characters are not allowed (and at most %d bytes).",
+                        h.bad, SERVE_TENANT_MAX - 1);
+    if (!srv->cfg.trusted_tenant_header || h.n == 0) return 0;
+    if (h.n > 1)
+        return api_fail(e, 400, "invalid_request_error", "X-APC-Tenant", "invalid_value",
+                        "A request may carry one tenant header (X-APC-Tenant or X-Tenant-Id); this one has %d.", h.n);
+    if (h.len > 0) snprintf(out, SERVE_TENANT_MAX, "%.*s", (int)h.len, h.value);
     return 0;
 }
 
-static bool auth_ok(server *srv, struct MHD_Connection *c) {
-    if (!srv->cfg.api_key[0]) return true;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (h == NULL || strncasecmp(h, "Bearer ", 7) != 0) return false;
-    h += 7;
-    while (*h == ' ') h++;
-    size_t a = strlen(h), b = strlen(srv->cfg.api_key);
-    unsigned diff = (unsigned)(a ^ b);
-    for (size_t i = 0; i < a && i < b; i++) diff |= (unsigned char)(h[i] ^ srv->cfg.api_key[i]);
+/* Whether the request's key is valid; fills who. Without a keys file the
+ * one server.api_key (or none) admits everyone as admin, as before. */
+static bool authenticate(server *srv, struct MHD_Connection *c, principal *who) {
+    memset(who, 0, sizeof *who);
+    const char *h = NULL;
+    size_t hn = 0;
+    if (MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, "Authorization", 13, &h, &hn) != MHD_YES) h = NULL;
+    const char *key = NULL;
+    size_t kn = 0;
+    if (h && hn >= 7 && strncasecmp(h, "Bearer ", 7) == 0) {
+        key = h + 7;
+        kn = hn - 7;
+        while (kn > 0 && *key == ' ') key++, kn--;
+    }
+    if (srv->keys) {
+        const serve_key_entry *k = key ? serve_keys_find(srv->keys, key, kn) : NULL;
+        if (k) {
+            who->admin = k->admin;
+            snprintf(who->tenant, sizeof who->tenant, "%s", k->tenant);
+            return true;
+        }
+    } else if (!srv->cfg.api_key[0]) {
+        who->admin = true;
+        return true;
+    }
+    if (!srv->cfg.api_key[0] || key == NULL) return false;
+    size_t b = strlen(srv->cfg.api_key);
+    unsigned diff = (unsigned)(kn ^ b);
+    for (size_t i = 0; i < kn && i < b; i++) diff |= (unsigned char)(key[i] ^ srv->cfg.api_key[i]);
+    who->admin = diff == 0;
     return diff == 0;
 }
 
@@ -302,6 +360,10 @@ static const int route_kind[] = {R_HEALTH, R_MODELS, R_CHAT,  R_COMPLETIONS, R_S
                                  R_READY,  R_TOKENIZE, R_DETOKENIZE};
 _Static_assert(sizeof route_kind / sizeof route_kind[0] == sizeof routes / sizeof routes[0], "one kind per route");
 #define N_ROUTES (int)(sizeof routes / sizeof routes[0])
+
+/* With a keys file, what spans tenants needs an admin key: the global
+ * metrics, the recent requests of everyone, and clearing the cache. */
+static bool admin_only(int kind) { return kind == R_RESET || kind == R_METRICS || kind == R_RECENT; }
 
 static int find_route(const char *url) {
     for (int i = 0; i < N_ROUTES; i++)
@@ -367,7 +429,7 @@ static enum MHD_Result handle_models(server *srv, struct MHD_Connection *c) {
     return send_cjson(srv, c, "/v1/models", 200, o);
 }
 
-static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool reset) {
+static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool reset, const principal *who) {
     const char *label = reset ? "/v1/cache/reset" : "/v1/cache/stats";
     const char *model_arg = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
     if (model_arg && model_arg[0] && !api_model_known(&srv->api, model_arg)) {
@@ -378,8 +440,15 @@ static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool 
     }
     apc *cache = engine_cache(srv->e);
     bool on = apc_get_tier(cache) != APC_TIER_NONE;
+    if (!reset && !who->admin) { /* a tenant sees its own counters, nothing shared */
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "tenant", who->tenant);
+        cJSON_AddItemToObject(o, "usage", serve_tenant_stats_one(srv->tenant_stats, who->tenant));
+        return send_cjson(srv, c, label, 200, o);
+    }
     if (!reset) {
         cJSON *o = serve_cache_stats_json(cache);
+        if (o) cJSON_AddItemToObject(o, "tenants", serve_tenant_stats_all(srv->tenant_stats));
         if (o && on) { /* the scheduler's freshness gate (reference §14.1) */
             char why[160];
             cJSON_AddNumberToObject(o, "fresh_holds", (double)sched_fresh_holds(srv->s, why, sizeof why));
@@ -459,8 +528,10 @@ static enum MHD_Result handle_dashboard(server *srv, struct MHD_Connection *c) {
 }
 
 /* One finished generation into the dashboard's ring. */
-static void note_recent(server *srv, const char *id, bool chat, bool stream, int status, sreq_finish fin,
-                        const sreq_usage *u) {
+static void note_recent(server *srv, const char *tenant, const char *id, bool chat, bool stream, int status,
+                        sreq_finish fin, const sreq_usage *u) {
+    serve_tenant_stats_add(srv->tenant_stats, tenant, u->prompt_tokens, u->cached_tokens, u->completion_tokens,
+                           status != 200);
     serve_recent_entry e;
     memset(&e, 0, sizeof e);
     snprintf(e.id, sizeof e.id, "%s", id);
@@ -483,6 +554,7 @@ static void note_recent(server *srv, const char *id, bool chat, bool stream, int
 
 struct stream_ctx {
     server *srv;
+    char tenant[SERVE_TENANT_MAX];
     gen g;
     sreq *r;
     api_req q;
@@ -781,7 +853,7 @@ static void stream_events(stream_ctx *st, const sreq_delta *d) {
     if (d->finish != SREQ_RUNNING) {
         sreq_usage u;
         sreq_usage_get(st->r, &u);
-        note_recent(srv, st->id, st->q.chat, true, d->finish == SREQ_FAILED || d->finish == SREQ_CANCELLED ? 500 : 200,
+        note_recent(srv, st->tenant, st->id, st->q.chat, true, d->finish == SREQ_FAILED || d->finish == SREQ_CANCELLED ? 500 : 200,
                     d->finish, &u);
         if (d->finish == SREQ_FAILED || d->finish == SREQ_CANCELLED) {
             api_error e;
@@ -823,7 +895,7 @@ static bool whole_add(stream_ctx *st, const sreq_delta *d) {
 static char *whole_body(stream_ctx *st, int *status) {
     sreq_usage u;
     sreq_usage_get(st->r, &u);
-    note_recent(st->srv, st->id, st->q.chat, false, st->fin == SREQ_FAILED || st->fin == SREQ_CANCELLED ? 500 : 200,
+    note_recent(st->srv, st->tenant, st->id, st->q.chat, false, st->fin == SREQ_FAILED || st->fin == SREQ_CANCELLED ? 500 : 200,
                 st->fin, &u);
     if (st->fin == SREQ_FAILED || st->fin == SREQ_CANCELLED) {
         api_error e;
@@ -956,8 +1028,8 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, bo
     if (cs->wait) return generate_resumed(srv, c, label, cs);
     api_error e;
     api_req q;
-    const char *tenant;
-    if (tenant_of(c, &tenant, &e) < 0 ||
+    char tenant[SERVE_TENANT_MAX];
+    if (tenant_of(srv, c, &cs->who, tenant, &e) < 0 ||
         api_parse(&srv->api, chat, cs->body ? cs->body : "", cs->len, tenant, &q, &e) < 0)
         return send_error(srv, c, label, &e, NULL);
     sreq *r = NULL;
@@ -994,6 +1066,7 @@ static enum MHD_Result handle_generate(server *srv, struct MHD_Connection *c, bo
         return MHD_NO;
     }
     sc->srv = srv;
+    snprintf(sc->tenant, sizeof sc->tenant, "%s", tenant);
     sc->r = r;
     sc->q = q;
     sc->created = (long)time(NULL);
@@ -1128,9 +1201,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             api_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
                      "Method %s is not allowed on %s; use %s.", method, url, routes[ri].method);
             allow = routes[ri].method;
-        } else if (routes[ri].auth && !auth_ok(srv, c)) {
+        } else if (routes[ri].auth && !authenticate(srv, c, &cs->who)) {
             api_fail(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
                      "Incorrect API key provided. Send it as 'Authorization: Bearer KEY'.");
+        } else if (routes[ri].auth && !cs->who.admin && admin_only(route_kind[ri])) {
+            api_fail(&e, 403, "invalid_request_error", NULL, "admin_key_required",
+                     "%s %s needs an admin key (the keys file marks them 'admin').", method, url);
         } else if (needs_model(route_kind[ri]) && !atomic_load(&srv->loaded)) {
             api_fail(&e, 503, "server_error", NULL, "model_loading", "The model is still loading; retry later.");
             e.retry_after = 1;
@@ -1185,8 +1261,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_MODELS: return handle_models(srv, c);
     case R_CHAT: return handle_generate(srv, c, true, cs);
     case R_COMPLETIONS: return handle_generate(srv, c, false, cs);
-    case R_STATS: return handle_stats(srv, c, false);
-    case R_RESET: return handle_stats(srv, c, true);
+    case R_STATS: return handle_stats(srv, c, false, &cs->who);
+    case R_RESET: return handle_stats(srv, c, true, &cs->who);
     case R_METRICS: return handle_metrics(srv, c);
     case R_DASHBOARD: return handle_dashboard(srv, c);
     case R_RECENT: return handle_recent(srv, c);
@@ -1224,6 +1300,43 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 }
 
 /* ---- lifetime ---- */
+
+/* The tenant secret: server.tenant_secret_file, else `tenant-secret` beside
+ * the disk tier's root (which `disk: true` puts in the per-user cache
+ * directory), else in that directory. A keys file makes it mandatory;
+ * without one a secret that cannot be kept is a warning and a secret for
+ * this run only (tenants' disk entries then miss after a restart). */
+static int load_secret(server *srv, const serve_config *cfg, ember_error *err) {
+    char path[4096];
+    if (cfg->tenant_secret_file[0]) {
+        snprintf(path, sizeof path, "%s", cfg->tenant_secret_file);
+    } else if (cfg->disk_path[0]) {
+        char dir[600];
+        snprintf(dir, sizeof dir, "%s", cfg->disk_path);
+        size_t n = strlen(dir);
+        while (n > 1 && dir[n - 1] == '/') dir[--n] = 0;
+        char *slash = strrchr(dir, '/');
+        if (slash == NULL) snprintf(dir, sizeof dir, ".");
+        else if (slash == dir) dir[1] = 0;
+        else *slash = 0;
+        snprintf(path, sizeof path, "%s/tenant-secret", dir);
+    } else {
+        char dir[3900];
+        if (serve_user_cache_dir(dir, sizeof dir) < 0) return ember_fail(err, "the per-user cache directory's path is too long");
+        snprintf(path, sizeof path, "%s/tenant-secret", dir);
+    }
+    bool created = false;
+    ember_error why;
+    if (serve_tenant_secret_load(path, srv->secret, &created, &why) == 0) {
+        if (created) ember_log(EMBER_LOG_INFO, "tenant secret: created %s", path);
+        return 0;
+    }
+    if (srv->keys || cfg->tenant_secret_file[0]) return ember_fail(err, "%s", why.msg);
+    ember_log(EMBER_LOG_WARN, "%s; tenant salts hold for this run only", why.msg);
+    if (getrandom(srv->secret, sizeof srv->secret, 0) != (ssize_t)sizeof srv->secret)
+        return ember_fail(err, "tenant secret: no randomness");
+    return 0;
+}
 
 /* The KV pool's size (serve_pool_size.h), decided and logged before the
  * engine allocates it, so a pool that cannot fit stops the start-up. */
@@ -1301,6 +1414,19 @@ server *server_open(const char *model_path, const serve_config *cfg, ember_error
         snprintf(srv->model_id, sizeof srv->model_id, "%.127s", cfg->model_id[0] ? cfg->model_id : srv->file_name[0]);
     }
     serve_metrics_set_model_name(srv->metrics, srv->model_id);
+    srv->tenant_stats = serve_tenant_stats_create();
+    if (srv->tenant_stats == NULL) {
+        ember_fail(err, "server: out of memory");
+        goto fail;
+    }
+    /* keys and the secret are checked before listening: a mistake in them
+     * stops the server at once, not after the model loaded */
+    if (cfg->api_keys_file[0]) {
+        if (serve_keys_load(cfg->api_keys_file, &srv->keys, err) < 0) goto fail;
+        ember_log(EMBER_LOG_INFO, "API keys: %d from %s; tenants come from keys%s", serve_keys_count(srv->keys),
+                  cfg->api_keys_file, cfg->trusted_tenant_header ? ", or from a trusted proxy's tenant header" : "");
+    }
+    if (load_secret(srv, cfg, err) < 0) goto fail;
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
@@ -1391,6 +1517,7 @@ int server_load(server *srv, ember_error *err) {
     if (srv->e == NULL) return -1;
     srv->chat = serve_chat_create(srv->m, err);
     if (srv->chat == NULL) return -1;
+    serve_chat_set_parse_special_in_content(srv->chat, cfg->parse_special_in_content);
     sched_config sc = {cfg->n_threads, cfg->prefill_step, cfg->max_running, cfg->queue_size, cfg->fresh_wait_ms,
                        cfg->fresh_min,   cfg->disk_wait_ms};
     srv->s = sched_create(srv->e, &sc, srv->metrics, err);
@@ -1408,6 +1535,8 @@ int server_load(server *srv, ember_error *err) {
     srv->api.n_model_names = 3;
     srv->api.n_ctx = engine_n_ctx(srv->e);
     srv->api.max_seq_tokens = (int64_t)(kv_pool_n_blocks(engine_pool(srv->e)) - 1) * KV_BLOCK_TOKENS;
+    srv->api.default_max_tokens = cfg->default_max_tokens;
+    srv->api.tenant_secret = srv->secret;
     {
         uint8_t fp[16];
         memset(fp, 0, sizeof fp);
@@ -1519,6 +1648,8 @@ void server_free(server *srv) {
     serve_chat_free(srv->chat);
     serve_metrics_free(srv->metrics);
     serve_recent_free(srv->recent);
+    serve_keys_free(srv->keys);
+    serve_tenant_stats_free(srv->tenant_stats);
     engine_free(srv->e);
     model_free(srv->m);
     model_free(srv->draft_m);

@@ -81,6 +81,7 @@ typedef struct sreq_params {
     int max_tokens;           /* >= 1; clipped to the context */
     sampler_params sampling;
     uint64_t salt;
+    uint64_t tenant_id;       /* fairness: requests are admitted round-robin across tenant ids */
     char *stop[SCHED_MAX_STOP]; /* taken over */
     int n_stop;
     int top_logprobs;         /* -1: no logprobs; 0..20: logprobs with that many alternatives */

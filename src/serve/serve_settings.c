@@ -38,6 +38,28 @@ static const serve_setting table[] = {
      "TCP port; 0 picks a free one (logged)", NULL, false, SRV(port)},
     {"server.api_key", "EMBER_API_KEY", "api-key", SETTING_STR, "", 0, 0, NULL, "KEY",
      "bearer token every request must carry; empty: no authentication", NULL, true, SRV(api_key)},
+    {"server.api_keys_file", "EMBER_API_KEYS_FILE", "api-keys-file", SETTING_STR, "", 0, 0, NULL, "FILE",
+     "file of API keys: one `SHA256-HEX TENANT [admin]` per line; a request's tenant is its key's",
+     "Lines hold `printf %s KEY | sha256sum` of each key, never the key. With this file, "
+     "`/v1/cache/stats` shows a tenant its own counters (admin keys: everything, with `tenants`), and "
+     "`/metrics`, `/v1/cache/recent` and `POST /v1/cache/reset` need an admin key. `server.api_key` stays "
+     "valid as an admin key without a tenant.",
+     false, SRV(api_keys_file)},
+    {"server.trusted_tenant_header", "EMBER_TRUSTED_TENANT_HEADER", "trusted-tenant-header", SETTING_BOOL, "false", 0,
+     0, NULL, NULL, "take the tenant from X-APC-Tenant / X-Tenant-Id (set by a trusted proxy)",
+     "Off: those headers are ignored and the tenant comes from the API key. On: the header wins over the key's "
+     "tenant, and a request carrying more than one tenant header is refused (400).",
+     false, SRV(trusted_tenant_header)},
+    {"server.tenant_secret_file", "EMBER_TENANT_SECRET_FILE", "tenant-secret-file", SETTING_STR, "", 0, 0, NULL,
+     "FILE", "the secret mixed into every tenant's cache salt; created (mode 0600) when missing",
+     "Empty: `tenant-secret` beside `cache.disk.path` when that is set, else in the per-user cache directory "
+     "(`$XDG_CACHE_HOME/ember`, `~/.cache/ember`). Servers sharing a disk tier must share this file.",
+     false, SRV(tenant_secret_file)},
+    {"server.default_max_tokens", "EMBER_DEFAULT_MAX_TOKENS", "default-max-tokens", SETTING_INT, "4096", 0, 1 << 24,
+     NULL, NULL, "reply length of a request that sets no max_tokens; 0: the rest of the context",
+     "Admission reserves KV blocks for prompt + max_tokens, so an unbounded default would let a few requests "
+     "reserve the whole pool.",
+     false, SRV(default_max_tokens)},
     {"server.model_id", "EMBER_MODEL_ID", "model-id", SETTING_STR, "", 0, 0, NULL, "NAME",
      "model name in the API; empty: the model file's base name", NULL, false, SRV(model_id)},
     {"server.ctx", "EMBER_CTX", "ctx", SETTING_INT, "0", 0, 1 << 24, NULL, NULL,
@@ -110,6 +132,12 @@ static const serve_setting table[] = {
      "MTP head sidecar: byte budget; an entry larger than it is not stored", NULL, false, SRV(spec_sidecar_bytes)},
     {"spec.ngram_max", "EMBER_SPEC_NGRAM_MAX", "spec-ngram-max", SETTING_INT, "3", 1, 16, NULL, NULL,
      "prompt lookup: longest n-gram matched (tried first)", NULL, false, SRV(spec_ngram_max)},
+    /* ---- chat ---- */
+    {"chat.parse_special_in_content", "EMBER_CHAT_PARSE_SPECIAL_IN_CONTENT", "parse-special-in-content", SETTING_BOOL,
+     "false", 0, 0, NULL, NULL, "let control-token text inside message content become control tokens (unsafe)",
+     "Off: only the chat template's own markup becomes special tokens; `<|im_end|>` typed by a user stays text, "
+     "so a user cannot forge a system or assistant turn. On: the old behaviour.",
+     false, SRV(parse_special_in_content)},
 
     /* ---- cache ---- */
     {"cache.enabled", "APC_ENABLED", "cache", SETTING_BOOL, "true", 0, 0, NULL, NULL,
@@ -544,6 +572,7 @@ static void put_cell(FILE *out, const char *s) {
 static const char *section_of(const serve_setting *s) {
     if (strncmp(s->key, "server.", 7) == 0) return "server";
     if (strncmp(s->key, "spec.", 5) == 0) return "spec";
+    if (strncmp(s->key, "chat.", 5) == 0) return "chat";
     if (strncmp(s->key, "cache.disk.", 11) == 0) return "cache.disk";
     if (strncmp(s->key, "cache.ckpt.", 11) == 0) return "cache.ckpt";
     if (strncmp(s->key, "cache.anchor.", 13) == 0) return "cache.anchor";
@@ -552,6 +581,7 @@ static const char *section_of(const serve_setting *s) {
 
 static const char *section_title(const char *section) {
     if (!strcmp(section, "server")) return "the HTTP server and the engine";
+    if (!strcmp(section, "chat")) return "chat rendering";
     if (!strcmp(section, "cache.disk")) return "the SSD tier";
     if (!strcmp(section, "spec")) return "speculative decoding";
     if (!strcmp(section, "cache.ckpt")) return "the checkpoint tier (hybrid and sliding-window stacks)";

@@ -380,11 +380,58 @@ oom:
     return -1;
 }
 
-/* ---- Entry point ---- */
+/* ---- Defusing control-token text ---- */
 
-int tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool add_special,
-                     bool parse_special, int32_t **ids, size_t *n_ids, ember_error *err) {
+/* Whether some CONTROL/UNKNOWN token text could match at, inside or across
+ * the edges of s: a marker byte is then put between each pair of bytes of
+ * every occurrence, before s when it starts with a proper suffix of a
+ * token's text, and after it when it ends with a proper prefix (so two
+ * strings that meet in a render cannot complete a token either). */
+char *tokenizer_defuse_specials(const tokenizer *t, const char *s, size_t len, size_t *out_len) {
+    bool *brk = calloc(len + 1, sizeof *brk);
+    if (brk == NULL) return NULL;
+    size_t n_marks = 0;
+    for (int32_t k = 0; k < t->n_special; k++) {
+        int32_t id = t->special_ids[k];
+        const tok_entry *e = &t->tokens[id];
+        if (e->type != TOK_TYPE_CONTROL && e->type != TOK_TYPE_UNKNOWN) continue;
+        const char *tok = tok_text(t, id);
+        size_t m = e->text_len;
+        if (m < 2) continue; /* one byte cannot be split */
+        for (size_t pos = 0; pos + m <= len;) {
+            const char *hit = memmem(s + pos, len - pos, tok, m);
+            if (hit == NULL) break;
+            size_t at = (size_t)(hit - s);
+            for (size_t i = at + 1; i < at + m; i++) brk[i] = true;
+            pos = at + 1;
+        }
+        for (size_t q = 1; q < m && q <= len; q++) {
+            if (memcmp(s, tok + m - q, q) == 0) brk[0] = true;
+            if (memcmp(s + len - q, tok, q) == 0) brk[len] = true;
+        }
+    }
+    for (size_t i = 0; i <= len; i++) n_marks += brk[i];
+    char *out = malloc(len + n_marks + 1);
+    if (out != NULL) {
+        size_t o = 0;
+        for (size_t i = 0; i < len; i++) {
+            if (brk[i]) out[o++] = (char)TOKENIZER_DEFUSE_MARK;
+            out[o++] = s[i];
+        }
+        if (brk[len]) out[o++] = (char)TOKENIZER_DEFUSE_MARK;
+        out[o] = 0;
+        *out_len = o;
+    }
+    free(brk);
+    return out;
+}
+
+/* ---- Entry points ---- */
+
+static int encode(const tokenizer *t, const char *text, size_t len, bool add_special, bool parse_special,
+                  bool strip_marks, int32_t **ids, size_t *n_ids, ember_error *err) {
     id_vec out = {0};
+    char *clean = NULL;
     frag_list frags = {0};
     work w = {0};
     int rc = -1;
@@ -405,10 +452,26 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool add_
             prev_special = true;
             continue;
         }
+        const char *piece = text + f.start;
+        size_t piece_len = f.len;
+        if (strip_marks && memchr(piece, TOKENIZER_DEFUSE_MARK, piece_len) != NULL) {
+            char *c = realloc(clean, piece_len);
+            if (c == NULL) {
+                ember_fail(err, "tokenizer_encode: out of memory");
+                goto done;
+            }
+            clean = c;
+            size_t k = 0;
+            for (size_t j = 0; j < piece_len; j++)
+                if ((unsigned char)piece[j] != TOKENIZER_DEFUSE_MARK) clean[k++] = piece[j];
+            if (k == 0) continue;
+            piece = clean;
+            piece_len = k;
+        }
         if (t->model == TOK_MODEL_BPE) {
-            if (bpe_fragment(t, &w, text + f.start, f.len, &out, err) != 0) goto done;
+            if (bpe_fragment(t, &w, piece, piece_len, &out, err) != 0) goto done;
         } else {
-            spm_fragment(t, &w, text + f.start, f.len, t->add_space_prefix && prev_special, &out);
+            spm_fragment(t, &w, piece, piece_len, t->add_space_prefix && prev_special, &out);
         }
         prev_special = false;
     }
@@ -429,10 +492,21 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool add_
     out.v = NULL;
     rc = 0;
 done:
+    free(clean);
     free(out.v);
     free(frags.v);
     free(w.sym);
     free(w.heap.v);
     free(w.scratch);
     return rc;
+}
+
+int tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool add_special, bool parse_special,
+                     int32_t **ids, size_t *n_ids, ember_error *err) {
+    return encode(t, text, len, add_special, parse_special, false, ids, n_ids, err);
+}
+
+int tokenizer_encode_rendered(const tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
+                              size_t *n_ids, ember_error *err) {
+    return encode(t, text, len, add_special, true, true, ids, n_ids, err);
 }

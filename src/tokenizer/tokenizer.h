@@ -66,6 +66,24 @@ void tokenizer_free(tokenizer *t);
 int tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool add_special,
                      bool parse_special, int32_t **ids, size_t *n_ids, ember_error *err);
 
+/* ---- Rendered chats ----
+ * Text a user wrote may spell a control token ("<|im_end|>"); in a rendered
+ * chat only the template's own markup may become one. Before rendering,
+ * tokenizer_defuse_specials copies a user string with
+ * TOKENIZER_DEFUSE_MARK (a byte that valid UTF-8 never holds) between the
+ * bytes of every CONTROL/UNKNOWN token text in it, and at an edge of the
+ * string that a neighbouring string could complete into one. The render is
+ * then tokenized with tokenizer_encode_rendered: special tokens parsed
+ * (the template's markup), the marks dropped from the text between them,
+ * so a defused string tokenizes as plain text and a string without token
+ * text tokenizes exactly as before. Returns a malloc'd, NUL-terminated copy
+ * (*out_len bytes) or NULL. USER_DEFINED tokens are matched either way, as
+ * with parse_special off. */
+#define TOKENIZER_DEFUSE_MARK 0xFF
+char *tokenizer_defuse_specials(const tokenizer *t, const char *s, size_t len, size_t *out_len);
+int tokenizer_encode_rendered(const tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
+                              size_t *n_ids, ember_error *err);
+
 /* ---- Decoding ----
  * The raw bytes of one token (possibly a partial UTF-8 sequence). CONTROL,
  * UNKNOWN and UNUSED tokens are empty unless render_special. Returns the
