@@ -485,6 +485,92 @@ static void test_content_cannot_forge_turns_bpe(void **state) {
     }
 }
 
+/* ---- 4: nobody holds the queue ---- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct job {
+    int port;
+    const char *headers, *body;
+    int status;
+    double t_done;
+} job;
+
+static void *run_job(void *arg) {
+    job *j = arg;
+    http_resp r = http_request(j->port, "POST", "/v1/completions", j->headers, j->body, 300);
+    j->status = r.status;
+    j->t_done = now_s();
+    if (r.status != 200) fprintf(stderr, "job: %d %s\n", r.status, r.body);
+    http_resp_free(&r);
+    return NULL;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* A 2048-token context on a 150-block pool: a request without max_tokens
+ * reserves 129 blocks, so one runs and two wait; a small request (2
+ * blocks) still fits beside the running one and must not wait for all
+ * three. */
+static void test_small_request_passes_huge_ones(void **state) {
+    (void)state;
+    srv s = {0};
+    char *extra[] = {(char *)"--ctx", (char *)"2048", (char *)"--num-blocks", (char *)"150", NULL};
+    assert_int_equal(spawn(&s, "huge", "server:\n  max_running: 8\n", extra), 0);
+    const char *huge = "{\"prompt\":\"Once upon a time\",\"ignore_eos\":true,\"temperature\":0}";
+    const char *small = "{\"prompt\":\"Hello\",\"max_tokens\":4,\"temperature\":0}";
+    job jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (job){.port = s.port, .headers = NULL, .body = i < 3 ? huge : small};
+        if (i == 3) sleep_ms(300); /* the three huge ones are queued first */
+        pthread_create(&th[i], NULL, run_job, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 4; i++) assert_int_equal(jobs[i].status, 200);
+    double first_huge = jobs[0].t_done;
+    for (int i = 1; i < 3; i++)
+        if (jobs[i].t_done < first_huge) first_huge = jobs[i].t_done;
+    fprintf(stderr, "  small request done %.2f s before the first huge one\n", first_huge - jobs[3].t_done);
+    assert_true(jobs[3].t_done < first_huge);
+    stop(&s);
+}
+
+/* One request runs at a time; tenant a queues four, then tenant b one:
+ * b's goes next, not after all of a's. */
+static void test_tenants_take_turns(void **state) {
+    (void)state;
+    srv s = {0};
+    char *extra[] = {(char *)"--trusted-tenant-header", (char *)"--ctx", (char *)"2048", NULL};
+    assert_int_equal(spawn(&s, "turns", "server:\n  max_running: 1\n", extra), 0);
+    const char *body = "{\"prompt\":\"Once upon a time\",\"ignore_eos\":true,\"max_tokens\":500,"
+                       "\"temperature\":0}";
+    job jobs[5];
+    pthread_t th[5];
+    for (int i = 0; i < 5; i++) {
+        jobs[i] = (job){.port = s.port, .headers = i < 4 ? "X-APC-Tenant: a\r\n" : "X-APC-Tenant: b\r\n", .body = body};
+        pthread_create(&th[i], NULL, run_job, &jobs[i]);
+        sleep_ms(40); /* arrival order a, a, a, a, b */
+    }
+    for (int i = 0; i < 5; i++) pthread_join(th[i], NULL);
+    int before_b = 0;
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(jobs[i].status, 200);
+        before_b += jobs[i].t_done < jobs[4].t_done;
+    }
+    assert_int_equal(jobs[4].status, 200);
+    fprintf(stderr, "  tenant b finished after %d of tenant a's 4 requests\n", before_b);
+    assert_true(before_b <= 1);
+    stop(&s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tenant_from_key),
@@ -492,6 +578,8 @@ int main(void) {
         cmocka_unit_test(test_bad_keys_file),
         cmocka_unit_test(test_content_cannot_forge_turns),
         cmocka_unit_test(test_content_cannot_forge_turns_bpe),
+        cmocka_unit_test(test_small_request_passes_huge_ones),
+        cmocka_unit_test(test_tenants_take_turns),
     };
     return test_run_group(tests, setup, teardown);
 }

@@ -55,6 +55,12 @@
 
 typedef enum { ST_QUEUED = 0, ST_RUNNING, ST_DONE } sreq_state;
 
+/* A request that does not fit the pool lets at most this many later ones
+ * in ahead of it; then nothing behind it is admitted until it fits. */
+#define SCHED_MAX_OVERTAKEN 16
+/* Tenants whose last turn is remembered; a forgotten one ranks as new. */
+#define SCHED_TENANT_TURNS 64
+
 struct sreq {
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -63,6 +69,7 @@ struct sreq {
     sreq_params p;
     engine_req *q;               /* the driver: sequence, state, cache protocol */
     int64_t need_blocks;
+    int overtaken;               /* later requests admitted while this one did not fit (under s->lock) */
     double t_arrive, t_first, t_last, t_held;
     struct sreq *next;           /* queue link */
     /* engine thread only */
@@ -104,6 +111,11 @@ struct sched {
     pthread_cond_t wake;
     sreq *q_head, *q_tail;
     int q_len, n_running_pub;
+    /* fairness: when each recently admitted tenant last got a turn */
+    struct {
+        uint64_t tenant, stamp;
+    } turns[SCHED_TENANT_TURNS];
+    uint64_t admissions;
     bool draining;
     /* engine thread */
     pthread_t thread;
@@ -635,6 +647,75 @@ static bool fresh_hold(sched *s, sreq *r, sreq **admitted, int n_adm, double now
     return true;
 }
 
+/* ---- admission order (under s->lock) ---- */
+
+/* When tenant last had a request admitted (0: not lately). */
+static uint64_t last_turn(const sched *s, uint64_t tenant) {
+    for (int i = 0; i < SCHED_TENANT_TURNS; i++)
+        if (s->turns[i].stamp && s->turns[i].tenant == tenant) return s->turns[i].stamp;
+    return 0;
+}
+
+static void note_turn(sched *s, uint64_t tenant) {
+    int slot = 0;
+    for (int i = 0; i < SCHED_TENANT_TURNS; i++) {
+        if (s->turns[i].stamp && s->turns[i].tenant == tenant) {
+            slot = i;
+            break;
+        }
+        if (s->turns[i].stamp < s->turns[slot].stamp) slot = i; /* else the oldest turn is forgotten */
+    }
+    s->turns[slot].tenant = tenant;
+    s->turns[slot].stamp = ++s->admissions;
+}
+
+/* The queued request to admit next, or NULL (*prev: the one before it).
+ * A cancelled request comes out at once (to be completed). Among those
+ * that fit the pool, the tenant whose last turn is oldest goes first, in
+ * arrival order within a tenant, so one tenant's burst cannot push
+ * another's requests to the back. A request that does not fit is skipped,
+ * so it cannot block smaller ones behind it, but only
+ * SCHED_MAX_OVERTAKEN times: after that nothing queued behind it is
+ * admitted until the running requests leave it room. */
+static sreq *pick_next(sched *s, sreq **prev_out) {
+    sreq *best = NULL, *best_prev = NULL, *prev = NULL;
+    uint64_t best_turn = UINT64_MAX;
+    for (sreq *r = s->q_head; r; prev = r, r = r->next) {
+        if (atomic_load(&r->cancel)) {
+            best = r;
+            best_prev = prev;
+            break;
+        }
+        if (s->reserved + r->need_blocks > s->pool_blocks) {
+            if (r->overtaken >= SCHED_MAX_OVERTAKEN) break;
+            continue;
+        }
+        uint64_t turn = last_turn(s, r->p.tenant_id);
+        if (turn < best_turn) {
+            best = r;
+            best_prev = prev;
+            best_turn = turn;
+        }
+    }
+    *prev_out = best_prev;
+    return best;
+}
+
+/* r is admitted: every request queued before it that does not fit was
+ * overtaken once more. */
+static void count_overtaken(sched *s, const sreq *r) {
+    for (sreq *q = s->q_head; q && q != r; q = q->next)
+        if (s->reserved + q->need_blocks > s->pool_blocks) q->overtaken++;
+}
+
+static void unlink_queued(sched *s, sreq *r, sreq *prev) {
+    if (prev) prev->next = r->next;
+    else s->q_head = r->next;
+    if (s->q_tail == r) s->q_tail = prev;
+    s->q_len--;
+    r->next = NULL;
+}
+
 /* Removes finished requests from the running list, keeping order. */
 static void compact(sched *s) {
     int j = 0;
@@ -667,17 +748,16 @@ static void *engine_main(void *arg) {
         bool held = false;
         double now = ember_now();
         while (s->q_head && s->n_running + n_adm < s->cfg.max_running && n_adm < 256) {
-            sreq *r = s->q_head;
-            if (!atomic_load(&r->cancel) && s->reserved + r->need_blocks > s->pool_blocks) break;
-            if (fresh_hold(s, r, admitted, n_adm, now)) {
+            sreq *prev = NULL, *r = pick_next(s, &prev);
+            if (r == NULL) break;
+            if (!atomic_load(&r->cancel) && fresh_hold(s, r, admitted, n_adm, now)) {
                 held = true;
                 break;
             }
-            s->q_head = r->next;
-            if (s->q_head == NULL) s->q_tail = NULL;
-            s->q_len--;
-            r->next = NULL;
-            if (atomic_load(&r->cancel)) {
+            bool cancelled = atomic_load(&r->cancel);
+            if (!cancelled) count_overtaken(s, r);
+            unlink_queued(s, r, prev);
+            if (cancelled) {
                 pthread_mutex_unlock(&s->lock);
                 s->reserved += r->need_blocks; /* complete() gives it back */
                 complete(s, r, SREQ_CANCELLED, NULL);
@@ -685,6 +765,7 @@ static void *engine_main(void *arg) {
                 pthread_mutex_lock(&s->lock);
                 continue;
             }
+            note_turn(s, r->p.tenant_id);
             s->reserved += r->need_blocks;
             admitted[n_adm++] = r;
         }

@@ -11,9 +11,14 @@
  *    (SCHED_FULL / SCHED_DRAINING: the HTTP layer answers 503).
  *  - Each iteration of the engine thread: drop cancelled requests (their
  *    blocks return to the pool, nothing is stored); admit queued requests
- *    FCFS while the running set has room and the pool can hold their worst
+ *    while the running set has room and the pool can hold their worst
  *    case (prompt + max_tokens + 1 block), running the prompt-cache lookup
- *    at admission; forward one prefill batch of at most `step` tokens
+ *    at admission. Admission order: among the queued requests that fit,
+ *    the tenant (sreq_params.tenant_id) whose last admission is oldest
+ *    goes first, arrival order within a tenant (round-robin across
+ *    tenants); a request that does not fit is passed over, so it never
+ *    blocks smaller ones behind it, but at most 16 times: then nothing
+ *    behind it is admitted until it fits (no starvation); forward one prefill batch of at most `step` tokens
  *    (chunks never cross a grid point k*step and end on a block boundary
  *    or at N-1; the oldest prefilling request is guaranteed a quarter of
  *    the batch, the others take the rest shortest first, so a short
