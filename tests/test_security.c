@@ -14,16 +14,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <openssl/evp.h>
 
+#include "apc/apc.h"
 #include "chat/chat.h"
 #include "chat/chat_plan.h"
+#include "engine/engine.h"
 #include "gguf/gguf.h"
+#include "model/model.h"
 #include "http_client.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -126,6 +133,72 @@ static void expect_status(http_resp *r, int status, const char *code) {
 static const char *PROMPT_BODY =
     "{\"prompt\":\"The lighthouse keeper counted ships every evening, writing each name in a blue book that "
     "smelled of salt and pine, and the book grew thick\",\"max_tokens\":2,\"temperature\":0}";
+
+/* ---- 1: U+0000 wherever a string enters ---- */
+
+/* Header values are not covered here: libmicrohttpd ends a header value
+ * at a NUL byte before ember sees it (a key then reads as its prefix, which
+ * only a holder of the whole key can exploit). */
+static void test_nul_everywhere(void **state) {
+    (void)state;
+    srv s = {0};
+    char *extra[] = {(char *)"--api-key", (char *)"only-key", NULL};
+    assert_int_equal(spawn(&s, "nul", "server:\n  ctx: 1024\n", extra), 0);
+    /* every string of a request body: content parts, tools, tool calls, kwargs */
+    const char *bodies[] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\\u0000b\"}]}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":\"function\","
+        "\"function\":{\"name\":\"f\\u0000g\"}}]}",
+        "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"1\",\"type\":"
+        "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\u0000}\"}}]},{\"role\":\"user\","
+        "\"content\":\"a\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"chat_template_kwargs\":{\"x\":\"\\u0000\"}}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"name\":\"b\\u0000\"}]}",
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+        http_resp r = call(s.port, "POST", "/v1/chat/completions", "only-key", NULL, bodies[i]);
+        expect_status(&r, 400, "invalid_value");
+    }
+    stop(&s);
+    /* config values: YAML's "\0" escape */
+    srv bad = {0};
+    assert_int_equal(spawn(&bad, "nulcfg", "server:\n  api_key: \"ab\\0cd\"\n", NULL), -1);
+    size_t n;
+    char *log = read_whole_file(bad.log, &n);
+    assert_non_null(log);
+    assert_non_null(strstr(log, "U+0000"));
+    free(log);
+    /* tenant names in a keys file */
+    char keys[600], yaml[800], h[65];
+    snprintf(keys, sizeof keys, "%s/nul-keys", g_dir);
+    sha256_hex("k", h);
+    FILE *f = fopen(keys, "w");
+    assert_non_null(f);
+    fprintf(f, "%s ali", h);
+    fputc(0, f);
+    fprintf(f, "ce\n");
+    fclose(f);
+    snprintf(yaml, sizeof yaml, "server:\n  api_keys_file: %s\n", keys);
+    assert_int_equal(spawn(&bad, "nulkeys", yaml, NULL), -1);
+    log = read_whole_file(bad.log, &n);
+    assert_non_null(log);
+    assert_non_null(strstr(log, "nul-keys:1: control character 0x00"));
+    free(log);
+    /* a messages file given to `ember chat` */
+    char msgs[600], cmd[2000], *out = NULL;
+    snprintf(msgs, sizeof msgs, "%s/nul-msgs.json", g_dir);
+    f = fopen(msgs, "w");
+    assert_non_null(f);
+    fputs("[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "printf '/load %s\\n/quit\\n' | %s chat %s --threads 1 2>&1", msgs, ember_binary(),
+             g_model);
+    run_capture(cmd, &out);
+    assert_non_null(out);
+    if (strstr(out, "U+0000") == NULL) fail_msg("ember chat took a U+0000: %s", out);
+    assert_null(strstr(out, "(loaded"));
+    free(out);
+}
 
 /* ---- 2: tenants come from keys ---- */
 
@@ -571,8 +644,142 @@ static void test_tenants_take_turns(void **state) {
     stop(&s);
 }
 
+/* ---- 5: smaller ones ---- */
+
+/* seed is an int64: 2^63 - 1 arrives as the double 2^63, which no int64
+ * holds; it is refused, not cast (undefined behaviour). */
+static void test_seed_edge(void **state) {
+    (void)state;
+    srv s = {0};
+    assert_int_equal(spawn(&s, "seed", "server:\n  ctx: 512\n", NULL), 0);
+    http_resp r = call(s.port, "POST", "/v1/completions", NULL, NULL,
+                       "{\"prompt\":\"a\",\"max_tokens\":1,\"seed\":9223372036854775807}");
+    expect_status(&r, 400, "integer_above_max_value");
+    r = call(s.port, "POST", "/v1/completions", NULL, NULL, "{\"prompt\":\"a\",\"max_tokens\":1,\"seed\":1e300}");
+    expect_status(&r, 400, "integer_above_max_value");
+    r = call(s.port, "POST", "/v1/completions", NULL, NULL,
+             "{\"prompt\":\"a\",\"max_tokens\":1,\"seed\":-9223372036854775808}");
+    expect_status(&r, 200, NULL);
+    r = call(s.port, "POST", "/v1/completions", NULL, NULL,
+             "{\"prompt\":\"a\",\"max_tokens\":1,\"seed\":9223372036854774784}");
+    expect_status(&r, 200, NULL); /* the largest double below 2^63 */
+    stop(&s);
+}
+
+/* A request without max_tokens gets server.default_max_tokens. */
+static void test_default_max_tokens(void **state) {
+    (void)state;
+    srv s = {0};
+    char *extra[] = {(char *)"--default-max-tokens", (char *)"40", NULL};
+    assert_int_equal(spawn(&s, "defmax", "server:\n  ctx: 4096\n", extra), 0);
+    cJSON *j = call_ok(s.port, "POST", "/v1/completions", NULL, NULL,
+                       "{\"prompt\":\"Once\",\"ignore_eos\":true,\"temperature\":0}");
+    assert_int_equal((int)jnum(j, "usage", "completion_tokens"), 40);
+    cJSON_Delete(j);
+    j = call_ok(s.port, "POST", "/v1/completions", NULL, NULL,
+                "{\"prompt\":\"Once\",\"ignore_eos\":true,\"max_tokens\":60,\"temperature\":0}");
+    assert_int_equal((int)jnum(j, "usage", "completion_tokens"), 60);
+    cJSON_Delete(j);
+    stop(&s);
+}
+
+/* Makes every cache file of dir unreadable: mode 000, or (root reads
+ * anything) a socket in its place, which open() refuses with ENXIO. */
+static int make_unreadable(const char *dir) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *de;
+    char cwd[1024];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    assert_int_equal(chdir(dir), 0);
+    while ((de = readdir(d)) != NULL) {
+        if (strstr(de->d_name, ".apc") == NULL) continue;
+        if (getuid() != 0) {
+            assert_int_equal(chmod(de->d_name, 0), 0);
+        } else {
+            assert_int_equal(unlink(de->d_name), 0);
+            int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+            struct sockaddr_un a = {.sun_family = AF_UNIX};
+            assert_true(strlen(de->d_name) < sizeof a.sun_path);
+            memcpy(a.sun_path, de->d_name, strlen(de->d_name) + 1);
+            assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+            close(fd);
+        }
+        n++;
+    }
+    closedir(d);
+    assert_int_equal(chdir(cwd), 0);
+    return n;
+}
+
+/* Counts lines of path holding needle. */
+static int count_lines(const char *path, const char *needle) {
+    size_t n;
+    char *t = read_whole_file(path, &n);
+    int c = 0;
+    for (char *p = t; p && (p = strstr(p, needle)) != NULL; p += strlen(needle)) c++;
+    free(t);
+    return c;
+}
+
+static void test_unreadable_cache_file(void **state) {
+    (void)state;
+    model *m = test_load_model(g_model);
+    char root[600];
+    snprintf(root, sizeof root, "%s/disk-unreadable", g_dir);
+    engine_config cfg = engine_default_config();
+    cfg.n_threads = 1;
+    cfg.prefill_step = 32;
+    cfg.cache.disk.path = root;
+    int32_t p[70];
+    uint64_t st = 77;
+    test_random_tokens(&st, p, 70, model_get_hparams(m)->n_vocab);
+    engine *e = test_open_engine(m, &cfg);
+    engine_result r;
+    test_generate(e, p, 70, 2, ENGINE_CACHE_ON, &r);
+    engine_result_free(&r);
+    apc_flush(engine_cache(e));
+    engine_free(e);
+    e = test_open_engine(m, &cfg);
+    apc_stats s;
+    apc_get_stats(engine_cache(e), &s);
+    assert_true(s.disk_files > 0);
+    char ns[800];
+    snprintf(ns, sizeof ns, "%s/%s", root, s.disk_namespace);
+    /* two lookups that each try the files: two counted errors, one log line */
+    char log[700];
+    snprintf(log, sizeof log, "%s/unreadable.log", g_dir);
+    fflush(stderr);
+    uint64_t errors[2];
+    int saved = dup(2), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    close(fd);
+    for (int i = 0; i < 2; i++) {
+        apc_reset(engine_cache(e)); /* memory forgets: the lookup goes to disk */
+        apc_flush(engine_cache(e));
+        assert_true(make_unreadable(ns) > 0); /* again: the last request stored its blocks anew */
+        test_generate(e, p, 70, 2, ENGINE_CACHE_ON, &r);
+        assert_int_equal(r.cached_tokens, 0);
+        engine_result_free(&r);
+        apc_get_stats(engine_cache(e), &s); /* a reset restarts the disk's counters too */
+        errors[i] = s.disk_read_errors;
+    }
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    fprintf(stderr, "  disk_read_errors %llu then %llu, warnings %d\n", (unsigned long long)errors[0],
+            (unsigned long long)errors[1], count_lines(log, "APC disk: cannot read"));
+    assert_int_equal(errors[0], 1);
+    assert_int_equal(errors[1], 1);
+    assert_int_equal(count_lines(log, "APC disk: cannot read"), 1);
+    engine_free(e);
+    model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nul_everywhere),
         cmocka_unit_test(test_tenant_from_key),
         cmocka_unit_test(test_trusted_tenant_header),
         cmocka_unit_test(test_bad_keys_file),
@@ -580,6 +787,9 @@ int main(void) {
         cmocka_unit_test(test_content_cannot_forge_turns_bpe),
         cmocka_unit_test(test_small_request_passes_huge_ones),
         cmocka_unit_test(test_tenants_take_turns),
+        cmocka_unit_test(test_seed_edge),
+        cmocka_unit_test(test_default_max_tokens),
+        cmocka_unit_test(test_unreadable_cache_file),
     };
     return test_run_group(tests, setup, teardown);
 }

@@ -203,6 +203,7 @@ struct apc_disk {
     uint64_t tmp_seq;
     uint64_t backoff_until;
     bool backoff_warned, error_warned;
+    bool read_error_warned;  /* an unreadable file is logged once per tier */
 
     uint64_t hits, writes, evictions, write_drops, write_errors, corrupt, skel_writes, read_errors;
     int (*read_hook)(void *user, const char *path); /* apc_disk_config.read_hook */
@@ -913,10 +914,7 @@ static int open_for_read(apc_disk *d, const char *path, open_file *of) {
     memset(of, 0, sizeof *of);
     of->fd = -1;
     if (d->read_hook && d->read_hook(d->read_hook_user, path) < 0) {
-        pthread_mutex_lock(&d->lock);
-        d->read_errors++;
-        pthread_mutex_unlock(&d->lock);
-        errno = EIO;
+        errno = EIO; /* read_failed counts it */
         return -1;
     }
     of->fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
@@ -989,11 +987,31 @@ static void vanished(apc_disk *d, uint32_t kind, const apc_key *name) {
 }
 
 /* open_for_read failed: a file that is gone is forgotten, one that is not
- * a regular file is refused like a corrupt one; any other error (EIO, a
- * hook's injected failure) is a miss that leaves the file alone. */
+ * a regular file is refused like a corrupt one; any other error (EACCES,
+ * EIO, a hook's injected failure) is a miss that leaves the file alone (the
+ * operator may fix it), counted in read_errors and logged the first time,
+ * so a tier that silently stopped serving shows up. */
 static void read_failed(apc_disk *d, uint32_t kind, const apc_key *name) {
-    if (errno == ENOENT) vanished(d, kind, name);
-    else if (errno == EFTYPE_REFUSED) corrupt_file(d, kind, name, "not a regular file");
+    int e = errno;
+    if (e == ENOENT) {
+        vanished(d, kind, name);
+        return;
+    }
+    if (e == EFTYPE_REFUSED) {
+        corrupt_file(d, kind, name, "not a regular file");
+        return;
+    }
+    pthread_mutex_lock(&d->lock);
+    bool first = !d->read_error_warned;
+    d->read_error_warned = true;
+    d->read_errors++;
+    pthread_mutex_unlock(&d->lock);
+    if (first) {
+        char path[4096];
+        file_path(d, kind, name, path, sizeof path);
+        ember_log(EMBER_LOG_WARN, "APC disk: cannot read %s: %s; counted as a miss (disk_read_errors), logged once",
+                  path, strerror(e));
+    }
 }
 
 typedef struct block_dst {

@@ -129,18 +129,32 @@ static int save_file(const chat_session *s, const char *path) {
  * way the server would before replacing the conversation. */
 static int load_file(chat_session *s, const char *path) {
     char *text = NULL;
+    size_t len = 0;
     FILE *f = fopen(path, "r");
     if (f) {
         size_t cap = 0;
         ssize_t n = getdelim(&text, &cap, '\0', f);
+        len = n > 0 ? (size_t)n : 0;
+        bool more = fgetc(f) != EOF;
         fclose(f);
         if (n < 0) {
             free(text);
             text = NULL;
+        } else if (more || (len > 0 && text[len - 1] == 0)) {
+            fprintf(stderr, "ember: %s: holds a NUL byte (JSON text never does)\n", path);
+            free(text);
+            return -1;
         }
     }
     if (text == NULL) {
         fprintf(stderr, "ember: cannot read %s\n", path);
+        return -1;
+    }
+    /* every string becomes a C string: an escaped U+0000 would cut it short */
+    api_error ae;
+    if (api_body_check(text, len, &ae) < 0) {
+        fprintf(stderr, "ember: %s: %s%s%s\n", path, ae.param, ae.param[0] ? ": " : "", ae.message);
+        free(text);
         return -1;
     }
     cJSON *j = cJSON_Parse(text);

@@ -163,6 +163,21 @@ static void scan_json(const char *b, size_t len, json_scan *sc) {
     }
 }
 
+int api_body_check(const char *body, size_t len, api_error *e) {
+    if (!api_utf8_valid(body, len))
+        return api_fail(e, 400, "invalid_request_error", NULL, "invalid_encoding", "The body is not valid UTF-8.");
+    json_scan scan;
+    scan_json(body, len, &scan);
+    if (scan.ctrl_at >= 0)
+        return api_fail(e, 400, "invalid_request_error", NULL, "invalid_json",
+                        "control character U+%04X at byte %ld (JSON strings must escape it)", scan.ctrl,
+                        scan.ctrl_at);
+    if (scan.nul)
+        return api_fail(e, 400, "invalid_request_error", scan.nul_key[0] ? scan.nul_key : NULL, "invalid_value",
+                        "strings must not contain U+0000 (\\u0000)");
+    return 0;
+}
+
 /* ---- field helpers ---- */
 
 static const char *type_name(const cJSON *v) {

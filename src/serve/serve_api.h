@@ -92,6 +92,9 @@ bool api_utf8_valid(const char *s, size_t len);
  * sequence and every NUL is U+FFFD (JSON-safe); NULL when out of memory. */
 char *api_utf8_lossy(const char *p, size_t n);
 bool api_model_known(const api_ctx *ctx, const char *name);
+/* The checks api_parse makes before cJSON sees a body, for JSON from other
+ * sources (a chat file): UTF-8, no raw control characters, no U+0000. */
+int api_body_check(const char *body, size_t len, api_error *e);
 
 /* A request body: valid UTF-8, strict JSON (see above), an object, no
  * U+0000 in any string, and a `model`, when present and not null, that this
