@@ -23,7 +23,12 @@
  *    with AllBlocksCleared.
  *    With an API key every route but /health and the dashboard page needs
  *    "Authorization: Bearer KEY" (401 otherwise); the page holds no data and
- *    asks for the key before it polls.
+ *    asks for the key before it polls. With server.api_keys_file a key also
+ *    names the request's tenant (serve_tenant.h); a key without the admin
+ *    role sees only its tenant's usage in /v1/cache/stats and gets 403
+ *    (admin_key_required) on /metrics, /v1/cache/recent and resets.
+ *    Tenant headers count only with server.trusted_tenant_header
+ *    (docs/security.md).
  *    Unknown paths are 404, known paths with another method 405, bodies over
  *    server.max_body_bytes 413; every error has an OpenAI error body.
  *  - Connections: past server.connection_limit open connections, or
