@@ -647,6 +647,62 @@ static void test_small_request_passes_huge_ones(void **state) {
     stop(&s);
 }
 
+/* A stream of small requests (16 clients, 8 running) keeps more of the
+ * pool busy than a huge request (129 of 150 blocks) can wait for; the huge
+ * one still gets in (after at most 16 requests passed it) instead of
+ * waiting for the stream to end. */
+typedef struct stream_job {
+    int port;
+    volatile bool *stop;
+    double deadline;
+    int sent;
+} stream_job;
+
+static void *small_stream(void *arg) {
+    stream_job *j = arg;
+    const char *body = "{\"prompt\":\"The quick brown fox jumps over the lazy dog, again and again and again.\","
+                       "\"max_tokens\":300,\"ignore_eos\":true,\"temperature\":0}";
+    while (!*j->stop && now_s() < j->deadline) {
+        http_resp r = http_request(j->port, "POST", "/v1/completions", NULL, body, 60);
+        http_resp_free(&r);
+        j->sent++;
+    }
+    return NULL;
+}
+
+static void test_huge_request_not_starved(void **state) {
+    (void)state;
+    srv s = {0};
+    char *extra[] = {(char *)"--ctx", (char *)"2048", (char *)"--num-blocks", (char *)"150", NULL};
+    assert_int_equal(spawn(&s, "starve", "server:\n  max_running: 8\n", extra), 0);
+    const char *huge = "{\"prompt\":\"Once upon a time\",\"ignore_eos\":true,\"temperature\":0}";
+    job h = {.port = s.port, .body = huge};
+    pthread_t th, cl[16];
+    volatile bool stop_flag = false;
+    stream_job sj[16];
+    double t0 = now_s();
+    for (int i = 0; i < 16; i++) {
+        sj[i] = (stream_job){.port = s.port, .stop = &stop_flag, .deadline = t0 + 60, .sent = 0};
+        pthread_create(&cl[i], NULL, small_stream, &sj[i]);
+        sleep_ms(40); /* staggered, so they do not finish in waves */
+    }
+    sleep_ms(500); /* the small ones hold more than the 21 blocks the huge one would leave */
+    pthread_create(&th, NULL, run_job, &h);
+    pthread_join(th, NULL);
+    double t_h = now_s() - t0;
+    bool streaming = now_s() < t0 + 60; /* the small requests were still coming */
+    stop_flag = true;
+    int sent = 0;
+    for (int i = 0; i < 16; i++) {
+        pthread_join(cl[i], NULL);
+        sent += sj[i].sent;
+    }
+    fprintf(stderr, "  huge request done at %.1f s, %d small requests meanwhile\n", t_h, sent);
+    assert_int_equal(h.status, 200);
+    assert_true(streaming);
+    stop(&s);
+}
+
 /* One request runs at a time; tenant a queues four, then tenant b one:
  * b's goes next, not after all of a's. */
 static void test_tenants_take_turns(void **state) {
@@ -818,6 +874,7 @@ int main(void) {
         cmocka_unit_test(test_content_cannot_forge_turns_bpe),
         cmocka_unit_test(test_chat_markup_over_http),
         cmocka_unit_test(test_small_request_passes_huge_ones),
+        cmocka_unit_test(test_huge_request_not_starved),
         cmocka_unit_test(test_tenants_take_turns),
         cmocka_unit_test(test_seed_edge),
         cmocka_unit_test(test_default_max_tokens),
