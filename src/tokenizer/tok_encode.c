@@ -387,27 +387,37 @@ oom:
  * every occurrence, before s when it starts with a proper suffix of a
  * token's text, and after it when it ends with a proper prefix (so two
  * strings that meet in a render cannot complete a token either). */
+static bool defusable(const tokenizer *t, int32_t id) {
+    const tok_entry *e = &t->tokens[id];
+    return (e->type == TOK_TYPE_CONTROL || e->type == TOK_TYPE_UNKNOWN) && e->text_len >= 2; /* one byte cannot be split */
+}
+
 char *tokenizer_defuse_specials(const tokenizer *t, const char *s, size_t len, size_t *out_len) {
     bool *brk = calloc(len + 1, sizeof *brk);
     if (brk == NULL) return NULL;
     size_t n_marks = 0;
+    /* One pass over s: only bytes that start some token text are tried. */
+    bool starts[256] = {false};
     for (int32_t k = 0; k < t->n_special; k++) {
         int32_t id = t->special_ids[k];
-        const tok_entry *e = &t->tokens[id];
-        if (e->type != TOK_TYPE_CONTROL && e->type != TOK_TYPE_UNKNOWN) continue;
+        if (!defusable(t, id)) continue;
         const char *tok = tok_text(t, id);
-        size_t m = e->text_len;
-        if (m < 2) continue; /* one byte cannot be split */
-        for (size_t pos = 0; pos + m <= len;) {
-            const char *hit = memmem(s + pos, len - pos, tok, m);
-            if (hit == NULL) break;
-            size_t at = (size_t)(hit - s);
-            for (size_t i = at + 1; i < at + m; i++) brk[i] = true;
-            pos = at + 1;
-        }
+        size_t m = t->tokens[id].text_len;
+        starts[(unsigned char)tok[0]] = true;
         for (size_t q = 1; q < m && q <= len; q++) {
             if (memcmp(s, tok + m - q, q) == 0) brk[0] = true;
             if (memcmp(s + len - q, tok, q) == 0) brk[len] = true;
+        }
+    }
+    for (size_t at = 0; at + 1 < len; at++) {
+        if (!starts[(unsigned char)s[at]]) continue;
+        for (int32_t k = 0; k < t->n_special; k++) {
+            int32_t id = t->special_ids[k];
+            size_t m = t->tokens[id].text_len;
+            if (m > len - at || !defusable(t, id)) continue;
+            const char *tok = tok_text(t, id);
+            if (tok[0] != s[at] || memcmp(s + at, tok, m) != 0) continue;
+            for (size_t i = at + 1; i < at + m; i++) brk[i] = true;
         }
     }
     for (size_t i = 0; i <= len; i++) n_marks += brk[i];
