@@ -401,7 +401,8 @@ static int32_t *render_tokens(const tokenizer *tok, const chat_template *tpl, co
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", roles[i]);
         char text[4096];
-        snprintf(text, sizeof text, "%s-%d", attack ? attack : "plain-words", i); /* SPM: no spaces in a byte-only vocabulary */
+        /* no spaces: a byte-only SentencePiece vocabulary spells them U+2581 */
+        snprintf(text, sizeof text, "%s-%d", attack ? attack : "plain-words", i);
         cJSON_AddStringToObject(m, "content", text);
         cJSON_AddItemToArray(msgs, m);
     }

@@ -39,6 +39,10 @@
  *    (JSON allows leading whitespace; a generation failure after that point
  *    is an error object under the 200). A probe that fails closes the
  *    connection, which cancels the request.
+ * Auth happens on the handler's first call too: the bearer key gives the
+ * request's principal (admin or not, and its tenant when a keys file is
+ * used, serve_tenant.h); routes that span tenants refuse non-admin keys
+ * before any body is read.
  * Chat streams split thinking text into reasoning_content deltas: from the
  * start when the prompt opened <think>, or when the reply opens with it,
  * until </think> (a tag split across tokens is held back, never shown).
@@ -242,12 +246,7 @@ static void make_id(char *out, size_t cap, const char *prefix) {
     snprintf(out, cap, "%s%016llx%06llx", prefix, x, n & 0xFFFFFF);
 }
 
-/* The tenant headers (X-APC-Tenant, X-Tenant-Id): every value is checked
- * for control characters (an embedded NUL would cut the name short); with
- * server.trusted_tenant_header the one value present becomes the tenant
- * (more than one is refused: a proxy that appends instead of replacing must
- * not let the client's own header through), otherwise they are ignored and
- * the tenant stays the API key's. -1 with e filled on a bad header. */
+/* What the tenant headers of a request hold. */
 typedef struct header_scan {
     int n;
     const char *bad;   /* the name of a header with a control character */
@@ -272,6 +271,13 @@ static enum MHD_Result scan_tenant_header(void *cls, enum MHD_ValueKind kind, co
     return MHD_YES;
 }
 
+/* The request's tenant into out (SERVE_TENANT_MAX bytes). The tenant
+ * headers (X-APC-Tenant, X-Tenant-Id) are checked for control characters
+ * (an embedded NUL would cut the name short); with
+ * server.trusted_tenant_header the one value present becomes the tenant
+ * (more than one is refused: a proxy that appends instead of replacing must
+ * not let the client's own header through), otherwise they are ignored and
+ * the tenant stays the API key's. -1 with e filled on a bad header. */
 static int tenant_of(server *srv, struct MHD_Connection *c, const principal *who, char *out, api_error *e) {
     snprintf(out, SERVE_TENANT_MAX, "%s", who->tenant);
     header_scan h = {0};
@@ -853,8 +859,8 @@ static void stream_events(stream_ctx *st, const sreq_delta *d) {
     if (d->finish != SREQ_RUNNING) {
         sreq_usage u;
         sreq_usage_get(st->r, &u);
-        note_recent(srv, st->tenant, st->id, st->q.chat, true, d->finish == SREQ_FAILED || d->finish == SREQ_CANCELLED ? 500 : 200,
-                    d->finish, &u);
+        bool failed = d->finish == SREQ_FAILED || d->finish == SREQ_CANCELLED;
+        note_recent(srv, st->tenant, st->id, st->q.chat, true, failed ? 500 : 200, d->finish, &u);
         if (d->finish == SREQ_FAILED || d->finish == SREQ_CANCELLED) {
             api_error e;
             api_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
@@ -895,8 +901,8 @@ static bool whole_add(stream_ctx *st, const sreq_delta *d) {
 static char *whole_body(stream_ctx *st, int *status) {
     sreq_usage u;
     sreq_usage_get(st->r, &u);
-    note_recent(st->srv, st->tenant, st->id, st->q.chat, false, st->fin == SREQ_FAILED || st->fin == SREQ_CANCELLED ? 500 : 200,
-                st->fin, &u);
+    bool failed = st->fin == SREQ_FAILED || st->fin == SREQ_CANCELLED;
+    note_recent(st->srv, st->tenant, st->id, st->q.chat, false, failed ? 500 : 200, st->fin, &u);
     if (st->fin == SREQ_FAILED || st->fin == SREQ_CANCELLED) {
         api_error e;
         api_fail(&e, 500, "server_error", NULL, NULL, "generation failed: %s", u.error[0] ? u.error : "cancelled");
@@ -1322,7 +1328,8 @@ static int load_secret(server *srv, const serve_config *cfg, ember_error *err) {
         snprintf(path, sizeof path, "%s/tenant-secret", dir);
     } else {
         char dir[3900];
-        if (serve_user_cache_dir(dir, sizeof dir) < 0) return ember_fail(err, "the per-user cache directory's path is too long");
+        if (serve_user_cache_dir(dir, sizeof dir) < 0)
+            return ember_fail(err, "the per-user cache directory's path is too long");
         snprintf(path, sizeof path, "%s/tenant-secret", dir);
     }
     bool created = false;

@@ -387,9 +387,11 @@ oom:
  * every occurrence, before s when it starts with a proper suffix of a
  * token's text, and after it when it ends with a proper prefix (so two
  * strings that meet in a render cannot complete a token either). */
+/* A token whose text a user must not produce: one that parse_special
+ * governs, at least two bytes long (one byte cannot be split). */
 static bool defusable(const tokenizer *t, int32_t id) {
     const tok_entry *e = &t->tokens[id];
-    return (e->type == TOK_TYPE_CONTROL || e->type == TOK_TYPE_UNKNOWN) && e->text_len >= 2; /* one byte cannot be split */
+    return (e->type == TOK_TYPE_CONTROL || e->type == TOK_TYPE_UNKNOWN) && e->text_len >= 2;
 }
 
 char *tokenizer_defuse_specials(const tokenizer *t, const char *s, size_t len, size_t *out_len) {
