@@ -273,7 +273,7 @@ static void test_chat_and_resend_cache(void **state) {
     cJSON_Delete(h);
     char other[1024];
     snprintf(other, sizeof other, "%s", body);
-    memcpy(strstr(other, "resend-test"), "someone-ls", 10);
+    memcpy(strstr(other, "resend-test"), "resend-tesT", 11); /* another salt */
     cJSON *c = post_ok(g_open.port, "/v1/chat/completions", NULL, other);
     assert_int_equal((int)jnum(c, "usage.prompt_tokens_details.cached_tokens"), 0);
     assert_string_equal(jstr(a, "choices.0.message.content"), jstr(c, "choices.0.message.content"));
