@@ -612,7 +612,7 @@ static void *run_job(void *arg) {
                                j->timeout_s ? j->timeout_s : 300);
     j->status = r.status;
     j->t_done = now_s();
-    if (r.status != 200 && !j->timeout_s) fprintf(stderr, "job: %d %s\n", r.status, r.body);
+    if (r.status != 200 && (!j->timeout_s || r.status > 0)) fprintf(stderr, "job: %d %s\n", r.status, r.body);
     http_resp_free(&r);
     return NULL;
 }
@@ -622,22 +622,43 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
-/* A 1024-token context on a 75-block pool: a request without max_tokens
- * reserves 65 blocks, so one runs and two wait; a small request (2 blocks)
- * still fits beside the running one and must not wait for all three. The
- * huge ones give up after 30 s (slow sanitizer builds), which cancels them. */
+/* ember_requests_<what> from /metrics (-1: not found). */
+static int metric_now(int port, const char *what) {
+    http_resp r = http_request(port, "GET", "/metrics", NULL, NULL, 30);
+    char key[64];
+    snprintf(key, sizeof key, "\nember_requests_%s ", what);
+    const char *p = r.body ? strstr(r.body, key) : NULL;
+    int n = p ? atoi(p + strlen(key)) : -1;
+    http_resp_free(&r);
+    return n;
+}
+
+static void wait_for(int port, int running, int waiting) {
+    double end = now_s() + 30;
+    while (metric_now(port, "running") != running || metric_now(port, "waiting") != waiting) {
+        if (now_s() > end) fail_msg("the server never had %d running and %d waiting", running, waiting);
+        sleep_ms(2);
+    }
+}
+
+/* A 16384-token context on a 1100-block pool: a request without
+ * max_tokens reserves 1025 blocks, so one runs and two wait; a small
+ * request (2 blocks) still fits beside the running one and must not wait
+ * for all three. The huge ones give up after 10 s (slow sanitizer builds),
+ * which cancels them. */
 static void test_small_request_passes_huge_ones(void **state) {
     (void)state;
     srv s = {0};
-    char *extra[] = {(char *)"--ctx", (char *)"1024", (char *)"--num-blocks", (char *)"75", NULL};
+    char *extra[] = {(char *)"--ctx", (char *)"16384", (char *)"--num-blocks", (char *)"1100",
+                     (char *)"--default-max-tokens", (char *)"0", NULL}; /* uncapped: the whole context */
     assert_int_equal(spawn(&s, "huge", "server:\n  max_running: 8\n", extra), 0);
     const char *huge = "{\"prompt\":\"Once upon a time\",\"ignore_eos\":true,\"temperature\":0}";
     const char *small = "{\"prompt\":\"Hello\",\"max_tokens\":4,\"temperature\":0}";
     job jobs[4];
     pthread_t th[4];
     for (int i = 0; i < 4; i++) {
-        jobs[i] = (job){.port = s.port, .headers = NULL, .body = i < 3 ? huge : small, .timeout_s = i < 3 ? 30 : 0};
-        if (i == 3) sleep_ms(100); /* the three huge ones are queued first */
+        jobs[i] = (job){.port = s.port, .headers = NULL, .body = i < 3 ? huge : small, .timeout_s = i < 3 ? 10 : 0};
+        if (i == 3) wait_for(s.port, 1, 2); /* one huge runs, two wait */
         pthread_create(&th[i], NULL, run_job, &jobs[i]);
     }
     for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
@@ -711,31 +732,35 @@ static void test_huge_request_not_starved(void **state) {
     stop(&s);
 }
 
-/* One request runs at a time; tenant a queues four, then tenant b one:
- * b's goes next, not after all of a's. */
+/* One request runs at a time. While tenant a's first request runs, a
+ * queues three more and then tenant b one: b's goes next, not after all of
+ * a's. a's first gives up after 3 s (it would run long), which cancels it. */
 static void test_tenants_take_turns(void **state) {
     (void)state;
     srv s = {0};
-    char *extra[] = {(char *)"--trusted-tenant-header", (char *)"--ctx", (char *)"2048", NULL};
+    char *extra[] = {(char *)"--trusted-tenant-header", (char *)"--ctx", (char *)"16384", NULL};
     assert_int_equal(spawn(&s, "turns", "server:\n  max_running: 1\n", extra), 0);
-    const char *body = "{\"prompt\":\"Once upon a time\",\"ignore_eos\":true,\"max_tokens\":250,"
+    const char *longer = "{\"prompt\":\"Once upon a time\",\"ignore_eos\":true,\"max_tokens\":16000,"
+                         "\"temperature\":0}";
+    const char *body = "{\"prompt\":\"Once upon a time\",\"ignore_eos\":true,\"max_tokens\":30,"
                        "\"temperature\":0}";
     job jobs[5];
     pthread_t th[5];
     for (int i = 0; i < 5; i++) {
-        jobs[i] = (job){.port = s.port, .headers = i < 4 ? "X-APC-Tenant: a\r\n" : "X-APC-Tenant: b\r\n", .body = body};
+        jobs[i] = (job){.port = s.port, .headers = i < 4 ? "X-APC-Tenant: a\r\n" : "X-APC-Tenant: b\r\n",
+                        .body = i == 0 ? longer : body, .timeout_s = i == 0 ? 3 : 0};
         pthread_create(&th[i], NULL, run_job, &jobs[i]);
-        sleep_ms(15); /* arrival order a, a, a, a, b */
+        wait_for(s.port, 1, i); /* arrival order a, a, a, a, b, while the first a runs */
     }
     for (int i = 0; i < 5; i++) pthread_join(th[i], NULL);
     int before_b = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 1; i < 4; i++) {
         assert_int_equal(jobs[i].status, 200);
         before_b += jobs[i].t_done < jobs[4].t_done;
     }
     assert_int_equal(jobs[4].status, 200);
-    fprintf(stderr, "  tenant b finished after %d of tenant a's 4 requests\n", before_b);
-    assert_true(before_b <= 1);
+    fprintf(stderr, "  tenant b finished after %d of tenant a's 3 queued requests\n", before_b);
+    assert_int_equal(before_b, 0);
     stop(&s);
 }
 

@@ -78,7 +78,7 @@ typedef struct serve_setting {
 
 /* The largest number of rows the table may hold (serve_config keeps one
  * source per row). */
-#define SERVE_SETTINGS_MAX 64
+#define SERVE_SETTINGS_MAX 96
 
 struct serve_config;
 
