@@ -3,7 +3,7 @@
 # missing. As root it installs them with apt-get; otherwise it prints the
 # command to run and fails.
 set -e
-packages="build-essential cmake pkg-config libcmocka-dev libpcre2-dev libcjson-dev libmicrohttpd-dev libssl-dev libxxhash-dev libyaml-dev prometheus groff-base man-db chromium libedit-dev libzmq3-dev libmsgpack-dev"
+packages="build-essential cmake pkg-config libcmocka-dev libpcre2-dev libcjson-dev libmicrohttpd-dev libssl-dev libxxhash-dev libyaml-dev prometheus groff-base man-db chromium libedit-dev libzmq3-dev libmsgpack-dev libhiredis-dev redis-server"
 missing=""
 for p in $packages; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -90,6 +90,16 @@ static void test_table_defaults_agree_with_library(void **state) {
     assert_int_equal(a->ckpt.snapshot_interval, b->ckpt.snapshot_interval);
     assert_int_equal(a->ckpt.snapshot_budget_bytes, b->ckpt.snapshot_budget_bytes);
     assert_null(a->disk.path);
+    assert_null(a->remote.url);
+    assert_int_equal(a->remote.ttl_s, b->remote.ttl_s);
+    assert_int_equal(a->remote.queue_bytes, b->remote.queue_bytes);
+    assert_true(a->remote.deadline_fraction == b->remote.deadline_fraction);
+    assert_int_equal(a->remote.min_wait_ms, b->remote.min_wait_ms);
+    assert_int_equal(a->remote.max_wait_ms, b->remote.max_wait_ms);
+    assert_int_equal(a->remote.prefill_tps, b->remote.prefill_tps);
+    assert_int_equal(a->remote.timeout_ms, b->remote.timeout_ms);
+    assert_int_equal(a->remote.breaker_failures, b->remote.breaker_failures);
+    assert_int_equal(a->remote.probe_ms, b->remote.probe_ms);
     for (size_t i = 0; i < n; i++) assert_int_equal(c.source[i], SETTING_FROM_DEFAULT);
 }
 

@@ -108,6 +108,8 @@
 #include "apc/apc_ckpt.h"
 #include "apc/apc_disk.h"
 #include "apc/apc_internal.h"
+#include "apc/apc_remote.h"
+#include "core/clock.h"
 #include "core/log.h"
 
 struct apc {
@@ -119,6 +121,8 @@ struct apc {
     apc_index index;
     apc_exact exact;
     apc_disk *disk;         /* NULL: no SSD tier */
+    apc_remote *remote;     /* NULL: no remote tier */
+    double prefill_spt;     /* measured cold prefill seconds per token (EWMA); 0: none yet */
     const apc_tier_ops *ops; /* the routed tier's (apc_req.c, apc_ckpt.c) */
     uint64_t generation;
     /* counters (reference §11.1 + ours); zeroed by reset */
@@ -167,6 +171,7 @@ void apc__count_hit_locked(apc *c, int64_t n) {
 }
 
 static int open_disk(apc *c, const apc_disk_config *dc, ember_error *err);
+static void open_remote(apc *c, const apc_config *cfg);
 
 static const char *decline_names[APC_DECLINE_COUNT_] = {
     "pool_exhausted", "alloc", "collision", "exact_bytes", "raced_reset", "seq_short",
@@ -216,6 +221,15 @@ apc_config apc_default_config(void) {
     cfg.disk.queue_jobs = 64;
     cfg.disk.queue_bytes = (size_t)1 << 30;
     cfg.disk.backoff_ms = 30000;
+    cfg.remote.ttl_s = 86400;
+    cfg.remote.queue_bytes = (size_t)1 << 30;
+    cfg.remote.deadline_fraction = 0.5;
+    cfg.remote.min_wait_ms = 20;
+    cfg.remote.max_wait_ms = 5000;
+    cfg.remote.prefill_tps = 500;
+    cfg.remote.timeout_ms = 1000;
+    cfg.remote.breaker_failures = 3;
+    cfg.remote.probe_ms = 1000;
     cfg.ckpt = apc_ckpt_default_config();
     return cfg;
 }
@@ -337,9 +351,11 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
         apc_free(c);
         return NULL;
     }
+    if (cfg.remote.url && cfg.remote.url[0] && c->route.tier != APC_TIER_NONE) open_remote(c, &cfg);
     /* The strings were the caller's; nothing reads them after creation. */
     c->cfg.disk.path = NULL;
     c->cfg.disk.namespace_override = NULL;
+    c->cfg.remote.url = NULL;
     return c;
 }
 
@@ -377,8 +393,47 @@ static int open_disk(apc *c, const apc_disk_config *dc, ember_error *err) {
     return 0;
 }
 
+/* The remote tier shares the SSD tier's namespace, so only replicas of one
+ * model under one cache format meet; it serves block chains (the block
+ * tier); other tiers keep their records local for now. */
+static void open_remote(apc *c, const apc_config *cfg) {
+    if (c->route.snapshots) {
+        /* A plain chain restores nothing there without its state (apc_snap.c
+         * mirrors skeletons to the SSD tier only). */
+        ember_log(EMBER_LOG_WARN, "APC remote tier disabled: recurrent-state snapshots on block chains stay local");
+        return;
+    }
+    if (c->route.tier != APC_TIER_BLOCK) {
+        ember_log(EMBER_LOG_WARN, "APC remote tier disabled: it serves block chains, and this model's tier is %s",
+                  apc_tier_name(c->route.tier));
+        return;
+    }
+    const apc_disk_config *dc = &cfg->disk;
+    if (!dc->has_fingerprint && !(dc->namespace_override && dc->namespace_override[0])) {
+        ember_log(EMBER_LOG_WARN, "APC remote tier disabled: no model fingerprint and no namespace given");
+        return;
+    }
+    uint8_t ns[16];
+    apc_disk_namespace(dc, &c->layout, c->cfg.hash, ns);
+    ember_error rerr;
+    c->remote = apc_remote_open(&cfg->remote, ns, &c->layout, c->cfg.hash, c->pool, &rerr);
+    if (c->remote == NULL) {
+        ember_log(EMBER_LOG_WARN, "APC remote tier disabled: %s", rerr.msg);
+        return;
+    }
+    char hex[33];
+    apc_key nk;
+    memcpy(nk.b, ns, 16);
+    apc_disk_key_hex(&nk, hex);
+    ember_log(EMBER_LOG_INFO, "APC remote tier at %s (ns=%s, ttl=%d s, deadline=%.2f of a cold prefill)",
+              cfg->remote.url, hex, cfg->remote.ttl_s, cfg->remote.deadline_fraction);
+}
+
 void apc_free(apc *c) {
     if (c == NULL) return;
+    /* Queued remote writes go out before the pool they were copied from goes. */
+    apc_remote_close(c->remote);
+    c->remote = NULL;
     /* Queued writes land first; their release callbacks need the cache. */
     apc_disk_close(c->disk);
     c->disk = NULL;
@@ -706,9 +761,132 @@ int64_t apc__prefetch_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t s
 }
 
 bool apc_has_disk(const apc *c) { return c->disk != NULL; }
+bool apc_has_remote(const apc *c) { return c->remote != NULL; }
+
+void apc_note_prefill(apc *c, int64_t rows, double seconds) {
+    if (c == NULL || rows < KV_BLOCK_TOKENS || seconds <= 0) return;
+    double spt = seconds / (double)rows;
+    pthread_mutex_lock(&c->lock);
+    c->prefill_spt = c->prefill_spt > 0 ? 0.75 * c->prefill_spt + 0.25 * spt : spt;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* The deadline of a remote read of n missing tokens: a share of what
+ * prefilling them cold would cost, so fetching never costs more than
+ * computing. */
+static int remote_wait_ms(apc *c, int64_t n) {
+    const apc_remote_config *rc = &c->cfg.remote;
+    pthread_mutex_lock(&c->lock);
+    double spt = c->prefill_spt;
+    pthread_mutex_unlock(&c->lock);
+    if (spt <= 0) spt = 1.0 / (rc->prefill_tps > 0 ? rc->prefill_tps : 500);
+    double ms = rc->deadline_fraction * (double)n * spt * 1000.0;
+    if (ms < rc->min_wait_ms) ms = rc->min_wait_ms;
+    if (ms > rc->max_wait_ms) ms = rc->max_wait_ms;
+    return (int)ms;
+}
+
+int apc_fetch_wait_ms(apc *c, int64_t n) { return c->remote ? remote_wait_ms(c, n) : 0; }
+
+/* The remote tier continues the chain where memory (after the disk's
+ * prefetch) stops: what memory holds is pinned in a private sequence, the
+ * present run is found with one pipelined EXISTS, fresh blocks are filled
+ * from verified values without the lock, then indexed and let go, so the
+ * request's lookup finds them in memory. Returns the tokens memory holds
+ * for the prompt (at most n-1). */
+static int64_t prefetch_remote(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
+    int64_t n_blocks = n / KV_BLOCK_TOKENS;
+    int64_t rest = n - n_blocks * KV_BLOCK_TOKENS;
+    apc_key *keys = malloc((size_t)(n_blocks + KV_BLOCK_TOKENS) * sizeof *keys);
+    if (keys == NULL) return 0;
+    apc_chain_keys(c->cfg.hash, tokens, n_blocks, salt, keys);
+    apc_key zero;
+    memset(&zero, 0, sizeof zero);
+    kv_seq seq;
+    kv_seq_init(&seq);
+    pthread_mutex_lock(&c->lock);
+    int64_t matched = 0;
+    while (matched < n_blocks) {
+        int32_t b = apc_index_find(&c->index, &keys[matched]);
+        if (b < 0 || !block_matches(c, b, matched > 0 ? &keys[matched - 1] : &zero, salt,
+                                    tokens + matched * KV_BLOCK_TOKENS, KV_BLOCK_TOKENS) ||
+            kv_seq_adopt_block(c->pool, &seq, b, NULL) < 0)
+            break;
+        matched++;
+    }
+    /* Tail candidates (partial keys, longest first) after the full chain,
+     * longer than a tail memory holds already. */
+    apc_key *tails = keys + n_blocks;
+    int tail_rows[KV_BLOCK_TOKENS];
+    int n_tail = 0, mem_tail = 0;
+    if (rest >= 2) {
+        const apc_key *parent = n_blocks > 0 ? &keys[n_blocks - 1] : &zero;
+        const int32_t *t = tokens + n_blocks * KV_BLOCK_TOKENS;
+        for (int m = (int)rest < KV_BLOCK_TOKENS ? (int)rest : KV_BLOCK_TOKENS - 1; m >= 1; m--) {
+            apc_key k = apc_partial_key(c->cfg.hash, parent, salt, t, m);
+            if (matched == n_blocks && apc_index_find(&c->index, &k) >= 0) {
+                mem_tail = m;
+                break;
+            }
+            tails[n_tail] = k;
+            tail_rows[n_tail++] = m;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    int64_t held = matched * KV_BLOCK_TOKENS + mem_tail;
+    int64_t loaded = 0;
+    apc_disk_want *want = NULL;
+    int64_t n_fresh = 0;
+    if (held < n - 1 && apc_remote_up(c->remote)) {
+        double deadline = ember_now() + remote_wait_ms(c, n - held) / 1000.0;
+        int tail_at = -1;
+        int64_t run = apc_remote_chain_count(c->remote, keys + matched, n_blocks - matched, tails, n_tail, &tail_at,
+                                             deadline);
+        bool with_tail = run == n_blocks - matched && tail_at >= 0;
+        int64_t n_want = run + (with_tail ? 1 : 0);
+        want = n_want > 0 ? malloc((size_t)n_want * sizeof *want) : NULL;
+        if (want) {
+            pthread_mutex_lock(&c->lock);
+            for (; n_fresh < n_want; n_fresh++) {
+                int32_t b = kv_block_alloc(c->pool);
+                if (b < 0) break;
+                apc_disk_want *w = &want[n_fresh];
+                bool is_tail = n_fresh == run;
+                w->key = is_tail ? tails[tail_at] : keys[matched + n_fresh];
+                w->tokens = tokens + (matched + n_fresh) * KV_BLOCK_TOKENS;
+                w->rows = is_tail ? tail_rows[tail_at] : KV_BLOCK_TOKENS;
+                w->dst = b;
+            }
+            if (n_fresh < n_want) decline(c, APC_DECLINE_POOL_EXHAUSTED, "no free block to restore remote blocks into");
+            pthread_mutex_unlock(&c->lock);
+            loaded = apc_remote_load_blocks(c->remote, matched > 0 ? &keys[matched - 1] : &zero, salt, want, n_fresh,
+                                            deadline);
+        }
+    }
+    pthread_mutex_lock(&c->lock);
+    for (int64_t j = 0; j < n_fresh; j++) {
+        int32_t b = want[j].dst;
+        if (j < loaded && apc_index_find(&c->index, &want[j].key) < 0) {
+            const apc_key *parent = j > 0 ? &want[j - 1].key : matched > 0 ? &keys[matched - 1] : &zero;
+            apc_index_insert(&c->index, b, &want[j].key, parent, salt, want[j].tokens, want[j].rows);
+            kv_block_set_indexed(c->pool, b, true);
+        }
+        kv_block_unref(c->pool, b);
+    }
+    kv_seq_release(c->pool, &seq);
+    pthread_mutex_unlock(&c->lock);
+    int64_t got = held;
+    for (int64_t j = 0; j < loaded; j++) got += want[j].rows;
+    free(want);
+    free(keys);
+    return got > n - 1 ? n - 1 : got;
+}
 
 int64_t apc_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
-    return c->disk && n >= 2 ? c->ops->prefetch(c, tokens, n, salt) : 0;
+    if (n < 2) return 0;
+    int64_t got = c->disk ? c->ops->prefetch(c, tokens, n, salt) : 0;
+    if (c->remote) got = prefetch_remote(c, tokens, n, salt);
+    return got;
 }
 
 int64_t apc__peek_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
@@ -802,6 +980,9 @@ void apc__store_blocks_keyed(apc *c, apc_store_point point, const int32_t *token
     /* With recurrent snapshots a plain chain on disk restores nothing without
      * its state: those stacks mirror skeletons (apc_snap.c) instead. */
     if (c->disk && !c->route.snapshots) apc_disk_store_chain(c->disk, keys, n_blocks, tail, tokens, salt, seq);
+    /* The same holds for the remote tier (snapshot stacks keep their
+     * records local for now). */
+    if (c->remote && !c->route.snapshots) apc_remote_store_chain(c->remote, keys, n_blocks, tail, tokens, salt, seq);
 }
 
 /* A disk writer is done with a snapshot it had pinned. */
@@ -926,6 +1107,19 @@ void apc_get_stats(apc *c, apc_stats *s) {
         s->ckpt_skeleton_writes = ds.skeleton_writes;
         memcpy(s->disk_namespace, ds.ns_hex, sizeof s->disk_namespace);
     }
+    if (c->remote) {
+        apc_remote_stats rs;
+        apc_remote_get_stats(c->remote, &rs);
+        s->remote_enabled = true;
+        s->remote_breaker_open = rs.breaker_open;
+        s->remote_hits = rs.hits;
+        s->remote_hit_tokens = rs.hit_tokens;
+        s->remote_writes = rs.writes;
+        s->remote_errors = rs.errors;
+        s->remote_timeouts = rs.timeouts;
+        s->remote_corrupt = rs.corrupt;
+        s->remote_write_drops = rs.write_drops;
+    }
 }
 
 void apc_set_block_listener(apc *c, apc_block_listener fn, void *user) {
@@ -937,6 +1131,7 @@ void apc_set_block_listener(apc *c, apc_block_listener fn, void *user) {
 
 void apc_flush(apc *c) {
     if (c && c->disk) apc_disk_flush(c->disk);
+    if (c && c->remote) apc_remote_flush(c->remote);
 }
 
 void apc_reset(apc *c) {
@@ -956,4 +1151,5 @@ void apc_reset(apc *c) {
     pthread_mutex_unlock(&c->lock);
     /* The disk keeps its files; only its cumulative counters restart. */
     if (c->disk) apc_disk_reset_counters(c->disk);
+    if (c->remote) apc_remote_reset_counters(c->remote);
 }

@@ -95,6 +95,29 @@ typedef struct apc_disk_config {
     void *read_hook_user;
 } apc_disk_config;
 
+/* The remote tier (apc_remote.h): block chains shared between replicas
+ * through Redis. The url string is copied by apc_create. */
+typedef struct apc_remote_config {
+    const char *url;          /* redis://host[:port][/db] or unix:///path; NULL or "": no remote tier */
+    int ttl_s;                /* expiry of every value written (default 86400) */
+    size_t queue_bytes;       /* bounded write queue (default 1 GiB); over it writes are dropped and counted */
+    double deadline_fraction; /* a read may take this share of a cold prefill's estimated time (default 0.5) */
+    int min_wait_ms;          /* floor of a read's deadline (default 20) */
+    int max_wait_ms;          /* ceiling of a read's deadline (default 5000) */
+    int prefill_tps;          /* cold prefill tokens/s assumed until one is measured (default 500) */
+    int timeout_ms;           /* writes, connects of the writer, probes (default 1000) */
+    int breaker_failures;     /* consecutive failures that open the breaker (default 3) */
+    int probe_ms;             /* PING interval while the breaker is open (default 1000) */
+    /* Tests only: called on the reading thread before the EXISTS pipeline
+     * (stage 0) and before each window of GETs (stage 1), so a test can
+     * stop or kill the server in the middle of a request's reads. */
+    void (*read_hook)(void *user, int stage);
+    void *read_hook_user;
+} apc_remote_config;
+
+/* Whether url is a remote-tier URL ember can use; -1 with err saying why not. */
+int apc_remote_check_url(const char *url, ember_error *err);
+
 /* The checkpoint tier and the exact-tier anchors (reference §7, §6.4).
  * Plain per-cache values; the names are their environment variables in the
  * settings table (serve_settings.c, docs/cache-switches.md). */
@@ -133,6 +156,7 @@ typedef struct apc_config {
     bool swa_block;           /* sliding-window stacks whose pool keeps every row go block (default
                                * true); false: the checkpoint tier, as if out-of-window rows were trimmed */
     apc_disk_config disk;     /* off by default */
+    apc_remote_config remote; /* off by default */
     apc_ckpt_config ckpt;     /* checkpoint tier and exact anchors */
 } apc_config;
 
@@ -175,6 +199,16 @@ typedef struct apc_stats {
     uint64_t disk_write_drops, disk_write_errors, disk_corrupt;
     uint64_t disk_read_errors; /* reads that failed without proving the file bad */
     char disk_namespace[33];
+    /* Remote tier (only when remote_enabled): remote_hits (values read,
+     * verified and brought into memory: blocks), remote_hit_tokens (their
+     * tokens), remote_writes (values written), remote_errors (failed
+     * commands and connections), remote_timeouts (reads or writes that ran
+     * out of time), remote_corrupt (values that failed verification;
+     * deleted), remote_write_drops (values not written: queue full,
+     * breaker open), remote_breaker_open. */
+    bool remote_enabled, remote_breaker_open;
+    uint64_t remote_hits, remote_hit_tokens, remote_writes, remote_errors, remote_timeouts, remote_corrupt;
+    uint64_t remote_write_drops;
     /* Checkpoint family (reference §11.1; live on ckpt-tier models, anchors
      * on exact-tier models). ckpt_declines by apc_ckpt_decline. ember's
      * additions: retire_fallback_suppressed (a retirement skipped because
@@ -278,6 +312,18 @@ void apc_seq_release(apc *c, kv_seq *seq);
  * (at most n-1). A cache without a disk tier returns 0 at once. */
 bool apc_has_disk(const apc *c);
 int64_t apc_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
+
+/* ---- The remote tier, on the same fetch path ----
+ * apc_prefetch also reads the remote tier where memory and disk stop, under
+ * a deadline of deadline_fraction of what a cold prefill of the missing
+ * tokens would cost (clamped to [min_wait_ms, max_wait_ms]); the cost per
+ * token is what apc_note_prefill measured, or 1/prefill_tps before that.
+ * apc_fetch_wait_ms says how long the prefetch of an n-token prompt may
+ * take at most, so the driver waits for it; 0 without a remote tier. */
+bool apc_has_remote(const apc *c);
+int apc_fetch_wait_ms(apc *c, int64_t n);
+/* A prefill chunk of rows tokens took seconds (the driver reports). */
+void apc_note_prefill(apc *c, int64_t rows, double seconds);
 
 /* ---- Peeking (the admission gate) ---- */
 /* How many tokens of tokens[0, n) a lookup under salt would find in memory

@@ -158,8 +158,9 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
               cfg.num_blocks, KV_BLOCK_TOKENS, (long long)cfg.num_blocks * KV_BLOCK_TOKENS,
               (double)cfg.num_blocks * (double)kv_pool_block_bytes(e->pool) / (1024.0 * 1024.0),
               kv_format_name(kc.format), kv_format_token_bytes(&kc));
-    /* The SSD tier's namespace starts from the model file's fingerprint. */
-    if (cfg.cache.disk.path && cfg.cache.disk.path[0] && !cfg.cache.disk.has_fingerprint && model_get_gguf(m)) {
+    /* The SSD and remote tiers' namespace starts from the model file's fingerprint. */
+    bool shared_tier = (cfg.cache.disk.path && cfg.cache.disk.path[0]) || (cfg.cache.remote.url && cfg.cache.remote.url[0]);
+    if (shared_tier && !cfg.cache.disk.has_fingerprint && model_get_gguf(m)) {
         engine_model_fingerprint(model_get_gguf(m), cfg.cache.disk.fingerprint);
         cfg.cache.disk.has_fingerprint = true;
     }
@@ -413,7 +414,7 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
         prefill_locked = true;
     }
 
-    engine_req_fetch(q); /* the SSD tier's reads, inline */
+    engine_req_fetch(q); /* the SSD and remote tiers' reads, inline */
     apc_hit hit = engine_req_lookup(q);
     out->cached_tokens = hit.n_tokens;
     out->cache_source = hit.source;

@@ -52,6 +52,7 @@ struct engine_req {
     int disk_wait_ms;
     engine_fetch_job *fetch;     /* FETCH: shared with a fetch thread */
     double fetch_deadline;
+    double rows_added_at;        /* PROMPT: when the chunk being forwarded was added */
     /* predictions in flight, oldest first; the last one may be the retirement's */
     engine_predict_job *pending_head, *pending_tail;
     engine_predict_job *retire_job;
@@ -216,7 +217,7 @@ static void to_prompt_phase(engine_req *q) {
 
 void engine_req_fetch(engine_req *q) {
     assert(q->phase == ENGINE_REQ_ADMITTED);
-    if (!q->lookup || !apc_has_disk(q->cache) || q->N < 2) return;
+    if (!q->lookup || !(apc_has_disk(q->cache) || apc_has_remote(q->cache)) || q->N < 2) return;
     if (!q->async) {
         double t = ember_now();
         apc_prefetch(q->cache, q->all, q->N, q->salt);
@@ -237,7 +238,12 @@ void engine_req_fetch(engine_req *q) {
     atomic_init(&j->done, false);
     atomic_init(&j->refs, 1);
     q->fetch = j;
-    q->fetch_deadline = ember_now() + q->disk_wait_ms / 1000.0;
+    /* The remote tier bounds its reads itself (a share of the cold prefill
+     * cost); the wait covers them, plus a margin for the last copy. */
+    int wait_ms = q->disk_wait_ms;
+    int remote_ms = apc_fetch_wait_ms(q->cache, q->N);
+    if (remote_ms > 0 && remote_ms + 100 > wait_ms) wait_ms = remote_ms + 100;
+    q->fetch_deadline = ember_now() + wait_ms / 1000.0;
     q->phase = ENGINE_REQ_FETCH;
     engine__fetch_submit(q->e, j);
 }
@@ -339,6 +345,7 @@ int engine_req_add_rows(engine_req *q, engine_batch *b, int64_t n, ember_error *
     }
     q->last_rows = n;
     q->rows_hidden = b->hidden ? b->hidden + (size_t)(b->n - n) * (size_t)q->n_embd : NULL;
+    if (q->phase == ENGINE_REQ_PROMPT) q->rows_added_at = ember_now();
     return 0;
 }
 
@@ -400,6 +407,8 @@ void engine_req_forwarded(engine_req *q, int64_t n) {
     double t = ember_now();
     switch (q->phase) {
     case ENGINE_REQ_PROMPT:
+        /* What a cold prefill costs here: the remote tier's read deadline. */
+        apc_note_prefill(q->cache, n, t - q->rows_added_at);
         apc_req_at(q->ar, &q->seq, q->state); /* also the N-1 pause */
         to_prompt_phase(q);
         break;

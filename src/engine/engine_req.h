@@ -11,7 +11,7 @@
  *
  * Phases, and the function that moves a request between them:
  *
- *   ADMITTED --engine_req_fetch--> FETCH (the SSD reads, off the engine thread)
+ *   ADMITTED --engine_req_fetch--> FETCH (SSD and Redis reads, off the engine thread)
  *   ADMITTED | FETCH --engine_req_lookup--> PROMPT --engine_req_forwarded--> FIRST
  *   (PROMPT while prompt[0, N-1) is not all in; FIRST is one row: prompt[N-1])
  *   FIRST --engine_req_forwarded--> SAMPLE (the runner samples from the logits)
@@ -43,8 +43,11 @@
  * every cache call goes through apc_req (apc_req.h) in its order.
  *
  * Disk reads never run on the engine thread either: a lookup reads memory
- * only, and engine_req_fetch first brings what the SSD tier holds for the
- * prompt into memory (apc_prefetch) on the engine's fetch threads. The
+ * only, and engine_req_fetch first brings what the SSD tier and the remote
+ * tier (Redis) hold for the prompt into memory (apc_prefetch) on the
+ * engine's fetch threads; the remote reads stop at their own deadline, a
+ * share of what a cold prefill of the missing tokens costs (measured from
+ * this engine's prompt chunks, apc_note_prefill). The
  * request waits in FETCH, without rows, until the reads land or its
  * deadline passes; then it looks up what was verified by then. A read that
  * hangs costs that request its disk hit, never another request anything.
@@ -89,7 +92,8 @@ typedef struct engine_req_params {
     chat_cache_plan plan;    /* borrowed: its predictor must outlive the request */
     bool async;              /* predictions and disk reads on the engine's threads
                               * (the server); else inline (engine_generate) */
-    int disk_wait_ms;        /* async: longest wait for the SSD reads; <= 0: 1000 */
+    int disk_wait_ms;        /* async: longest wait for the SSD reads; <= 0: 1000 (the
+                              * remote tier's read deadline extends it when longer) */
     spec_drafter *drafter;   /* borrowed; NULL: no speculation */
 } engine_req_params;
 
@@ -126,7 +130,7 @@ bool engine_req_serial(const engine_req *q);
  * not hold yet (reference §14.1). reason gets why. */
 bool engine_req_fresh_hold(const engine_req *q, engine_req *const *earlier, int n, int fresh_min, char *reason,
                            size_t reason_cap);
-/* ADMITTED -> FETCH when the cache has an SSD tier and the request looks
+/* ADMITTED -> FETCH when the cache has an SSD or remote tier and the request looks
  * up (async: the reads start on a fetch thread; inline: they are done on
  * return, and the request stays ADMITTED). */
 void engine_req_fetch(engine_req *q);

@@ -269,6 +269,12 @@ int serve_config_validate(const serve_config *c, ember_error *err) {
     if (!(c->memory_share > 0 && c->memory_share <= 1))
         return ember_fail(err, "cache.memory_share: %g is not in (0, 1] (the share of available memory for the KV pool)",
                           c->memory_share);
+    if (c->remote_url[0]) {
+        if (apc_remote_check_url(c->remote_url, err) < 0) return ember_fail_prefix(err, "cache.remote.url: ");
+    }
+    if (c->cache.remote.min_wait_ms > c->cache.remote.max_wait_ms)
+        return ember_fail(err, "cache.remote.min_wait_ms (%d) is above cache.remote.max_wait_ms (%d)",
+                          c->cache.remote.min_wait_ms, c->cache.remote.max_wait_ms);
     return 0;
 }
 
@@ -310,6 +316,7 @@ void serve_config_engine(const serve_config *c, engine_config *ec) {
     ec->cache = c->cache;
     ec->cache.disk = disk;
     if (!c->cache.enabled) ec->cache.force_tier = APC_FORCE_OFF;
+    ec->cache.remote.url = c->remote_url[0] ? c->remote_url : NULL;
     if (c->disk_enabled && c->disk_path[0]) {
         ec->cache.disk.path = c->disk_path;
         /* Nobody chose the default path: if it cannot open, say so and serve

@@ -7,7 +7,7 @@
  *    (--config ember.yaml), the environment, command-line flags. Each layer
  *    only overrides the keys it names. docs/cache-switches.md lists them all.
  *  - The file has two top-level blocks, `server:` and `cache:` (with
- *    `cache.disk`, `cache.ckpt` and `cache.anchor` below it; `disk` may also
+ *    `cache.disk`, `cache.remote`, `cache.ckpt` and `cache.anchor` below it; `disk` may also
  *    be a boolean). An unknown key is a loud warning naming it and its line;
  *    a malformed file or a value of the wrong type is an error naming the key
  *    and the line ("ember.yaml:7: server.port: expected an integer, got
@@ -86,6 +86,7 @@ typedef struct serve_config {
     char disk_read_mode[16];
     char kv_format[16];       /* KV_FORMAT_CHOICES */
     char disk_namespace[256];
+    char remote_url[512];     /* "": no remote tier; the rest of cache.remote is in cache.remote */
     unsigned char source[SERVE_SETTINGS_MAX]; /* setting_source of each row of the table */
 } serve_config;
 

@@ -314,6 +314,22 @@ char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waitin
     counter(&b, "ember_apc_stores_total", "Blocks newly indexed.", (double)s.stores);
     counter(&b, "ember_apc_disk_hits_total", "SSD tier hits.", (double)s.disk_hits);
     counter(&b, "ember_apc_disk_writes_total", "SSD tier writes.", (double)s.disk_writes);
+    if (s.remote_enabled) {
+        counter(&b, "ember_apc_remote_hits_total", "Values (blocks) read from Redis, verified and adopted into memory.",
+                (double)s.remote_hits);
+        counter(&b, "ember_apc_remote_hit_tokens_total", "Tokens of the values read from Redis.",
+                (double)s.remote_hit_tokens);
+        counter(&b, "ember_apc_remote_writes_total", "Values written to Redis.", (double)s.remote_writes);
+        counter(&b, "ember_apc_remote_errors_total", "Failed Redis commands and connections.", (double)s.remote_errors);
+        counter(&b, "ember_apc_remote_timeouts_total", "Redis reads or writes that ran out of time.",
+                (double)s.remote_timeouts);
+        counter(&b, "ember_apc_remote_corrupt_total", "Redis values that failed verification (deleted).",
+                (double)s.remote_corrupt);
+        counter(&b, "ember_apc_remote_write_drops_total", "Values not written to Redis (queue full, breaker open).",
+                (double)s.remote_write_drops);
+        gauge(&b, "ember_apc_remote_breaker_open", "1 while the remote tier's circuit breaker is open.",
+              s.remote_breaker_open ? 1 : 0);
+    }
     counter(&b, "ember_apc_exact_hits_total", "Exact-tier snapshot hits.", (double)s.exact_hits);
     counter(&b, "ember_apc_exact_stores_total", "Exact-tier snapshots stored.", (double)s.exact_stores);
     gauge(&b, "ember_apc_exact_entries", "Exact-tier snapshots held.", s.exact_entries);

@@ -216,6 +216,44 @@ static const serve_setting table[] = {
      "directory under the root; empty: derived from the model fingerprint and cache format", NULL, false,
      SRV(disk_namespace)},
 
+    /* ---- cache.remote: block chains shared between replicas through Redis ---- */
+    {"cache.remote.url", "APC_REMOTE_URL", "remote-url", SETTING_STR, "", 0, 0, NULL, "URL",
+     "Redis server of the remote tier: redis://host[:port][/db] or unix:///path[?db=N]; empty: no remote tier",
+     "Replicas of one model under one cache format (the SSD tier's namespace) share block chains there; keys "
+     "carry the namespace and the chain key (tenant salt inside), values are self-describing and checksummed, a "
+     "bad one is a counted miss (`remote_corrupt`). Block tier only; other tiers keep their records local. "
+     "Counters `remote_*` in /v1/cache/stats and /metrics.",
+     false, SRV(remote_url)},
+    {"cache.remote.ttl_s", "APC_REMOTE_TTL", "remote-ttl", SETTING_INT, "86400", 1, INT_MAX, NULL, "SECONDS",
+     "expiry of every value written to Redis", NULL, false, APC(remote.ttl_s)},
+    {"cache.remote.queue_mb", "APC_REMOTE_QUEUE_MB", "remote-queue-mb", SETTING_MIB, "1024", 1, 1 << 20, NULL, NULL,
+     "bytes (MiB) of block copies waiting to be written; beyond it writes are dropped (`remote_write_drops`)",
+     NULL, false, APC(remote.queue_bytes)},
+    {"cache.remote.deadline_fraction", "APC_REMOTE_DEADLINE_FRACTION", "remote-deadline-fraction", SETTING_DOUBLE,
+     "0.5", 0, 0, NULL, NULL,
+     "share of a cold prefill's estimated time that a request's Redis reads may take",
+     "The estimate is the seconds per token this engine measured on its prompt chunks (before the first one: "
+     "`cache.remote.prefill_tps`), times the tokens memory and disk do not hold; clamped to "
+     "[`cache.remote.min_wait_ms`, `cache.remote.max_wait_ms`]. When it passes, the verified prefix is kept "
+     "(`remote_timeouts`).",
+     false, APC(remote.deadline_fraction)},
+    {"cache.remote.min_wait_ms", "APC_REMOTE_MIN_WAIT_MS", "remote-min-wait-ms", SETTING_INT, "20", 1, 600000, NULL,
+     "MS", "floor of a request's Redis read deadline", NULL, false, APC(remote.min_wait_ms)},
+    {"cache.remote.max_wait_ms", "APC_REMOTE_MAX_WAIT_MS", "remote-max-wait-ms", SETTING_INT, "5000", 1, 600000,
+     NULL, "MS", "ceiling of a request's Redis read deadline", NULL, false, APC(remote.max_wait_ms)},
+    {"cache.remote.prefill_tps", "APC_REMOTE_PREFILL_TPS", "remote-prefill-tps", SETTING_INT, "500", 1, INT_MAX,
+     NULL, NULL, "cold prefill tokens per second assumed until the engine has measured one", NULL, false,
+     APC(remote.prefill_tps)},
+    {"cache.remote.timeout_ms", "APC_REMOTE_TIMEOUT_MS", "remote-timeout-ms", SETTING_INT, "1000", 1, 600000, NULL,
+     "MS", "socket timeout of writes and of the breaker's probes", NULL, false, APC(remote.timeout_ms)},
+    {"cache.remote.breaker_failures", "APC_REMOTE_BREAKER_FAILURES", "remote-breaker-failures", SETTING_INT, "3", 1,
+     1 << 20, NULL, NULL, "consecutive Redis errors or timeouts that open the circuit breaker",
+     "While it is open, reads and writes are skipped at once (writes count as drops) and a background probe "
+     "PINGs every `cache.remote.probe_ms`; the first opening logs one warning.",
+     false, APC(remote.breaker_failures)},
+    {"cache.remote.probe_ms", "APC_REMOTE_PROBE_MS", "remote-probe-ms", SETTING_INT, "1000", 1, 600000, NULL, "MS",
+     "interval of the breaker's background probe", NULL, false, APC(remote.probe_ms)},
+
     /* ---- cache.ckpt: the checkpoint tier (hybrid and sliding-window stacks) ---- */
     {"cache.ckpt.interval", "EMBER_APC_CKPT_INTERVAL", "ckpt-interval", SETTING_INT, "4096", 0, INT_MAX, NULL, NULL,
      "spacing of the prefill interval checkpoints in tokens; 0: only the terminal point",

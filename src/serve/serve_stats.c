@@ -101,6 +101,16 @@ cJSON *serve_cache_stats_json(apc *c) {
         cJSON_AddNumberToObject(o, "disk_read_errors", (double)s.disk_read_errors);
         cJSON_AddStringToObject(o, "disk_namespace", s.disk_namespace);
     }
+    if (s.remote_enabled) {
+        cJSON_AddNumberToObject(o, "remote_hits", (double)s.remote_hits);
+        cJSON_AddNumberToObject(o, "remote_hit_tokens", (double)s.remote_hit_tokens);
+        cJSON_AddNumberToObject(o, "remote_writes", (double)s.remote_writes);
+        cJSON_AddNumberToObject(o, "remote_errors", (double)s.remote_errors);
+        cJSON_AddNumberToObject(o, "remote_timeouts", (double)s.remote_timeouts);
+        cJSON_AddNumberToObject(o, "remote_corrupt", (double)s.remote_corrupt);
+        cJSON_AddNumberToObject(o, "remote_write_drops", (double)s.remote_write_drops);
+        cJSON_AddBoolToObject(o, "remote_breaker_open", s.remote_breaker_open);
+    }
     cJSON_AddBoolToObject(o, "enabled", true);
     return o;
 }

@@ -1,0 +1,119 @@
+/* apc_remote.h - the remote tier of the prompt cache: block chains shared
+ * between replicas through Redis (internal to src/apc; apc.h holds its
+ * config and the URL check that serve calls).
+ *
+ * Contract:
+ *  - Keys. "ember:apc:<ns>:b:<key>": <ns> is the SSD tier's namespace (32
+ *    hex digits: model fingerprint, cache format, kv format, layer mix;
+ *    apc_disk_namespace), <key> the block's chain key (32 hex digits; the
+ *    tenant salt is inside the key). Only replicas of one model under one
+ *    cache format ever meet; two tenants never share a key.
+ *  - Values. One block per key, self-describing, every integer
+ *    little-endian:
+ *
+ *      off  size  field
+ *        0     8  magic "EMBRRMT1"
+ *        8     4  version (1)
+ *       12     4  kind (1: a block of a chain)
+ *       16    16  namespace
+ *       32    16  key (= the Redis key's)
+ *       48    16  parent key (zero for a chain's first block)
+ *       64     4  rows (16, or 1..15 for a partial tail block)
+ *       68     4  zero
+ *       72     8  payload length P
+ *       80     8  checksum: XXH3-64 of bytes [0, 80), the token ids and
+ *                 the payload
+ *       88  4*rows token ids, int32
+ *        .     P  payload: the block as a one-block shard file of the SSD
+ *                 tier (apc_disk.h format, its own header, key chain and
+ *                 checksum)
+ *
+ *    A read checks all of it against what the request expects (namespace,
+ *    key, parent, rows, tokens, length, both checksums, the key recomputed
+ *    from parent, salt and tokens); any mismatch is counted (remote_corrupt),
+ *    the key is deleted so that a replica can write it again, and the chain
+ *    stops there: a miss, never an adoption.
+ *  - Writes are asynchronous: a store copies the rows of the blocks the
+ *    tier does not know to be remote into a bounded queue (bytes); when it
+ *    is full the write is dropped and counted (remote_write_drops). One
+ *    writer thread asks EXISTS for each key, sends SET NX EX <ttl> for the
+ *    missing ones (pipelined), and remembers the keys it wrote or saw so a
+ *    later store skips them without copying.
+ *  - Reads (apc_remote_chain_count, apc_remote_load_blocks) run on the
+ *    caller's thread - the engine's fetch threads - under the caller's
+ *    deadline: pipelined EXISTS to find the longest present run, then GETs
+ *    in windows; what was verified when time runs out is kept. A socket
+ *    that times out is closed (its replies would be out of step).
+ *  - Failure: breaker_failures consecutive errors or timeouts open a
+ *    circuit breaker: reads and writes stop at once (writes are counted as
+ *    drops) and a background thread PINGs every probe_ms until the server
+ *    answers. The first opening logs one warning; nothing here fails a
+ *    request.
+ *  - Locking: one mutex guards the queue, the connection pool, the known
+ *    keys, the breaker and the counters; no Redis call runs under it. */
+#ifndef EMBER_APC_REMOTE_H
+#define EMBER_APC_REMOTE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "apc/apc.h"
+#include "apc/apc_disk.h"
+#include "apc/apc_internal.h"
+#include "apc/apc_key.h"
+
+#define APC_REMOTE_VERSION 1u
+#define APC_REMOTE_KIND_BLOCK 1u
+#define APC_REMOTE_ENVELOPE_BYTES 88u
+
+/* Where the server is: redis://host[:port][/db] or unix:///path[?db=N]. */
+typedef struct apc_remote_addr {
+    char host[256];  /* "" for a unix socket */
+    int port;
+    char path[256];  /* unix socket path, else "" */
+    int db;
+} apc_remote_addr;
+
+/* Parses url; -1 with err naming what is wrong. */
+int apc_remote_parse_url(const char *url, apc_remote_addr *out, ember_error *err);
+
+typedef struct apc_remote apc_remote;
+
+typedef struct apc_remote_stats {
+    uint64_t hits, hit_tokens, writes, errors, timeouts, corrupt, write_drops;
+    bool breaker_open;
+} apc_remote_stats;
+
+/* Connects lazily: a server that is down at start-up only opens the
+ * breaker. NULL with err when the URL is bad or memory runs out. lay and
+ * pool are kept by reference. */
+apc_remote *apc_remote_open(const apc_remote_config *cfg, const uint8_t ns[16], const apc_layout *lay,
+                            apc_hash_kind hash, kv_pool *pool, ember_error *err);
+/* Lets queued writes go (flush first to wait for them), stops the threads. */
+void apc_remote_close(apc_remote *r);
+/* Waits until the write queue is empty and no write is in progress. */
+void apc_remote_flush(apc_remote *r);
+void apc_remote_get_stats(apc_remote *r, apc_remote_stats *s);
+void apc_remote_reset_counters(apc_remote *r);
+/* Whether reads are worth trying now (the breaker is closed). */
+bool apc_remote_up(apc_remote *r);
+
+/* Reads, on a fetch thread, before deadline (ember_now() seconds).
+ * How many of keys[0, n_keys) are present, consecutively from 0; when all
+ * are, *tail_at gets the index of the first present of tail[0, n_tail)
+ * (the caller lists partial-key candidates longest first), else -1. */
+int64_t apc_remote_chain_count(apc_remote *r, const apc_key *keys, int64_t n_keys, const apc_key *tail, int n_tail,
+                               int *tail_at, double deadline);
+/* Fills want[i].dst for i = 0.. with verified values (want[0]'s parent is
+ * parent); returns how many leading entries were loaded by the deadline. */
+int64_t apc_remote_load_blocks(apc_remote *r, const apc_key *parent, uint64_t salt, const apc_disk_want *want,
+                               int64_t n_want, double deadline);
+
+/* Queues the blocks [0, n_full) (+ a partial tail of tail_rows rows) of a
+ * stored chain whose keys the tier does not know to be remote; rows are
+ * copied out of seq's blocks now. keys has n_full (+1) entries. */
+void apc_remote_store_chain(apc_remote *r, const apc_key *keys, int64_t n_full, int tail_rows, const int32_t *tokens,
+                            uint64_t salt, const kv_seq *seq);
+
+#endif

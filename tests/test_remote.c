@@ -1,0 +1,710 @@
+/* test_remote.c - the remote tier on a real Redis (issue 13, part 1).
+ *
+ * Each test starts its own redis-server on a unix socket in a temporary
+ * directory, without persistence (--save '' --appendonly no), killed at
+ * the end (and by PR_SET_PDEATHSIG if the test dies). Two engines on one
+ * model file are two replicas: A computes and stores, B (a fresh engine:
+ * an empty pool) looks up. Every warm result is compared bit for bit
+ * (memcmp of every step's logits) with a cold run of the same request:
+ *  - B adopts N-1 of a prompt A computed, the partial tail block included,
+ *    and writes none of the blocks A wrote (EXISTS before SET);
+ *  - tenants (salts) and formats (hash kind, namespace) never cross;
+ *  - a value altered with SETRANGE, or replaced by garbage, is a counted
+ *    miss (remote_corrupt), deleted, and the chain stops before it;
+ *  - holes (DEL of some keys, as an allkeys-lru eviction leaves them): the
+ *    longest verified prefix is adopted; under a real maxmemory with
+ *    allkeys-lru every answer stays right and nothing is adopted beyond
+ *    what survived;
+ *  - redis stopped (SIGSTOP) or killed (SIGKILL) between a request's
+ *    EXISTS and its GETs: the request is right, its reads end within the
+ *    deadline, the breaker opens after the configured failures and closes
+ *    once the server answers again (restarted, for the kill);
+ *  - two `ember serve` processes: B's chat completion caches N-1 from
+ *    Redis, its logprobs equal A's cold ones, and the remote_* counters
+ *    show in /v1/cache/stats and /metrics.
+ * stories260K throughout (a llama: block tier). */
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+#include <cJSON.h>
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "apc/apc.h"
+#include "core/clock.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "serve/serve_metrics.h"
+#include "http_client.h"
+#include "test_util.h"
+
+#define STORIES "models/stories260K.gguf"
+#define N_PROMPT 600 /* 37 full blocks and a tail of 8 */
+
+/* ---- a redis-server of the test's own ---- */
+
+typedef struct redis_srv {
+    char *dir;
+    char sock[300];
+    char url[320];
+    pid_t pid;
+} redis_srv;
+
+static bool have_redis_server(void) {
+    int rc = system("command -v redis-server >/dev/null 2>&1");
+    return rc == 0;
+}
+
+/* Starts redis-server on dir/redis.sock (extra: more "--name value" args). */
+static void redis_start(redis_srv *r, const char *const *extra) {
+    if (r->dir == NULL) r->dir = make_temp_dir();
+    assert_non_null(r->dir);
+    snprintf(r->sock, sizeof r->sock, "%s/redis.sock", r->dir);
+    snprintf(r->url, sizeof r->url, "unix://%s", r->sock);
+    unlink(r->sock);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        char log[400];
+        snprintf(log, sizeof log, "%s/redis.log", r->dir);
+        if (freopen(log, "a", stdout) == NULL || freopen(log, "a", stderr) == NULL) _exit(126);
+        const char *argv[32] = {"redis-server", "--port", "0", "--unixsocket", r->sock, "--unixsocketperm", "700",
+                                "--save", "", "--appendonly", "no", "--dir", r->dir};
+        int n = 13;
+        for (int i = 0; extra && extra[i] && n < 31; i++) argv[n++] = extra[i];
+        argv[n] = NULL;
+        execvp("redis-server", (char *const *)argv);
+        _exit(127);
+    }
+    r->pid = pid;
+    for (int i = 0; i < 200; i++) {
+        struct timeval tv = {1, 0};
+        redisContext *c = redisConnectUnixWithTimeout(r->sock, tv);
+        if (c && !c->err) {
+            redisReply *rep = redisCommand(c, "PING");
+            bool ok = rep && rep->type == REDIS_REPLY_STATUS;
+            if (rep) freeReplyObject(rep);
+            redisFree(c);
+            if (ok) return;
+        } else if (c) {
+            redisFree(c);
+        }
+        usleep(50 * 1000);
+    }
+    fail_msg("redis-server did not come up on %s (see %s/redis.log)", r->sock, r->dir);
+}
+
+static void redis_kill(redis_srv *r) {
+    if (r->pid > 0) {
+        kill(r->pid, SIGCONT);
+        kill(r->pid, SIGKILL);
+        waitpid(r->pid, NULL, 0);
+        r->pid = 0;
+    }
+}
+
+static void redis_stop_all(redis_srv *r) {
+    redis_kill(r);
+    if (r->dir) remove_tree(r->dir);
+    free(r->dir);
+    r->dir = NULL;
+}
+
+static redisContext *redis_client(const redis_srv *r) {
+    struct timeval tv = {5, 0};
+    redisContext *c = redisConnectUnixWithTimeout(r->sock, tv);
+    assert_non_null(c);
+    assert_int_equal(c->err, 0);
+    return c;
+}
+
+/* The Redis key of the block whose tokens are tokens[0, rows) (values
+ * carry rows at offset 64 and the token ids from offset 88). */
+static bool find_block_key(redisContext *c, const int32_t *tokens, int rows, char *out, size_t cap) {
+    redisReply *keys = redisCommand(c, "KEYS ember:apc:*");
+    assert_non_null(keys);
+    bool found = false;
+    for (size_t i = 0; i < keys->elements && !found; i++) {
+        redisReply *v = redisCommand(c, "GET %s", keys->element[i]->str);
+        if (v && v->type == REDIS_REPLY_STRING && v->len >= 88 + 4 * (size_t)rows) {
+            const uint8_t *p = (const uint8_t *)v->str;
+            uint32_t vr = (uint32_t)p[64] | (uint32_t)p[65] << 8 | (uint32_t)p[66] << 16 | (uint32_t)p[67] << 24;
+            if (vr == (uint32_t)rows && memcmp(p + 88, tokens, 4 * (size_t)rows) == 0) {
+                snprintf(out, cap, "%s", keys->element[i]->str);
+                found = true;
+            }
+        }
+        if (v) freeReplyObject(v);
+    }
+    freeReplyObject(keys);
+    return found;
+}
+
+/* The tokens of tokens[0, n) a lookup can adopt from the values in Redis:
+ * the run of blocks present from block 0 (and the partial tail when all
+ * are), at most n-1. */
+static int64_t surviving_prefix(redisContext *c, const int32_t *tokens, int64_t n) {
+    redisReply *keys = redisCommand(c, "KEYS ember:apc:*");
+    assert_non_null(keys);
+    size_t nv = keys->elements;
+    redisReply **vals = calloc(nv ? nv : 1, sizeof *vals);
+    for (size_t i = 0; i < nv; i++) vals[i] = redisCommand(c, "GET %s", keys->element[i]->str);
+    int64_t got = 0;
+    for (int64_t b = 0; b * 16 < n; b++) {
+        int rows = (b + 1) * 16 <= n ? 16 : (int)(n - b * 16);
+        bool found = false;
+        for (size_t i = 0; i < nv && !found; i++) {
+            const redisReply *v = vals[i];
+            if (v == NULL || v->type != REDIS_REPLY_STRING || v->len < 88 + 4 * (size_t)rows) continue;
+            const uint8_t *p = (const uint8_t *)v->str;
+            found = p[64] == rows && memcmp(p + 88, tokens + b * 16, 4 * (size_t)rows) == 0;
+        }
+        if (!found) break;
+        got += rows;
+    }
+    for (size_t i = 0; i < nv; i++)
+        if (vals[i]) freeReplyObject(vals[i]);
+    free(vals);
+    freeReplyObject(keys);
+    return got > n - 1 ? n - 1 : got;
+}
+
+static long long redis_int(redisContext *c, const char *fmt, const char *arg) {
+    redisReply *rep = redisCommand(c, fmt, arg);
+    assert_non_null(rep);
+    long long v = rep->type == REDIS_REPLY_INTEGER ? rep->integer : -1;
+    freeReplyObject(rep);
+    return v;
+}
+
+/* ---- replicas ---- */
+
+typedef struct replica_opts {
+    const char *url;
+    apc_hash_kind hash;
+    const char *ns;
+    int wait_ms;          /* fixed read deadline (min = max); 0: 2000 */
+    int breaker_failures; /* 0: 3 */
+} replica_opts;
+
+/* The read hook: what to do to redis before the first window of GETs. */
+enum { HOOK_NONE = 0, HOOK_STOP = 1, HOOK_KILL = 2 };
+static int hook_action;
+static redis_srv *hook_redis;
+static int hook_fired;
+
+static void read_hook(void *user, int stage) {
+    (void)user;
+    if (stage != 1 || hook_action == HOOK_NONE || hook_redis == NULL || hook_redis->pid <= 0) return;
+    if (hook_action == HOOK_STOP) {
+        kill(hook_redis->pid, SIGSTOP);
+    } else {
+        kill(hook_redis->pid, SIGKILL);
+        waitpid(hook_redis->pid, NULL, 0);
+        hook_redis->pid = 0;
+    }
+    hook_action = HOOK_NONE;
+    hook_fired++;
+}
+
+static engine *open_replica(const model *m, const replica_opts *o) {
+    engine_config cfg = engine_default_config();
+    cfg.n_threads = 1;
+    cfg.prefill_step = 32;
+    cfg.cache.hash = o->hash;
+    cfg.cache.disk.namespace_override = o->ns;
+    cfg.cache.remote.url = o->url;
+    int wait = o->wait_ms > 0 ? o->wait_ms : 2000;
+    cfg.cache.remote.min_wait_ms = wait;
+    cfg.cache.remote.max_wait_ms = wait;
+    cfg.cache.remote.timeout_ms = 300;
+    cfg.cache.remote.probe_ms = 100;
+    cfg.cache.remote.breaker_failures = o->breaker_failures > 0 ? o->breaker_failures : 3;
+    cfg.cache.remote.read_hook = read_hook;
+    return test_open_engine(m, &cfg);
+}
+
+static void generate(engine *e, const int32_t *prompt, int64_t n, int max_tokens, engine_cache_mode mode,
+                     uint64_t salt, engine_result *r) {
+    engine_request q = engine_default_request();
+    q.prompt = prompt;
+    q.n_prompt = n;
+    q.max_tokens = max_tokens;
+    q.cache = mode;
+    q.salt = salt;
+    q.stop_at_eog = false;
+    q.want_logits = true;
+    ember_error err;
+    if (engine_generate(e, &q, r, &err) < 0) fail_msg("engine_generate: %s", err.msg);
+}
+
+/* Warm (cache on) against cold (bypass) on e; returns the adopted count
+ * and, in *cache_s, the warm request's time inside the cache. */
+static int64_t check(engine *e, const int32_t *prompt, int64_t n, uint64_t salt, const char *what, double *cache_s) {
+    engine_result warm, cold;
+    generate(e, prompt, n, 6, ENGINE_CACHE_ON, salt, &warm);
+    generate(e, prompt, n, 6, ENGINE_CACHE_BYPASS, salt, &cold);
+    assert_warm_equals_cold(&cold, &warm, what);
+    assert_int_equal(warm.cached_tokens + warm.prompt_forwarded, n);
+    int64_t cached = warm.cached_tokens;
+    if (cache_s) *cache_s = warm.cache_s;
+    engine_result_free(&warm);
+    engine_result_free(&cold);
+    return cached;
+}
+
+/* A computes and stores the prompt; its writes have landed on return. */
+static void compute_on(engine *a, const int32_t *prompt, int64_t n, uint64_t salt) {
+    engine_result r;
+    generate(a, prompt, n, 6, ENGINE_CACHE_ON, salt, &r);
+    engine_result_free(&r);
+    apc_flush(engine_cache(a));
+}
+
+static apc_stats stats_of(engine *e) {
+    apc_stats s;
+    apc_get_stats(engine_cache(e), &s);
+    return s;
+}
+
+static uint64_t rng_state = 0x8f1bbcdcca62c1d6ull;
+
+typedef struct fixture {
+    model *m;
+    redis_srv redis;
+    int32_t prompt[N_PROMPT];
+    int vocab;
+} fixture;
+
+static int setup(void **state) {
+    const char *path = fixture_path(STORIES);
+    if (path == NULL) return 0; /* each test skips */
+    fixture *f = calloc(1, sizeof *f);
+    ember_error err;
+    f->m = model_load(path, &err);
+    if (f->m == NULL) {
+        print_message("%s: %s\n", path, err.msg);
+        free(f);
+        return -1;
+    }
+    f->vocab = model_get_hparams(f->m)->n_vocab;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    if (f) {
+        model_free(f->m);
+        free(f);
+    }
+    return 0;
+}
+
+/* Starts the test: a model, a fresh redis, a fresh prompt. NULL: skipped. */
+static fixture *begin(void **state, const char *const *redis_args) {
+    fixture *f = *state;
+    if (f == NULL) {
+        skip();
+        return NULL;
+    }
+    if (!have_redis_server()) {
+        if (getenv("CI") && strcmp(getenv("CI"), "0") != 0) fail_msg("redis-server is not installed (scripts/install-deps.sh)");
+        print_message("skipping: redis-server is not installed\n");
+        skip();
+        return NULL;
+    }
+    memset(&f->redis, 0, sizeof f->redis);
+    redis_start(&f->redis, redis_args);
+    test_random_tokens(&rng_state, f->prompt, N_PROMPT, f->vocab);
+    hook_action = HOOK_NONE;
+    hook_redis = &f->redis;
+    hook_fired = 0;
+    return f;
+}
+
+static void end(fixture *f) {
+    hook_redis = NULL;
+    redis_stop_all(&f->redis);
+}
+
+/* ---- tests ---- */
+
+static void test_replica_adopts_what_another_computed(void **state) {
+    fixture *f = begin(state, NULL);
+    if (f == NULL) return;
+    replica_opts o = {f->redis.url, APC_HASH_SHA256, NULL, 0, 0};
+    engine *a = open_replica(f->m, &o);
+    compute_on(a, f->prompt, N_PROMPT, 0);
+    apc_stats sa = stats_of(a);
+    assert_true(sa.remote_enabled);
+    assert_true(sa.remote_writes >= N_PROMPT / 16 + 1); /* 37 blocks and the tail, then the reply's */
+    assert_int_equal(sa.remote_errors, 0);
+
+    engine *b = open_replica(f->m, &o);
+    int64_t cached = check(b, f->prompt, N_PROMPT, 0, "replica B from Redis", NULL);
+    assert_int_equal(cached, N_PROMPT - 1);
+    apc_flush(engine_cache(b));
+    apc_stats sb = stats_of(b);
+    assert_int_equal(sb.remote_hits, N_PROMPT / 16 + 1);
+    assert_int_equal(sb.remote_hit_tokens, N_PROMPT);
+    assert_int_equal(sb.remote_corrupt, 0);
+    /* B's stores met A's values (same tokens, same reply): nothing written twice. */
+    assert_int_equal(sb.remote_writes, 0);
+    /* A resend on B is served from memory. */
+    assert_int_equal(check(b, f->prompt, N_PROMPT, 0, "replica B resend", NULL), N_PROMPT - 1);
+    assert_int_equal(stats_of(b).remote_hits, sb.remote_hits);
+    /* A longer prompt on a third replica: the stored prefix, then cold. */
+    engine *c = open_replica(f->m, &o);
+    int32_t longer[N_PROMPT + 40];
+    memcpy(longer, f->prompt, sizeof f->prompt);
+    test_random_tokens(&rng_state, longer + N_PROMPT, 40, f->vocab);
+    int64_t got = check(c, longer, N_PROMPT + 40, 0, "replica C, longer prompt", NULL);
+    assert_true(got >= N_PROMPT / 16 * 16);
+    engine_free(a);
+    engine_free(b);
+    engine_free(c);
+    end(f);
+}
+
+static void test_tenants_and_formats_never_cross(void **state) {
+    fixture *f = begin(state, NULL);
+    if (f == NULL) return;
+    const uint64_t alice = apc_salt_for_tenant("alice", 5), bob = apc_salt_for_tenant("bob", 3);
+    replica_opts o = {f->redis.url, APC_HASH_SHA256, NULL, 0, 0};
+    engine *a = open_replica(f->m, &o);
+    compute_on(a, f->prompt, N_PROMPT, alice);
+    engine *b = open_replica(f->m, &o);
+    assert_int_equal(check(b, f->prompt, N_PROMPT, bob, "another tenant", NULL), 0);
+    assert_int_equal(check(b, f->prompt, N_PROMPT, 0, "no tenant", NULL), 0);
+    assert_int_equal(stats_of(b).remote_hits, 0);
+    assert_int_equal(check(b, f->prompt, N_PROMPT, alice, "the same tenant", NULL), N_PROMPT - 1);
+    /* Another hash kind, another namespace: other keys altogether. */
+    replica_opts ox = {f->redis.url, APC_HASH_XXH3, NULL, 0, 0};
+    engine *x = open_replica(f->m, &ox);
+    assert_int_equal(check(x, f->prompt, N_PROMPT, alice, "another hash kind", NULL), 0);
+    replica_opts on = {f->redis.url, APC_HASH_SHA256, "another-format", 0, 0};
+    engine *y = open_replica(f->m, &on);
+    assert_int_equal(check(y, f->prompt, N_PROMPT, alice, "another namespace", NULL), 0);
+    assert_int_equal(stats_of(x).remote_hits + stats_of(y).remote_hits, 0);
+    assert_int_equal(stats_of(x).remote_corrupt + stats_of(y).remote_corrupt + stats_of(b).remote_corrupt, 0);
+    engine_free(a);
+    engine_free(b);
+    engine_free(x);
+    engine_free(y);
+    end(f);
+}
+
+static void test_altered_values_are_counted_misses(void **state) {
+    fixture *f = begin(state, NULL);
+    if (f == NULL) return;
+    replica_opts o = {f->redis.url, APC_HASH_SHA256, NULL, 0, 0};
+    engine *a = open_replica(f->m, &o);
+    compute_on(a, f->prompt, N_PROMPT, 0);
+    redisContext *rc = redis_client(&f->redis);
+    char key[200];
+    /* One byte of block 10's K/V payload. */
+    assert_true(find_block_key(rc, f->prompt + 10 * 16, 16, key, sizeof key));
+    redisReply *rep = redisCommand(rc, "SETRANGE %s %d %s", key, 88 + 64 + 128 + 16 + 64 + 200, "\x7f\x7f");
+    assert_non_null(rep);
+    freeReplyObject(rep);
+    engine *b = open_replica(f->m, &o);
+    assert_int_equal(check(b, f->prompt, N_PROMPT, 0, "after SETRANGE on block 10", NULL), 10 * 16);
+    assert_int_equal(stats_of(b).remote_corrupt, 1);
+    /* The bad value was deleted, so B's own store wrote block 10 again. */
+    apc_flush(engine_cache(b));
+    assert_int_equal(redis_int(rc, "EXISTS %s", key), 1);
+    engine *d = open_replica(f->m, &o);
+    assert_int_equal(check(d, f->prompt, N_PROMPT, 0, "block 10 rewritten by B", NULL), N_PROMPT - 1);
+    assert_int_equal(stats_of(d).remote_corrupt, 0);
+    engine_free(d);
+    /* A second prompt whose first value is garbage: nothing adopted. */
+    int32_t other[300];
+    test_random_tokens(&rng_state, other, 300, f->vocab);
+    compute_on(a, other, 300, 0);
+    assert_true(find_block_key(rc, other, 16, key, sizeof key));
+    rep = redisCommand(rc, "SET %s %s", key, "not a cache value");
+    freeReplyObject(rep);
+    engine *c = open_replica(f->m, &o);
+    assert_int_equal(check(c, other, 300, 0, "garbage in block 0", NULL), 0);
+    assert_int_equal(stats_of(c).remote_corrupt, 1);
+    /* The token ids of block 3 of the first prompt, with the checksum left alone. */
+    assert_true(find_block_key(rc, f->prompt + 3 * 16, 16, key, sizeof key));
+    rep = redisCommand(rc, "SETRANGE %s %d %s", key, 88, "\x01\x00\x00\x00");
+    freeReplyObject(rep);
+    assert_int_equal(check(c, f->prompt, N_PROMPT, 0, "other tokens in block 3", NULL), 3 * 16);
+    assert_int_equal(stats_of(c).remote_corrupt, 2);
+    redisFree(rc);
+    engine_free(a);
+    engine_free(b);
+    engine_free(c);
+    end(f);
+}
+
+static void test_holes_keep_the_verified_prefix(void **state) {
+    fixture *f = begin(state, NULL);
+    if (f == NULL) return;
+    replica_opts o = {f->redis.url, APC_HASH_SHA256, NULL, 0, 0};
+    engine *a = open_replica(f->m, &o);
+    compute_on(a, f->prompt, N_PROMPT, 0);
+    redisContext *rc = redis_client(&f->redis);
+    char key[200];
+    assert_true(find_block_key(rc, f->prompt + 20 * 16, 16, key, sizeof key));
+    assert_int_equal(redis_int(rc, "DEL %s", key), 1);
+    engine *b = open_replica(f->m, &o);
+    assert_int_equal(check(b, f->prompt, N_PROMPT, 0, "hole at block 20", NULL), 20 * 16);
+    assert_true(find_block_key(rc, f->prompt + 5 * 16, 16, key, sizeof key));
+    assert_int_equal(redis_int(rc, "DEL %s", key), 1);
+    engine *c = open_replica(f->m, &o);
+    assert_int_equal(check(c, f->prompt, N_PROMPT, 0, "hole at block 5", NULL), 5 * 16);
+    assert_int_equal(stats_of(b).remote_corrupt + stats_of(c).remote_corrupt, 0);
+    redisFree(rc);
+    engine_free(a);
+    engine_free(b);
+    engine_free(c);
+    end(f);
+}
+
+/* A Redis too small for the workload, evicting with allkeys-lru: each
+ * chain keeps some prefix or none, every answer is right. */
+static void test_full_redis_evicts_and_answers_stay_right(void **state) {
+    static const char *const args[] = {"--maxmemory", "3mb", "--maxmemory-policy", "allkeys-lru", NULL};
+    fixture *f = begin(state, args);
+    if (f == NULL) return;
+    replica_opts o = {f->redis.url, APC_HASH_SHA256, NULL, 0, 0};
+    engine *a = open_replica(f->m, &o);
+    enum { K = 6 };
+    static int32_t prompts[K][N_PROMPT];
+    for (int k = 0; k < K; k++) {
+        test_random_tokens(&rng_state, prompts[k], N_PROMPT, f->vocab);
+        compute_on(a, prompts[k], N_PROMPT, 0);
+    }
+    redisContext *rc = redis_client(&f->redis);
+    redisReply *info = redisCommand(rc, "INFO stats");
+    assert_non_null(info);
+    const char *ev = strstr(info->str, "evicted_keys:");
+    assert_non_null(ev);
+    long evicted = strtol(ev + 13, NULL, 10);
+    freeReplyObject(info);
+    redisFree(rc);
+    print_message("allkeys-lru evicted %ld values\n", evicted);
+    assert_true(evicted > 0);
+    engine *b = open_replica(f->m, &o);
+    int64_t total = 0;
+    for (int k = K - 1; k >= 0; k--) {
+        /* What survived of this chain, read from Redis just before B reads
+         * (B's writer is idle). */
+        apc_flush(engine_cache(b));
+        rc = redis_client(&f->redis);
+        int64_t expect = surviving_prefix(rc, prompts[k], N_PROMPT);
+        redisFree(rc);
+        char what[64];
+        snprintf(what, sizeof what, "prompt %d after evictions", k);
+        int64_t got = check(b, prompts[k], N_PROMPT, 0, what, NULL);
+        /* Reads evict too near maxmemory (replies fill output buffers),
+         * so B may find less than the scan saw, never more. */
+        assert_true(got <= expect);
+        assert_true(got == N_PROMPT - 1 || got % 16 == 0);
+        total += got;
+    }
+    print_message("adopted %lld of %d tokens\n", (long long)total, K * N_PROMPT);
+    assert_int_equal(stats_of(b).remote_corrupt, 0);
+    engine_free(a);
+    engine_free(b);
+    end(f);
+}
+
+#define DEADLINE_MS 300
+
+static void test_stopped_redis_mid_request(void **state) {
+    fixture *f = begin(state, NULL);
+    if (f == NULL) return;
+    replica_opts o = {f->redis.url, APC_HASH_SHA256, NULL, DEADLINE_MS, 2};
+    engine *a = open_replica(f->m, &o);
+    compute_on(a, f->prompt, N_PROMPT, 0);
+    engine *b = open_replica(f->m, &o);
+    hook_action = HOOK_STOP; /* between B's EXISTS and its GETs */
+    double cache_s = 0;
+    assert_int_equal(check(b, f->prompt, N_PROMPT, 0, "redis stopped mid-request", &cache_s), 0);
+    assert_int_equal(hook_fired, 1);
+    print_message("stopped mid-request: %.3f s in the cache (deadline %d ms)\n", cache_s, DEADLINE_MS);
+    assert_true(cache_s < DEADLINE_MS / 1000.0 + 0.4);
+    apc_stats s = stats_of(b);
+    assert_true(s.remote_timeouts >= 1);
+    /* The writer's store of B's cold run times out too: the breaker opens. */
+    apc_flush(engine_cache(b));
+    s = stats_of(b);
+    assert_true(s.remote_breaker_open);
+    /* With the breaker open, a request costs nothing. */
+    int32_t other[200];
+    test_random_tokens(&rng_state, other, 200, f->vocab);
+    assert_int_equal(check(b, other, 200, 0, "breaker open", &cache_s), 0);
+    print_message("breaker open: %.4f s in the cache\n", cache_s);
+    assert_true(cache_s < 0.1);
+    /* The server answers again: the probe closes the breaker. */
+    kill(f->redis.pid, SIGCONT);
+    double t0 = ember_now();
+    while (stats_of(b).remote_breaker_open && ember_now() - t0 < 5) usleep(20 * 1000);
+    assert_false(stats_of(b).remote_breaker_open);
+    engine *c = open_replica(f->m, &o);
+    assert_int_equal(check(c, f->prompt, N_PROMPT, 0, "after SIGCONT", NULL), N_PROMPT - 1);
+    engine_free(a);
+    engine_free(b);
+    engine_free(c);
+    end(f);
+}
+
+static void test_killed_redis_mid_request(void **state) {
+    fixture *f = begin(state, NULL);
+    if (f == NULL) return;
+    replica_opts o = {f->redis.url, APC_HASH_SHA256, NULL, DEADLINE_MS, 2};
+    engine *a = open_replica(f->m, &o);
+    compute_on(a, f->prompt, N_PROMPT, 0);
+    engine *b = open_replica(f->m, &o);
+    hook_action = HOOK_KILL;
+    double cache_s = 0;
+    assert_int_equal(check(b, f->prompt, N_PROMPT, 0, "redis killed mid-request", &cache_s), 0);
+    assert_int_equal(hook_fired, 1);
+    print_message("killed mid-request: %.3f s in the cache\n", cache_s);
+    assert_true(cache_s < DEADLINE_MS / 1000.0 + 0.4);
+    apc_flush(engine_cache(b));
+    apc_stats s = stats_of(b);
+    assert_true(s.remote_errors >= 1);
+    assert_true(s.remote_breaker_open);
+    /* Restarted (empty): the probe closes the breaker, A's next store lands. */
+    redis_start(&f->redis, NULL);
+    double t0 = ember_now();
+    while ((stats_of(b).remote_breaker_open || stats_of(a).remote_breaker_open) && ember_now() - t0 < 5)
+        usleep(20 * 1000);
+    assert_false(stats_of(b).remote_breaker_open);
+    int32_t other[300];
+    test_random_tokens(&rng_state, other, 300, f->vocab);
+    engine *a2 = open_replica(f->m, &o);
+    compute_on(a2, other, 300, 0);
+    assert_int_equal(check(b, other, 300, 0, "after the restart", NULL), 299);
+    engine_free(a);
+    engine_free(a2);
+    engine_free(b);
+    end(f);
+}
+
+/* ---- two servers ---- */
+
+static cJSON *post_json(int port, const char *path, const char *body) {
+    char *out = NULL;
+    int st = http_call(port, "POST", path, NULL, body, &out);
+    if (st != 200) fail_msg("POST %s: %d %s", path, st, out ? out : "");
+    cJSON *j = cJSON_Parse(out);
+    free(out);
+    assert_non_null(j);
+    return j;
+}
+
+static cJSON *get_json(int port, const char *path) {
+    char *out = NULL;
+    assert_int_equal(http_call(port, "GET", path, NULL, NULL, &out), 200);
+    cJSON *j = cJSON_Parse(out);
+    free(out);
+    assert_non_null(j);
+    return j;
+}
+
+static double num(const cJSON *o, const char *name) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!cJSON_IsNumber(v)) fail_msg("missing number %s", name);
+    return v->valuedouble;
+}
+
+static void test_two_servers_share_through_redis(void **state) {
+    fixture *f = begin(state, NULL);
+    if (f == NULL) return;
+    const char *bin = ember_binary();
+    if (bin == NULL) {
+        skip();
+        end(f);
+        return;
+    }
+    char *extra[] = {"--remote-url", f->redis.url, "--ctx", "2048", NULL};
+    char log_a[400], log_b[400];
+    snprintf(log_a, sizeof log_a, "%s/a.log", f->redis.dir);
+    snprintf(log_b, sizeof log_b, "%s/b.log", f->redis.dir);
+    pid_t pa = 0, pb = 0;
+    int port_a = http_spawn_ember(bin, fixture_path(STORIES), extra, log_a, &pa);
+    int port_b = http_spawn_ember(bin, fixture_path(STORIES), extra, log_b, &pb);
+    assert_true(port_a > 0 && port_b > 0);
+    char body[4096];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":8,\"temperature\":0,"
+             "\"logprobs\":true,\"top_logprobs\":2}",
+             "Once upon a time there was a little girl named Lily who loved to play in the park with her "
+             "friends. One day she found a big red ball under a tree and she was very happy. She ran to "
+             "her mom and said: look what I found! Her mom smiled and said they could play with it "
+             "together after lunch, and so they did, all afternoon, until the sun went down.");
+    cJSON *ra = post_json(port_a, "/v1/chat/completions", body);
+    const cJSON *usage = cJSON_GetObjectItemCaseSensitive(ra, "usage");
+    int n = (int)num(usage, "prompt_tokens");
+    assert_true(n > 64);
+    /* A's writes land asynchronously: wait until they stop. */
+    double t0 = ember_now(), last = -1;
+    int stable = 0;
+    while (ember_now() - t0 < 10 && stable < 3) {
+        cJSON *st = get_json(port_a, "/v1/cache/stats");
+        double w = num(st, "remote_writes");
+        cJSON_Delete(st);
+        stable = w >= n / 16 && w == last ? stable + 1 : 0;
+        last = w;
+        usleep(100 * 1000);
+    }
+    cJSON *rb = post_json(port_b, "/v1/chat/completions", body);
+    int cached = (int)num(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(rb, "usage"),
+                                                            "prompt_tokens_details"),
+                          "cached_tokens");
+    assert_int_equal(cached, n - 1);
+    char *la = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(ra, "choices"), 0), "logprobs"));
+    char *lb = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(rb, "choices"), 0), "logprobs"));
+    assert_string_equal(la, lb); /* bit-identical logits print identically */
+    free(la);
+    free(lb);
+    cJSON *sb = get_json(port_b, "/v1/cache/stats");
+    assert_true(num(sb, "remote_hits") >= n / 16);
+    assert_true(num(sb, "remote_hit_tokens") >= n - 1);
+    assert_int_equal((int)num(sb, "remote_corrupt"), 0);
+    assert_int_equal((int)num(sb, "remote_errors"), 0);
+    assert_non_null(cJSON_GetObjectItemCaseSensitive(sb, "remote_timeouts"));
+    assert_non_null(cJSON_GetObjectItemCaseSensitive(sb, "remote_write_drops"));
+    assert_non_null(cJSON_GetObjectItemCaseSensitive(sb, "remote_writes"));
+    cJSON_Delete(sb);
+    char *metrics = NULL;
+    assert_int_equal(http_call(port_b, "GET", "/metrics", NULL, NULL, &metrics), 200);
+    assert_true(serve_metrics_text_sum(metrics, "ember_apc_remote_hits_total") >= n / 16);
+    assert_true(serve_metrics_text_sum(metrics, "ember_apc_remote_hit_tokens_total") >= n - 1);
+    assert_non_null(strstr(metrics, "ember_apc_remote_write_drops_total"));
+    free(metrics);
+    cJSON_Delete(ra);
+    cJSON_Delete(rb);
+    assert_int_equal(http_stop_server(&pa, 5000), 0);
+    assert_int_equal(http_stop_server(&pb, 5000), 0);
+    end(f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_replica_adopts_what_another_computed),
+        cmocka_unit_test(test_tenants_and_formats_never_cross),
+        cmocka_unit_test(test_altered_values_are_counted_misses),
+        cmocka_unit_test(test_holes_keep_the_verified_prefix),
+        cmocka_unit_test(test_full_redis_evicts_and_answers_stay_right),
+        cmocka_unit_test(test_stopped_redis_mid_request),
+        cmocka_unit_test(test_killed_redis_mid_request),
+        cmocka_unit_test(test_two_servers_share_through_redis),
+    };
+    return test_run_group(tests, setup, teardown);
+}
