@@ -15,7 +15,7 @@ MODEL ?= models/stories260K.gguf
 
 PREFIX ?= /usr/local
 
-.PHONY: all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-kv bench-serve bench-multiturn bench-scenarios bench-predict bench-retire-stall bench-spec load-test install docs fuzz-all clean
+.PHONY: all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-kv bench-serve bench-multiturn bench-scenarios bench-predict bench-retire-stall bench-spec bench-remote load-test install docs fuzz-all clean
 
 all: build
 
@@ -163,6 +163,19 @@ bench-spec: build
 	./build/bench_spec decode models/stories260K.gguf --draft $(BENCH_MODELS)/stories260K-q8_0.gguf \
 	  --draft $(BENCH_MODELS)/stories260K-q4_0.gguf --self --lookup --tokens 256 2>/dev/null
 	./build/bench_spec decode ../shared/fixtures/reference/qwen35-mtp-normjit-f32.gguf --mtp --lookup --tokens 128 2>/dev/null
+
+# The remote tier (issue 13): TTFT of a replica that takes another
+# replica's KV from Redis vs a cold prefill, at REMOTE_SIZES tokens on the
+# qwen3-0.6b shape (Q8_0 weights; the KV is f32), and the hit rate of two
+# replicas sharing Redis on a replayed multi-user trace (the `small` qwen3
+# model) vs one replica. The bench starts its own redis-server.
+REMOTE_SIZES ?= 4096,16384
+bench-remote: build
+	mkdir -p $(BENCH_MODELS)
+	[ -f $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf ] || ./build/ember mkmodel --arch qwen3 --preset qwen3-0.6b --type q8_0 \
+	  --seed 1 --out $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf
+	./build/bench_remote $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf --threads 2 --sizes $(REMOTE_SIZES) \
+	  --trace-model build/models/default.gguf
 
 # Load test (not CI): 32 concurrent streaming clients for 60 s against ember
 # serve on loopback; fails on any failed or malformed response, or when the

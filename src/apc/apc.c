@@ -92,6 +92,12 @@
  *    loaded into fresh pool blocks and indexed (the next hit is from
  *    memory), a snapshot read from disk joins the exact LRU. apc_reset
  *    leaves the disk alone; apc_free lets queued writes land first.
+ *  - Remote tier (cfg.remote.url set; apc_remote.h has the format): block
+ *    chains only. Stores also go to Redis, asynchronously; apc_prefetch,
+ *    after the disk, continues the chain from Redis into fresh pool blocks
+ *    under a deadline of a share of what a cold prefill of the missing
+ *    tokens costs (apc_note_prefill measures it), and indexes what
+ *    verified, so the request's lookup finds it in memory.
  *
  * Store points. The tiers store at three points of a request: PAUSE
  * (prefill stopped at N-1; the exact tier snapshots there), PREFILL (the

@@ -284,7 +284,8 @@ apc_config apc_default_config(void);
 apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *stack, const apc_state_ops *state,
                 const apc_config *cfg, ember_error *err);
 void apc_free(apc *c);
-/* Waits until every queued disk write has landed (no-op without a disk). */
+/* Waits until every queued disk and remote write has landed (no-op
+ * without those tiers). */
 void apc_flush(apc *c);
 apc_tier apc_get_tier(const apc *c);
 /* The SSD tier's namespace (apc_disk.h) of this cache's format for a model
@@ -309,7 +310,7 @@ void apc_seq_release(apc *c, kv_seq *seq);
  * request's lookup then finds it. Thread-safe, touches no live sequence,
  * may block on the disk: the request driver runs it on its fetch threads
  * with a deadline. Returns the tokens memory now holds for the prompt
- * (at most n-1). A cache without a disk tier returns 0 at once. */
+ * (at most n-1). A cache without a disk or remote tier returns 0 at once. */
 bool apc_has_disk(const apc *c);
 int64_t apc_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
 

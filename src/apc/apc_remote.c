@@ -292,15 +292,21 @@ static redisContext *dial(const apc_remote_addr *a, double seconds) {
     return c;
 }
 
-/* A connection whose socket waits are bounded by the time left. */
-static redisContext *conn_get(apc_remote *r, double deadline) {
+/* A connection whose socket waits are bounded by the time left; *pooled
+ * says whether it was idle in the pool (it may predate a server restart). */
+static redisContext *conn_get(apc_remote *r, double deadline, bool *pooled) {
+    *pooled = false;
     double left = deadline - ember_now();
     if (left <= 0) return NULL;
     pthread_mutex_lock(&r->lock);
     redisContext *c = r->n_idle > 0 ? r->idle[--r->n_idle] : NULL;
     pthread_mutex_unlock(&r->lock);
-    if (c == NULL) c = dial(&r->addr, left);
-    else redisSetTimeout(c, tv_of(left));
+    if (c == NULL) {
+        c = dial(&r->addr, left);
+    } else {
+        *pooled = true;
+        redisSetTimeout(c, tv_of(left));
+    }
     return c;
 }
 
@@ -502,12 +508,14 @@ static int64_t chain_count(apc_remote *r, const apc_key *keys, int64_t n_keys, c
     *tail_at = -1;
     int64_t total = n_keys + n_tail;
     if (total == 0 || !apc_remote_up(r)) return 0;
-    redisContext *c = conn_get(r, deadline);
+    bool pooled;
+    redisContext *c = conn_get(r, deadline, &pooled);
     if (c == NULL) {
         fail_conn(r, NULL, deadline, "connect");
         return 0;
     }
     if (r->cfg.read_hook) r->cfg.read_hook(r->cfg.read_hook_user, 0);
+retry:;
     char name[96];
     for (int64_t i = 0; i < total; i++) {
         key_name(r, i < n_keys ? &keys[i] : &tail[i - n_keys], name);
@@ -532,6 +540,19 @@ static int64_t chain_count(apc_remote *r, const apc_key *keys, int64_t n_keys, c
             *tail_at = (int)(i - n_keys);
         }
     }
+    if (broken && pooled && !timed_out(c, deadline)) {
+        /* An idle connection the server dropped (a restart): one fresh try. */
+        redisFree(c);
+        pooled = false;
+        run = 0;
+        *tail_at = -1;
+        c = dial(&r->addr, deadline - ember_now());
+        if (c == NULL) {
+            fail_conn(r, NULL, deadline, "connect");
+            return 0;
+        }
+        goto retry;
+    }
     if (broken) {
         fail_conn(r, c, deadline, "EXISTS");
         *tail_at = -1;
@@ -545,7 +566,8 @@ static int64_t chain_count(apc_remote *r, const apc_key *keys, int64_t n_keys, c
 static int64_t load_blocks(apc_remote *r, const apc_key *parent, uint64_t salt, const apc_disk_want *want,
                            int64_t n_want, double deadline) {
     if (n_want == 0 || !apc_remote_up(r)) return 0;
-    redisContext *c = conn_get(r, deadline);
+    bool pooled;
+    redisContext *c = conn_get(r, deadline, &pooled);
     if (c == NULL) {
         fail_conn(r, NULL, deadline, "connect");
         return 0;
@@ -662,7 +684,8 @@ static void write_job(apc_remote *r, rjob *j) {
         return;
     }
     double deadline = ember_now() + (r->cfg.timeout_ms > 0 ? r->cfg.timeout_ms : 1000) / 1000.0;
-    redisContext *c = conn_get(r, deadline);
+    bool pooled;
+    redisContext *c = conn_get(r, deadline, &pooled);
     if (c == NULL) {
         fail_conn(r, NULL, deadline, "connect");
         pthread_mutex_lock(&r->lock);
