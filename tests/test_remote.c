@@ -19,6 +19,8 @@
  *    EXISTS and its GETs: the request is right, its reads end within the
  *    deadline, the breaker opens after the configured failures and closes
  *    once the server answers again (restarted, for the kill);
+ *  - the exact tier (mamba2, recurrent state): B adopts A's N-1 snapshot,
+ *    another tenant nothing, an altered snapshot is a counted miss;
  *  - two `ember serve` processes: B's chat completion caches N-1 from
  *    Redis, its logprobs equal A's cold ones, and the remote_* counters
  *    show in /v1/cache/stats and /metrics.
@@ -594,6 +596,69 @@ static void test_killed_redis_mid_request(void **state) {
     end(f);
 }
 
+/* The exact tier (mamba2: recurrent state, whole snapshots): B adopts the
+ * N-1 snapshot A stored, state included; another tenant finds nothing; an
+ * altered snapshot is a counted miss. */
+static void test_exact_snapshot_from_another_replica(void **state) {
+    fixture *f = begin(state, NULL);
+    if (f == NULL) return;
+    const char *path = fixture_path("reference/mamba2-f32.gguf");
+    if (path == NULL) {
+        end(f);
+        skip();
+        return;
+    }
+    ember_error err;
+    model *m = model_load(path, &err);
+    if (m == NULL) fail_msg("%s: %s", path, err.msg);
+    enum { N = 300 };
+    int32_t prompt[N];
+    test_random_tokens(&rng_state, prompt, N, model_get_hparams(m)->n_vocab);
+    replica_opts o = {f->redis.url, APC_HASH_SHA256, NULL, 0, 0};
+    engine *a = open_replica(m, &o);
+    assert_int_equal(apc_get_tier(engine_cache(a)), APC_TIER_EXACT);
+    compute_on(a, prompt, N, 0);
+    assert_true(stats_of(a).remote_writes >= 1);
+    engine *b = open_replica(m, &o);
+    assert_int_equal(check(b, prompt, N, apc_salt_for_tenant("other", 5), "exact, another tenant", NULL), 0);
+    assert_int_equal(stats_of(b).remote_hits, 0);
+    engine *c = open_replica(m, &o);
+    assert_int_equal(check(c, prompt, N, 0, "exact snapshot from Redis", NULL), N - 1);
+    apc_stats sc = stats_of(c);
+    assert_int_equal(sc.remote_hits, 1);
+    assert_int_equal(sc.remote_hit_tokens, N - 1);
+    /* An altered snapshot (one byte of its state or K/V, near the end). */
+    redisContext *rc = redis_client(&f->redis);
+    redisReply *keys = redisCommand(rc, "KEYS ember:apc:*:x:*");
+    assert_non_null(keys);
+    bool altered = false;
+    for (size_t i = 0; i < keys->elements; i++) {
+        redisReply *len = redisCommand(rc, "STRLEN %s", keys->element[i]->str);
+        redisReply *v = redisCommand(rc, "GETRANGE %s 64 67", keys->element[i]->str);
+        bool is_n1 = v && v->type == REDIS_REPLY_STRING && v->len == 4 &&
+                     ((uint32_t)(uint8_t)v->str[0] | (uint32_t)(uint8_t)v->str[1] << 8) == N - 1;
+        if (is_n1) {
+            redisReply *w = redisCommand(rc, "SETRANGE %s %lld %s", keys->element[i]->str, len->integer - 100, "\x55");
+            freeReplyObject(w);
+            altered = true;
+        }
+        freeReplyObject(len);
+        freeReplyObject(v);
+    }
+    freeReplyObject(keys);
+    redisFree(rc);
+    assert_true(altered);
+    engine *d = open_replica(m, &o);
+    assert_int_equal(check(d, prompt, N, 0, "altered snapshot", NULL), 0);
+    assert_int_equal(stats_of(d).remote_corrupt, 1);
+    engine_free(a);
+    engine_free(b);
+    engine_free(c);
+    engine_free(d);
+    model_free(m);
+    end(f);
+}
+
 /* ---- two servers ---- */
 
 static cJSON *post_json(int port, const char *path, const char *body) {
@@ -704,6 +769,7 @@ int main(void) {
         cmocka_unit_test(test_full_redis_evicts_and_answers_stay_right),
         cmocka_unit_test(test_stopped_redis_mid_request),
         cmocka_unit_test(test_killed_redis_mid_request),
+        cmocka_unit_test(test_exact_snapshot_from_another_replica),
         cmocka_unit_test(test_two_servers_share_through_redis),
     };
     return test_run_group(tests, setup, teardown);

@@ -93,8 +93,9 @@
  *    memory), a snapshot read from disk joins the exact LRU. apc_reset
  *    leaves the disk alone; apc_free lets queued writes land first.
  *  - Remote tier (cfg.remote.url set; apc_remote.h has the format): block
- *    chains only. Stores also go to Redis, asynchronously; apc_prefetch,
- *    after the disk, continues the chain from Redis into fresh pool blocks
+ *    chains and exact snapshots. Stores also go to Redis, asynchronously;
+ *    apc_prefetch, after the disk, continues the chain from Redis into
+ *    fresh pool blocks (or reads a longer snapshot into the exact LRU)
  *    under a deadline of a share of what a cold prefill of the missing
  *    tokens costs (apc_note_prefill measures it), and indexes what
  *    verified, so the request's lookup finds it in memory.
@@ -400,8 +401,8 @@ static int open_disk(apc *c, const apc_disk_config *dc, ember_error *err) {
 }
 
 /* The remote tier shares the SSD tier's namespace, so only replicas of one
- * model under one cache format meet; it serves block chains (the block
- * tier); other tiers keep their records local for now. */
+ * model under one cache format meet; it serves block chains (block tier)
+ * and whole snapshots (exact tier); checkpoint records stay local. */
 static void open_remote(apc *c, const apc_config *cfg) {
     if (c->route.snapshots) {
         /* A plain chain restores nothing there without its state (apc_snap.c
@@ -409,8 +410,9 @@ static void open_remote(apc *c, const apc_config *cfg) {
         ember_log(EMBER_LOG_WARN, "APC remote tier disabled: recurrent-state snapshots on block chains stay local");
         return;
     }
-    if (c->route.tier != APC_TIER_BLOCK) {
-        ember_log(EMBER_LOG_WARN, "APC remote tier disabled: it serves block chains, and this model's tier is %s",
+    if (c->route.tier != APC_TIER_BLOCK && c->route.tier != APC_TIER_EXACT) {
+        ember_log(EMBER_LOG_WARN,
+                  "APC remote tier disabled: it serves block chains and exact snapshots, and this model's tier is %s",
                   apc_tier_name(c->route.tier));
         return;
     }
@@ -888,10 +890,37 @@ static int64_t prefetch_remote(apc *c, const int32_t *tokens, int64_t n, uint64_
     return got > n - 1 ? n - 1 : got;
 }
 
+/* A snapshot in Redis longer than memory's best (after the disk's) joins
+ * the exact LRU, where the request's lookup finds it. */
+static int64_t prefetch_remote_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
+    pthread_mutex_lock(&c->lock);
+    int64_t have = apc__exact_best_locked(c, tokens, n - 1, salt);
+    pthread_mutex_unlock(&c->lock);
+    if (have < n - 1 && apc_remote_up(c->remote)) {
+        double deadline = ember_now() + remote_wait_ms(c, n - have) / 1000.0;
+        apc_exact_entry *e =
+            apc_remote_load_exact(c->remote, tokens, n - 1, have, salt, c->cfg.exact_max_bytes, deadline);
+        if (e) {
+            pthread_mutex_lock(&c->lock);
+            apc_exact_entry *same = apc_exact_find_same(&c->exact, e->tokens, e->n, salt);
+            if (same) {
+                apc_exact_touch(&c->exact, same);
+                apc_exact_entry_free(e);
+            } else {
+                c->exact_evictions += (uint64_t)apc_exact_insert(&c->exact, e);
+            }
+            pthread_mutex_unlock(&c->lock);
+        }
+    }
+    return apc__peek_exact(c, tokens, n, salt);
+}
+
 int64_t apc_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
     if (n < 2) return 0;
     int64_t got = c->disk ? c->ops->prefetch(c, tokens, n, salt) : 0;
-    if (c->remote) got = prefetch_remote(c, tokens, n, salt);
+    if (c->remote)
+        got = c->route.tier == APC_TIER_BLOCK ? prefetch_remote(c, tokens, n, salt)
+                                              : prefetch_remote_exact(c, tokens, n, salt);
     return got;
 }
 
@@ -1044,14 +1073,19 @@ void apc__store_exact(apc *c, apc_store_point point, const int32_t *tokens, int6
         c->exact_evictions += (uint64_t)apc_exact_insert(&c->exact, e);
         c->exact_stores++;
         if (point == APC_STORE_RETIRE) c->retire_stores++;
-        if (c->disk) {
-            e->pins++; /* the writer reads e->data; released by exact_written */
+        int pins = (c->disk ? 1 : 0) + (c->remote ? 1 : 0);
+        if (pins) {
+            e->pins += pins; /* the writers read e->data; each pin is released by exact_written */
         } else {
             e = NULL;
         }
     }
     pthread_mutex_unlock(&c->lock);
-    if (e && apc_disk_store_exact(c->disk, e, exact_written, c) < 0) exact_written(c, e);
+    if (e && c->remote) {
+        apc_remote_store_exact(c->remote, e); /* copies the snapshot */
+        exact_written(c, e);
+    }
+    if (e && c->disk && apc_disk_store_exact(c->disk, e, exact_written, c) < 0) exact_written(c, e);
 }
 
 /* ---- Stats and reset ---- */

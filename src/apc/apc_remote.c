@@ -124,6 +124,9 @@ int apc_remote_check_url(const char *url, ember_error *err) {
 /* ---- The tier ---- */
 
 typedef struct rblock {
+    char kind;     /* 'b' a block, 'x' an exact snapshot */
+    int64_t n;     /* x: tokens of the snapshot, entered in the anchor's length index */
+    apc_key anchor;
     apc_key key;
     uint8_t *val;  /* the value; its two checksums are filled in by the writer */
     size_t len;
@@ -148,7 +151,7 @@ struct apc_remote {
     apc_remote_addr addr;
     apc_remote_config cfg;
     uint8_t ns[16];
-    char prefix[64];          /* "ember:apc:<ns>:b:" */
+    char ns_hex[33];
     apc_disk_expect ex;
     const apc_layout *lay;
     kv_pool *pool;
@@ -176,11 +179,15 @@ static struct timeval tv_of(double seconds) {
     return tv;
 }
 
-static void key_name(const apc_remote *r, const apc_key *k, char out[96]) {
+/* "ember:apc:<ns>:<kind>:<key>": b a block, x an exact snapshot, l the
+ * index of snapshot lengths under one anchor. */
+static void key_name_of(const apc_remote *r, char kind, const apc_key *k, char out[96]) {
     char hex[33];
     apc_disk_key_hex(k, hex);
-    snprintf(out, 96, "%s%s", r->prefix, hex);
+    snprintf(out, 96, "ember:apc:%s:%c:%s", r->ns_hex, kind, hex);
 }
+
+static void key_name(const apc_remote *r, const apc_key *k, char out[96]) { key_name_of(r, 'b', k, out); }
 
 /* ---- SIGPIPE ----
  * hiredis writes with write(2): a server that died mid-exchange would raise
@@ -454,15 +461,16 @@ static float *one_dst_fn(void *user, int layer, int kv, uint32_t piece) {
 
 /* Checks a value against what the request expects and copies its rows
  * into w->dst. NULL when it is the block asked for, else why not. */
-static const char *verify(apc_remote *r, const uint8_t *v, size_t len, const apc_key *parent, uint64_t salt,
-                          const apc_disk_want *w, ember_error *err) {
-    size_t rows = (size_t)w->rows;
+/* The envelope of a value: what the key promises, the length, the
+ * checksum, the tokens. NULL when it holds, else why not. */
+static const char *check_envelope(const apc_remote *r, const uint8_t *v, size_t len, uint32_t kind,
+                                  const apc_key *key, const apc_key *parent, const int32_t *tokens, size_t rows) {
     if (len < APC_REMOTE_ENVELOPE_BYTES + 4 * rows) return "short value";
     if (memcmp(v, MAGIC, 8) != 0) return "bad magic";
     if (get_u32(v + 8) != APC_REMOTE_VERSION) return "another version";
-    if (get_u32(v + 12) != APC_REMOTE_KIND_BLOCK) return "another kind";
+    if (get_u32(v + 12) != kind) return "another kind";
     if (memcmp(v + 16, r->ns, 16) != 0) return "another namespace";
-    if (memcmp(v + 32, w->key.b, 16) != 0) return "another key";
+    if (memcmp(v + 32, key->b, 16) != 0) return "another key";
     if (memcmp(v + 48, parent->b, 16) != 0) return "another parent";
     if (get_u32(v + 64) != (uint32_t)rows || get_u32(v + 68) != 0) return "another row count";
     uint64_t pl = get_u64(v + 72);
@@ -476,7 +484,16 @@ static const char *verify(apc_remote *r, const uint8_t *v, size_t len, const apc
     XXH3_freeState(st);
     if (sum != get_u64(v + 80)) return "checksum mismatch";
     for (size_t i = 0; i < rows; i++)
-        if ((int32_t)get_u32(v + APC_REMOTE_ENVELOPE_BYTES + 4 * i) != w->tokens[i]) return "other tokens";
+        if ((int32_t)get_u32(v + APC_REMOTE_ENVELOPE_BYTES + 4 * i) != tokens[i]) return "other tokens";
+    return NULL;
+}
+
+static const char *verify(apc_remote *r, const uint8_t *v, size_t len, const apc_key *parent, uint64_t salt,
+                          const apc_disk_want *w, ember_error *err) {
+    size_t rows = (size_t)w->rows;
+    const char *why = check_envelope(r, v, len, APC_REMOTE_KIND_BLOCK, &w->key, parent, w->tokens, rows);
+    if (why) return why;
+    uint64_t pl = get_u64(v + 72);
     /* The payload: the SSD tier's one-block shard, verified by its reader. */
     const uint8_t *payload = v + APC_REMOTE_ENVELOPE_BYTES + 4 * rows;
     apc_disk_src src;
@@ -700,7 +717,7 @@ static void write_job(apc_remote *r, rjob *j) {
         return;
     }
     for (int i = 0; i < j->n; i++) {
-        key_name(r, &j->b[i].key, name);
+        key_name_of(r, j->b[i].kind, &j->b[i].key, name);
         const char *argv[2] = {"EXISTS", name};
         size_t argl[2] = {6, strlen(name)};
         redisAppendCommandArgv(c, 2, argv, argl);
@@ -721,11 +738,24 @@ static void write_job(apc_remote *r, rjob *j) {
         for (; i1 < j->n && (i1 == i0 || bytes < WINDOW_BYTES); i1++) {
             if (!missing[i1]) continue;
             seal(&j->b[i1]);
-            key_name(r, &j->b[i1].key, name);
+            key_name_of(r, j->b[i1].kind, &j->b[i1].key, name);
             const char *argv[6] = {"SET", name, (const char *)j->b[i1].val, "NX", "EX", ttl};
             size_t argl[6] = {3, strlen(name), j->b[i1].len, 2, 2, strlen(ttl)};
             redisAppendCommandArgv(c, 6, argv, argl);
             bytes += j->b[i1].len;
+            if (j->b[i1].kind == 'x') {
+                /* The anchor's index of snapshot lengths, so a reader knows
+                 * which prefixes to ask for (it expires with the values). */
+                char idx[96], len[24];
+                key_name_of(r, 'l', &j->b[i1].anchor, idx);
+                snprintf(len, sizeof len, "%lld", (long long)j->b[i1].n);
+                const char *za[4] = {"ZADD", idx, len, len};
+                size_t zl[4] = {4, strlen(idx), strlen(len), strlen(len)};
+                redisAppendCommandArgv(c, 4, za, zl);
+                const char *ex[3] = {"EXPIRE", idx, ttl};
+                size_t el[3] = {6, strlen(idx), strlen(ttl)};
+                redisAppendCommandArgv(c, 3, ex, el);
+            }
         }
         for (int i = i0; i < i1; i++) {
             if (!missing[i]) continue;
@@ -734,6 +764,10 @@ static void write_job(apc_remote *r, rjob *j) {
             bool stored = rep->type == REDIS_REPLY_STATUS;
             bool raced = rep->type == REDIS_REPLY_NIL; /* another replica was first */
             freeReplyObject(rep);
+            for (int extra = j->b[i].kind == 'x' ? 2 : 0; extra > 0; extra--) { /* ZADD, EXPIRE */
+                if (redisGetReply(c, (void **)&rep) != REDIS_OK || rep == NULL) goto broken;
+                freeReplyObject(rep);
+            }
             pthread_mutex_lock(&r->lock);
             if (stored) r->writes++;
             else if (!raced) r->errors++; /* OOM under maxmemory noeviction, and the like */
@@ -828,6 +862,7 @@ void apc_remote_store_chain(apc_remote *r, const apc_key *keys, int64_t n_full, 
         int64_t i = pick[k];
         int rows = i < n_full ? KV_BLOCK_TOKENS : tail_rows;
         rblock *b = &j->b[k];
+        b->kind = 'b';
         b->key = keys[i];
         b->len = value_bytes(lay, rows, &b->payload_len);
         b->payload_at = APC_REMOTE_ENVELOPE_BYTES + 4 * (size_t)rows;
@@ -892,6 +927,244 @@ oom:
     pthread_mutex_unlock(&r->lock);
 }
 
+/* ---- Exact snapshots ---- */
+
+/* The anchor a snapshot's length is indexed under: the exact key of its
+ * first APC_REMOTE_ANCHOR_TOKENS tokens (salt inside). */
+static apc_key anchor_of(uint64_t salt, const int32_t *tokens) {
+    return apc_disk_exact_key(salt, tokens, APC_REMOTE_ANCHOR_TOKENS);
+}
+
+void apc_remote_store_exact(apc_remote *r, const apc_exact_entry *e) {
+    if (e->n < APC_REMOTE_ANCHOR_TOKENS || e->n > INT32_MAX) return;
+    const apc_layout *lay = r->lay;
+    size_t sb = lay->state_bytes;
+    if ((sb && (e->state == NULL || e->state_bytes != sb)) || (!sb && e->state)) return;
+    apc_key key = apc_disk_exact_key(e->salt, e->tokens, e->n);
+    uint64_t file = apc_disk_file_bytes(lay, APC_DISK_KIND_EXACT, 0, (uint64_t)e->n);
+    if (file == 0) return;
+    size_t len = APC_REMOTE_ENVELOPE_BYTES + 4 * (size_t)e->n + (size_t)file;
+    uint64_t t = now_ms();
+    pthread_mutex_lock(&r->lock);
+    bool skip = known_has(r, &key, t);
+    bool drop = !skip && (r->open || r->q_bytes + len > r->cfg.queue_bytes);
+    if (drop) r->write_drops++;
+    if (!skip && !drop) r->q_bytes += len;
+    pthread_mutex_unlock(&r->lock);
+    if (skip || drop) return;
+    rjob *j = calloc(1, sizeof *j);
+    if (j) j->b = calloc(1, sizeof *j->b);
+    uint8_t *v = j && j->b ? malloc(len) : NULL;
+    if (v == NULL) {
+        if (j) free(j->b);
+        free(j);
+        pthread_mutex_lock(&r->lock);
+        r->q_bytes -= len;
+        r->write_drops++;
+        pthread_mutex_unlock(&r->lock);
+        return;
+    }
+    static const apc_key zero;
+    rblock *b = j->b;
+    j->n = 1;
+    j->bytes = len;
+    b->kind = 'x';
+    b->n = e->n;
+    b->anchor = anchor_of(e->salt, e->tokens);
+    b->key = key;
+    b->val = v;
+    b->len = len;
+    b->payload_at = APC_REMOTE_ENVELOPE_BYTES + 4 * (size_t)e->n;
+    b->payload_len = (size_t)file;
+    memset(v, 0, APC_REMOTE_ENVELOPE_BYTES);
+    memcpy(v, MAGIC, 8);
+    put_u32(v + 8, APC_REMOTE_VERSION);
+    put_u32(v + 12, APC_REMOTE_KIND_EXACT);
+    memcpy(v + 16, r->ns, 16);
+    memcpy(v + 32, key.b, 16);
+    memcpy(v + 48, zero.b, 16);
+    put_u32(v + 64, (uint32_t)e->n);
+    put_u64(v + 72, b->payload_len);
+    for (int64_t q = 0; q < e->n; q++) put_u32(v + APC_REMOTE_ENVELOPE_BYTES + 4 * q, (uint32_t)e->tokens[q]);
+    /* The payload: an exact file of the SSD format. */
+    uint8_t *p = v + b->payload_at;
+    apc_disk_header h;
+    memset(&h, 0, sizeof h);
+    h.kind = APC_DISK_KIND_EXACT;
+    h.salt = e->salt;
+    h.content = key;
+    h.n_tokens = (uint64_t)e->n;
+    h.state_bytes = sb;
+    apc_disk_write_header(p, r->ns, &h, lay);
+    p += APC_DISK_HEADER_BYTES;
+    for (int64_t q = 0; q < e->n; q++) put_u32(p + 4 * q, (uint32_t)e->tokens[q]);
+    p += 4 * (size_t)e->n;
+    size_t data = (size_t)e->n * lay->row_floats * sizeof(float);
+    memcpy(p, e->data, data);
+    p += data;
+    if (sb) memcpy(p, e->state, sb);
+    pthread_mutex_lock(&r->lock);
+    if (r->tail) r->tail->next = j;
+    else r->head = j;
+    r->tail = j;
+    pthread_cond_signal(&r->cv_work);
+    pthread_mutex_unlock(&r->lock);
+}
+
+typedef struct snap_dst {
+    const apc_layout *lay;
+    float *data;
+    int64_t n;
+    void *state;
+} snap_dst;
+
+static float *snap_dst_fn(void *user, int layer, int kv, uint32_t piece) {
+    snap_dst *x = user;
+    (void)piece;
+    if (layer < 0) return x->state;
+    size_t off = 0;
+    for (int l = 0; l < layer; l++) off += (size_t)(x->lay->k_width[l] + x->lay->v_width[l]) * (size_t)x->n;
+    if (kv == 1) off += (size_t)x->lay->k_width[layer] * (size_t)x->n;
+    return x->data + off;
+}
+
+/* A value that should be the snapshot of tokens[0, n) under salt, read
+ * into a new entry; NULL with *why when it is not. */
+static apc_exact_entry *parse_exact(apc_remote *r, const uint8_t *v, size_t len, const int32_t *tokens, int64_t n,
+                                    uint64_t salt, const char **why) {
+    static const apc_key zero;
+    apc_key key = apc_disk_exact_key(salt, tokens, n);
+    *why = check_envelope(r, v, len, APC_REMOTE_KIND_EXACT, &key, &zero, tokens, (size_t)n);
+    if (*why) return NULL;
+    const apc_layout *lay = r->lay;
+    size_t sb = lay->state_bytes;
+    apc_exact_entry *e = apc_exact_entry_new(lay, tokens, n, salt);
+    int32_t *tok = malloc((size_t)n * sizeof(int32_t));
+    if (e && sb) {
+        e->state = malloc(sb);
+        e->state_bytes = sb;
+        e->bytes += sb;
+    }
+    if (e == NULL || tok == NULL || (sb && e->state == NULL)) {
+        apc_exact_entry_free(e);
+        free(tok);
+        *why = NULL; /* out of memory: not the value's fault */
+        return NULL;
+    }
+    apc_disk_src src;
+    ember_error err;
+    const uint8_t *payload = v + APC_REMOTE_ENVELOPE_BYTES + 4 * (size_t)n;
+    bool ok = false;
+    if (apc_disk_src_init(&src, -1, payload, get_u64(v + 72)) == 0) {
+        apc_disk_header h;
+        if (apc_disk_read_header(&src, &r->ex, &h, &err) < 0) {
+            *why = "payload header rejected";
+        } else {
+            if (h.kind != APC_DISK_KIND_EXACT || (int64_t)h.n_tokens != n || h.salt != salt ||
+                !apc_key_eq(&h.content, &key)) {
+                *why = "payload describes another snapshot";
+            } else {
+                snap_dst x = {lay, e->data, n, e->state};
+                if (apc_disk_read_body(&src, &r->ex, &h, tok, snap_dst_fn, &x, &err) < 0) *why = "payload rejected";
+                else if (memcmp(tok, tokens, (size_t)n * sizeof(int32_t)) != 0) *why = "payload holds other tokens";
+                else ok = true;
+            }
+            apc_disk_header_free(&h);
+        }
+        apc_disk_src_free(&src);
+    }
+    free(tok);
+    if (!ok) {
+        apc_exact_entry_free(e);
+        return NULL;
+    }
+    return e;
+}
+
+static apc_exact_entry *load_exact(apc_remote *r, const int32_t *tokens, int64_t max_len, int64_t min_len,
+                                   uint64_t salt, size_t max_bytes, double deadline) {
+    if (max_len < APC_REMOTE_ANCHOR_TOKENS || max_len <= min_len || !apc_remote_up(r)) return NULL;
+    bool pooled;
+    redisContext *c = conn_get(r, deadline, &pooled);
+    if (c == NULL) {
+        fail_conn(r, NULL, deadline, "connect");
+        return NULL;
+    }
+    if (r->cfg.read_hook) r->cfg.read_hook(r->cfg.read_hook_user, 0);
+    char idx[96], lo[24], hi[24];
+    apc_key anchor = anchor_of(salt, tokens);
+    key_name_of(r, 'l', &anchor, idx);
+    snprintf(lo, sizeof lo, "(%lld", (long long)min_len);
+    snprintf(hi, sizeof hi, "%lld", (long long)max_len);
+    redisReply *lens = redisCommand(c, "ZREVRANGEBYSCORE %s %s %s", idx, hi, lo);
+    if (lens == NULL) {
+        fail_conn(r, c, deadline, "ZREVRANGEBYSCORE");
+        return NULL;
+    }
+    apc_exact_entry *got = NULL;
+    for (size_t k = 0; lens->type == REDIS_REPLY_ARRAY && k < lens->elements && got == NULL; k++) {
+        const redisReply *el = lens->element[k];
+        int64_t n = el->type == REDIS_REPLY_STRING ? strtoll(el->str, NULL, 10) : 0;
+        if (n <= min_len || n > max_len) continue;
+        if (apc_snapshot_bytes(r->lay, n) + r->lay->state_bytes > max_bytes) continue;
+        if (ember_now() >= deadline) {
+            pthread_mutex_lock(&r->lock);
+            r->timeouts++;
+            pthread_mutex_unlock(&r->lock);
+            break;
+        }
+        if (r->cfg.read_hook) r->cfg.read_hook(r->cfg.read_hook_user, 1);
+        redisSetTimeout(c, tv_of(deadline - ember_now()));
+        apc_key key = apc_disk_exact_key(salt, tokens, n);
+        char name[96];
+        key_name_of(r, 'x', &key, name);
+        redisReply *v = redisCommand(c, "GET %s", name);
+        if (v == NULL) {
+            freeReplyObject(lens);
+            fail_conn(r, c, deadline, "GET");
+            return NULL;
+        }
+        if (v->type == REDIS_REPLY_STRING) {
+            const char *why = NULL;
+            got = parse_exact(r, (const uint8_t *)v->str, (size_t)v->len, tokens, n, salt, &why);
+            if (got) {
+                pthread_mutex_lock(&r->lock);
+                r->hits++;
+                r->hit_tokens += (uint64_t)n;
+                known_add(r, &key, now_ms());
+                pthread_mutex_unlock(&r->lock);
+            } else if (why) {
+                ember_log(EMBER_LOG_WARN, "APC remote: snapshot of %lld tokens rejected (%s); deleted, counted as a miss",
+                          (long long)n, why);
+                pthread_mutex_lock(&r->lock);
+                r->corrupt++;
+                known_forget(r, &key);
+                pthread_mutex_unlock(&r->lock);
+                redisReply *d = redisCommand(c, "DEL %s", name);
+                if (d) freeReplyObject(d);
+            }
+        }
+        freeReplyObject(v);
+    }
+    freeReplyObject(lens);
+    if (c->err) {
+        fail_conn(r, c, deadline, "DEL");
+        return got;
+    }
+    note_ok(r);
+    conn_put(r, c);
+    return got;
+}
+
+apc_exact_entry *apc_remote_load_exact(apc_remote *r, const int32_t *tokens, int64_t max_len, int64_t min_len,
+                                       uint64_t salt, size_t max_bytes, double deadline) {
+    pipe_guard g;
+    guard_on(&g);
+    apc_exact_entry *e = load_exact(r, tokens, max_len, min_len, salt, max_bytes, deadline);
+    guard_off(&g);
+    return e;
+}
+
 /* ---- Lifetime ---- */
 
 apc_remote *apc_remote_open(const apc_remote_config *cfg, const uint8_t ns[16], const apc_layout *lay,
@@ -918,7 +1191,7 @@ apc_remote *apc_remote_open(const apc_remote_config *cfg, const uint8_t ns[16], 
     apc_key nk;
     memcpy(nk.b, ns, 16);
     apc_disk_key_hex(&nk, hex);
-    snprintf(r->prefix, sizeof r->prefix, "ember:apc:%s:b:", hex);
+    memcpy(r->ns_hex, hex, sizeof r->ns_hex);
     memcpy(r->ex.ns, ns, 16);
     r->ex.hash = hash;
     r->ex.layout = lay;

@@ -8,17 +8,23 @@
  *    apc_disk_namespace), <key> the block's chain key (32 hex digits; the
  *    tenant salt is inside the key). Only replicas of one model under one
  *    cache format ever meet; two tenants never share a key.
+ *    Exact snapshots (exact tier): "ember:apc:<ns>:x:<exact key>", the SSD
+ *    tier's exact key over (salt, token ids); and a sorted set
+ *    "ember:apc:<ns>:l:<anchor>" of the lengths stored under the anchor,
+ *    the exact key of the first 16 tokens, so a reader asks only for
+ *    prefixes that exist (longest first). It expires with the values.
  *  - Values. One block per key, self-describing, every integer
  *    little-endian:
  *
  *      off  size  field
  *        0     8  magic "EMBRRMT1"
  *        8     4  version (1)
- *       12     4  kind (1: a block of a chain)
+ *       12     4  kind (1: a block of a chain, 2: an exact snapshot)
  *       16    16  namespace
  *       32    16  key (= the Redis key's)
- *       48    16  parent key (zero for a chain's first block)
- *       64     4  rows (16, or 1..15 for a partial tail block)
+ *       48    16  parent key (zero for a chain's first block and snapshots)
+ *       64     4  rows (16, or 1..15 for a partial tail block; a
+ *                 snapshot's token count)
  *       68     4  zero
  *       72     8  payload length P
  *       80     8  checksum: XXH3-64 of bytes [0, 80), the token ids and
@@ -26,7 +32,8 @@
  *       88  4*rows token ids, int32
  *        .     P  payload: the block as a one-block shard file of the SSD
  *                 tier (apc_disk.h format, its own header, key chain and
- *                 checksum)
+ *                 checksum); a snapshot as an exact file of that format
+ *                 (K/V rows and, on recurrent stacks, the state)
  *
  *    A read checks all of it against what the request expects (namespace,
  *    key, parent, rows, tokens, length, both checksums, the key recomputed
@@ -65,6 +72,8 @@
 
 #define APC_REMOTE_VERSION 1u
 #define APC_REMOTE_KIND_BLOCK 1u
+#define APC_REMOTE_KIND_EXACT 2u
+#define APC_REMOTE_ANCHOR_TOKENS 16 /* snapshots shorter than this stay local */
 #define APC_REMOTE_ENVELOPE_BYTES 88u
 
 /* Where the server is: redis://host[:port][/db] or unix:///path[?db=N]. */
@@ -109,6 +118,16 @@ int64_t apc_remote_chain_count(apc_remote *r, const apc_key *keys, int64_t n_key
  * parent); returns how many leading entries were loaded by the deadline. */
 int64_t apc_remote_load_blocks(apc_remote *r, const apc_key *parent, uint64_t salt, const apc_disk_want *want,
                                int64_t n_want, double deadline);
+
+/* Exact tier. Queues a copy of the snapshot (its state too) unless the
+ * tier knows it is remote; snapshots of fewer than APC_REMOTE_ANCHOR_TOKENS
+ * tokens stay local. */
+void apc_remote_store_exact(apc_remote *r, const apc_exact_entry *e);
+/* The longest verified snapshot in Redis that is a prefix of tokens with
+ * min_len < n <= max_len under salt and at most max_bytes (state included);
+ * NULL if none by the deadline. The entry is not listed. */
+apc_exact_entry *apc_remote_load_exact(apc_remote *r, const int32_t *tokens, int64_t max_len, int64_t min_len,
+                                       uint64_t salt, size_t max_bytes, double deadline);
 
 /* Queues the blocks [0, n_full) (+ a partial tail of tail_rows rows) of a
  * stored chain whose keys the tier does not know to be remote; rows are

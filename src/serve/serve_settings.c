@@ -219,9 +219,10 @@ static const serve_setting table[] = {
     /* ---- cache.remote: block chains shared between replicas through Redis ---- */
     {"cache.remote.url", "APC_REMOTE_URL", "remote-url", SETTING_STR, "", 0, 0, NULL, "URL",
      "Redis server of the remote tier: redis://host[:port][/db] or unix:///path[?db=N]; empty: no remote tier",
-     "Replicas of one model under one cache format (the SSD tier's namespace) share block chains there; keys "
+     "Replicas of one model under one cache format (the SSD tier's namespace) share cached prefixes there; keys "
      "carry the namespace and the chain key (tenant salt inside), values are self-describing and checksummed, a "
-     "bad one is a counted miss (`remote_corrupt`). Block tier only; other tiers keep their records local. "
+     "bad one is a counted miss (`remote_corrupt`). Block chains (block tier) and whole snapshots (exact tier); "
+     "checkpoint records stay local. "
      "Counters `remote_*` in /v1/cache/stats and /metrics.",
      false, SRV(remote_url)},
     {"cache.remote.ttl_s", "APC_REMOTE_TTL", "remote-ttl", SETTING_INT, "86400", 1, INT_MAX, NULL, "SECONDS",
