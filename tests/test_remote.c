@@ -21,6 +21,9 @@
  *    once the server answers again (restarted, for the kill);
  *  - the exact tier (mamba2, recurrent state): B adopts A's N-1 snapshot,
  *    another tenant nothing, an altered snapshot is a counted miss;
+ *  - the checkpoint tier (qwen35): B restores A's skeletons and their
+ *    checkpoint-salted chains: N-1 for the resend, for a longer prompt
+ *    what A's own memory adopts; another tenant nothing;
  *  - two `ember serve` processes: B's chat completion caches N-1 from
  *    Redis, its logprobs equal A's cold ones, and the remote_* counters
  *    show in /v1/cache/stats and /metrics.
@@ -659,6 +662,57 @@ static void test_exact_snapshot_from_another_replica(void **state) {
     end(f);
 }
 
+/* The checkpoint tier (qwen35: gated delta net, recurrent state): B
+ * restores A's skeletons with their checkpoint-salted chains from Redis:
+ * the replay record for the identical resend (N-1), the deepest other
+ * record for a longer prompt, as A's own memory would. */
+static void test_ckpt_skeleton_from_another_replica(void **state) {
+    fixture *f = begin(state, NULL);
+    if (f == NULL) return;
+    const char *path = fixture_path("reference/qwen35-f32.gguf");
+    if (path == NULL) {
+        end(f);
+        skip();
+        return;
+    }
+    ember_error err;
+    model *m = model_load(path, &err);
+    if (m == NULL) fail_msg("%s: %s", path, err.msg);
+    enum { N = 600, MORE = 40 };
+    int32_t prompt[N + MORE];
+    test_random_tokens(&rng_state, prompt, N + MORE, model_get_hparams(m)->n_vocab);
+    replica_opts o = {f->redis.url, APC_HASH_SHA256, NULL, 0, 0};
+    engine *a = open_replica(m, &o);
+    assert_int_equal(apc_get_tier(engine_cache(a)), APC_TIER_CKPT);
+    compute_on(a, prompt, N, 0);
+    apc_stats sa = stats_of(a);
+    assert_true(sa.ckpt_stores >= 1);
+    assert_true(sa.remote_writes >= N / 16);
+    /* What A's memory adopts for the longer prompt (records only, no store). */
+    engine_result mem;
+    generate(a, prompt, N + MORE, 2, ENGINE_CACHE_LOOKUP, 0, &mem);
+    int64_t mem_longer = mem.cached_tokens;
+    engine_result_free(&mem);
+    assert_true(mem_longer > 0);
+
+    engine *b = open_replica(m, &o);
+    assert_int_equal(check(b, prompt, N, 0, "ckpt replay skeleton from Redis", NULL), N - 1);
+    apc_stats sb = stats_of(b);
+    assert_true(sb.remote_hits >= 1);
+    assert_int_equal(sb.remote_corrupt, 0);
+    engine *c = open_replica(m, &o);
+    assert_int_equal(check(c, prompt, N + MORE, 0, "ckpt skeleton, longer prompt", NULL), mem_longer);
+    engine *d = open_replica(m, &o);
+    assert_int_equal(check(d, prompt, N, apc_salt_for_tenant("other", 5), "ckpt, another tenant", NULL), 0);
+    assert_int_equal(stats_of(d).remote_hits, 0);
+    engine_free(a);
+    engine_free(b);
+    engine_free(c);
+    engine_free(d);
+    model_free(m);
+    end(f);
+}
+
 /* ---- two servers ---- */
 
 static cJSON *post_json(int port, const char *path, const char *body) {
@@ -770,6 +824,7 @@ int main(void) {
         cmocka_unit_test(test_stopped_redis_mid_request),
         cmocka_unit_test(test_killed_redis_mid_request),
         cmocka_unit_test(test_exact_snapshot_from_another_replica),
+        cmocka_unit_test(test_ckpt_skeleton_from_another_replica),
         cmocka_unit_test(test_two_servers_share_through_redis),
     };
     return test_run_group(tests, setup, teardown);

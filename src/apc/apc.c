@@ -93,7 +93,7 @@
  *    memory), a snapshot read from disk joins the exact LRU. apc_reset
  *    leaves the disk alone; apc_free lets queued writes land first.
  *  - Remote tier (cfg.remote.url set; apc_remote.h has the format): block
- *    chains and exact snapshots. Stores also go to Redis, asynchronously;
+ *    chains, exact snapshots and checkpoint skeletons (apc_ckpt.c). Stores also go to Redis, asynchronously;
  *    apc_prefetch, after the disk, continues the chain from Redis into
  *    fresh pool blocks (or reads a longer snapshot into the exact LRU)
  *    under a deadline of a share of what a cold prefill of the missing
@@ -171,6 +171,7 @@ bool apc__state_restore(apc *c, model_state *s, const void *buf, int64_t pos) {
     return false;
 }
 struct apc_disk *apc__disk(apc *c) { return c->disk; }
+struct apc_remote *apc__remote(apc *c) { return c->remote; }
 apc_hash_kind apc__hash(apc *c) { return c->cfg.hash; }
 void apc__count_hit_locked(apc *c, int64_t n) {
     c->lookups_hit++;
@@ -401,19 +402,14 @@ static int open_disk(apc *c, const apc_disk_config *dc, ember_error *err) {
 }
 
 /* The remote tier shares the SSD tier's namespace, so only replicas of one
- * model under one cache format meet; it serves block chains (block tier)
- * and whole snapshots (exact tier); checkpoint records stay local. */
+ * model under one cache format meet; it serves block chains (block tier),
+ * whole snapshots (exact tier) and checkpoint skeletons with their chains
+ * (ckpt tier). */
 static void open_remote(apc *c, const apc_config *cfg) {
     if (c->route.snapshots) {
         /* A plain chain restores nothing there without its state (apc_snap.c
          * mirrors skeletons to the SSD tier only). */
         ember_log(EMBER_LOG_WARN, "APC remote tier disabled: recurrent-state snapshots on block chains stay local");
-        return;
-    }
-    if (c->route.tier != APC_TIER_BLOCK && c->route.tier != APC_TIER_EXACT) {
-        ember_log(EMBER_LOG_WARN,
-                  "APC remote tier disabled: it serves block chains and exact snapshots, and this model's tier is %s",
-                  apc_tier_name(c->route.tier));
         return;
     }
     const apc_disk_config *dc = &cfg->disk;
@@ -796,6 +792,8 @@ static int remote_wait_ms(apc *c, int64_t n) {
 
 int apc_fetch_wait_ms(apc *c, int64_t n) { return c->remote ? remote_wait_ms(c, n) : 0; }
 
+double apc__remote_deadline(apc *c, int64_t missing) { return ember_now() + remote_wait_ms(c, missing) / 1000.0; }
+
 /* The remote tier continues the chain where memory (after the disk's
  * prefetch) stops: what memory holds is pinned in a private sequence, the
  * present run is found with one pipelined EXISTS, fresh blocks are filled
@@ -918,9 +916,14 @@ static int64_t prefetch_remote_exact(apc *c, const int32_t *tokens, int64_t n, u
 int64_t apc_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
     if (n < 2) return 0;
     int64_t got = c->disk ? c->ops->prefetch(c, tokens, n, salt) : 0;
-    if (c->remote)
-        got = c->route.tier == APC_TIER_BLOCK ? prefetch_remote(c, tokens, n, salt)
-                                              : prefetch_remote_exact(c, tokens, n, salt);
+    if (c->remote) {
+        switch (c->route.tier) {
+        case APC_TIER_BLOCK: got = prefetch_remote(c, tokens, n, salt); break;
+        case APC_TIER_EXACT: got = prefetch_remote_exact(c, tokens, n, salt); break;
+        case APC_TIER_CKPT: got = apc__ckpt_prefetch_remote(c, tokens, n, salt); break;
+        default: break;
+        }
+    }
     return got;
 }
 

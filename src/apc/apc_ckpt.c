@@ -50,6 +50,7 @@
 #include <string.h>
 
 #include "apc/apc_disk.h"
+#include "apc/apc_remote.h"
 #include "apc/apc_internal.h"
 #include "core/log.h"
 
@@ -428,6 +429,8 @@ static bool ck_store(apc_ckpt *k, apc_ckpt_kind kind, const int32_t *tokens, int
     /* The skeleton and its chain, while r is still private to this call. */
     apc_disk *disk = apc__disk(c);
     if (skeleton && disk) apc_disk_store_skeleton(disk, tokens, p, salt, (int)kind, seq, r->state);
+    apc_remote *remote = apc__remote(c);
+    if (skeleton && remote) apc_remote_store_skeleton(remote, tokens, p, salt, (int)kind, seq, r->state, apc__hash(c));
     apc__lock(c);
     kv_pool *pool = apc__pool(c);
     for (int32_t i = 0; i < nb; i++) {
@@ -940,6 +943,96 @@ static int64_t ckpt_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t 
         mem = p;
     }
     apc_seq_release(c, &seq);
+    apc__state_drop(c, scratch);
+    return mem;
+}
+
+/* Fills the empty seq with the checkpoint chain [0, p) from Redis (fresh
+ * pool blocks, private until adopted); false: seq stays empty. */
+static bool remote_chain(apc *c, apc_remote *remote, const int32_t *tokens, int64_t p, uint64_t salt, kv_seq *seq,
+                         double deadline) {
+    const uint64_t csalt = salt ^ APC_DISK_CKPT_SALT;
+    int64_t nf = p / KV_BLOCK_TOKENS;
+    int tail = (int)(p % KV_BLOCK_TOKENS);
+    int64_t total = nf + (tail ? 1 : 0);
+    apc_key *keys = malloc((size_t)total * sizeof *keys);
+    apc_disk_want *want = malloc((size_t)total * sizeof *want);
+    if (keys == NULL || want == NULL) {
+        free(keys);
+        free(want);
+        return false;
+    }
+    static const apc_key zero;
+    apc_hash_kind hash = apc__hash(c);
+    apc_chain_keys(hash, tokens, nf, csalt, keys);
+    if (tail) keys[nf] = apc_partial_key(hash, nf > 0 ? &keys[nf - 1] : &zero, csalt, tokens + nf * KV_BLOCK_TOKENS, tail);
+    kv_pool *pool = apc__pool(c);
+    int64_t got = 0;
+    apc__lock(c);
+    for (; got < total; got++) {
+        int32_t b = kv_block_alloc(pool);
+        if (b < 0) break;
+        want[got].key = keys[got];
+        want[got].tokens = tokens + got * KV_BLOCK_TOKENS;
+        want[got].rows = got < nf ? KV_BLOCK_TOKENS : tail;
+        want[got].dst = b;
+    }
+    apc__unlock(c);
+    int64_t loaded = got == total ? apc_remote_load_blocks(remote, &zero, csalt, want, total, deadline) : 0;
+    bool ok = loaded == total;
+    apc__lock(c);
+    for (int64_t i = 0; i < got; i++) {
+        if (ok && kv_seq_adopt_block(pool, seq, want[i].dst, NULL) < 0) ok = false;
+        kv_block_unref(pool, want[i].dst);
+    }
+    if (ok) {
+        if (seq->n_tokens > p) kv_seq_truncate(pool, seq, p);
+        ok = seq->n_tokens == p;
+    }
+    if (!ok && seq->n_blocks > 0) kv_seq_release(pool, seq);
+    apc__unlock(c);
+    free(keys);
+    free(want);
+    return ok;
+}
+
+/* The same repair from Redis, after the disk's: the deepest skeleton there
+ * beyond memory's best record whose state restores and whose chain is
+ * whole becomes a record (a short chain, evicted or bad, tries the next
+ * shorter skeleton), all under one deadline. */
+int64_t apc__ckpt_prefetch_remote(apc *c, const int32_t *tokens, int64_t n, uint64_t salt) {
+    apc_ckpt *k = apc__ckpt(c);
+    apc_remote *remote = apc__remote(c);
+    int64_t mem = ckpt_peek(c, tokens, n, salt);
+    size_t sb = apc__state_bytes(c);
+    if (remote == NULL || n < 3 || mem >= n - 1 || !apc_remote_up(remote)) return mem;
+    model_state *scratch = NULL;
+    void *buf = NULL;
+    if (sb && ((scratch = apc__state_scratch(c)) == NULL || (buf = malloc(sb)) == NULL)) {
+        apc__state_drop(c, scratch);
+        return mem;
+    }
+    double deadline = apc__remote_deadline(c, n - mem);
+    for (int64_t max_p = n - 1; max_p > mem;) {
+        int kind = APC_CKPT_BOUNDARY;
+        int64_t p = apc_remote_find_skeleton(remote, tokens, max_p, mem, k->has_arr ? n - 1 : -1, salt, buf, &kind,
+                                             deadline);
+        if (p <= 0) break;
+        max_p = p - 1;
+        if (sb && !apc__state_restore(c, scratch, buf, p)) continue;
+        kv_seq seq;
+        kv_seq_init(&seq);
+        bool stored = remote_chain(c, remote, tokens, p, salt, &seq, deadline) &&
+                      ck_store(k, (apc_ckpt_kind)kind, tokens, p, salt, &seq, scratch, NULL, false, CK_FROM_DISK);
+        apc_seq_release(c, &seq);
+        if (stored) {
+            ember_log(EMBER_LOG_DEBUG, "APC ckpt remote skeleton restored: prefix=%lld", (long long)p);
+            mem = p;
+            break;
+        }
+        if (sb) apc__state_reset(c, scratch);
+    }
+    free(buf);
     apc__state_drop(c, scratch);
     return mem;
 }

@@ -269,6 +269,15 @@ model_state *apc__state_scratch(apc *c);
 void apc__state_drop(apc *c, model_state *s);
 /* The SSD tier (NULL: none); apc_disk.h. */
 struct apc_disk *apc__disk(apc *c);
+/* The remote tier (NULL: none); apc_remote.h. The deadline (ember_now()
+ * seconds) of a remote read of `missing` tokens: a share of what their cold
+ * prefill would cost. */
+struct apc_remote *apc__remote(apc *c);
+double apc__remote_deadline(apc *c, int64_t missing);
+/* The checkpoint tier's part of apc_prefetch on the remote tier
+ * (apc_ckpt.c): a skeleton deeper than memory's best record, its state
+ * and its chain, read from Redis, become a record. */
+int64_t apc__ckpt_prefetch_remote(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
 apc_hash_kind apc__hash(apc *c);
 /* Under the lock: a lookup adopted n tokens (lookups_hit, matched_tokens). */
 void apc__count_hit_locked(apc *c, int64_t n);

@@ -124,8 +124,9 @@ int apc_remote_check_url(const char *url, ember_error *err) {
 /* ---- The tier ---- */
 
 typedef struct rblock {
-    char kind;     /* 'b' a block, 'x' an exact snapshot */
-    int64_t n;     /* x: tokens of the snapshot, entered in the anchor's length index */
+    char kind;       /* 'b' a block, 'x' an exact snapshot, 'k' a checkpoint skeleton */
+    char index_kind; /* x, k: the sorted set of lengths under the anchor ('l', 'm') */
+    int64_t n;       /* x, k: tokens of the record, entered in that index */
     apc_key anchor;
     apc_key key;
     uint8_t *val;  /* the value; its two checksums are filled in by the writer */
@@ -179,8 +180,9 @@ static struct timeval tv_of(double seconds) {
     return tv;
 }
 
-/* "ember:apc:<ns>:<kind>:<key>": b a block, x an exact snapshot, l the
- * index of snapshot lengths under one anchor. */
+/* "ember:apc:<ns>:<kind>:<key>": b a block, x an exact snapshot, k a
+ * checkpoint skeleton; l and m the indexes of their lengths under one
+ * anchor. */
 static void key_name_of(const apc_remote *r, char kind, const apc_key *k, char out[96]) {
     char hex[33];
     apc_disk_key_hex(k, hex);
@@ -743,11 +745,11 @@ static void write_job(apc_remote *r, rjob *j) {
             size_t argl[6] = {3, strlen(name), j->b[i1].len, 2, 2, strlen(ttl)};
             redisAppendCommandArgv(c, 6, argv, argl);
             bytes += j->b[i1].len;
-            if (j->b[i1].kind == 'x') {
+            if (j->b[i1].index_kind) {
                 /* The anchor's index of snapshot lengths, so a reader knows
                  * which prefixes to ask for (it expires with the values). */
                 char idx[96], len[24];
-                key_name_of(r, 'l', &j->b[i1].anchor, idx);
+                key_name_of(r, j->b[i1].index_kind, &j->b[i1].anchor, idx);
                 snprintf(len, sizeof len, "%lld", (long long)j->b[i1].n);
                 const char *za[4] = {"ZADD", idx, len, len};
                 size_t zl[4] = {4, strlen(idx), strlen(len), strlen(len)};
@@ -764,7 +766,7 @@ static void write_job(apc_remote *r, rjob *j) {
             bool stored = rep->type == REDIS_REPLY_STATUS;
             bool raced = rep->type == REDIS_REPLY_NIL; /* another replica was first */
             freeReplyObject(rep);
-            for (int extra = j->b[i].kind == 'x' ? 2 : 0; extra > 0; extra--) { /* ZADD, EXPIRE */
+            for (int extra = j->b[i].index_kind ? 2 : 0; extra > 0; extra--) { /* ZADD, EXPIRE */
                 if (redisGetReply(c, (void **)&rep) != REDIS_OK || rep == NULL) goto broken;
                 freeReplyObject(rep);
             }
@@ -935,18 +937,21 @@ static apc_key anchor_of(uint64_t salt, const int32_t *tokens) {
     return apc_disk_exact_key(salt, tokens, APC_REMOTE_ANCHOR_TOKENS);
 }
 
-void apc_remote_store_exact(apc_remote *r, const apc_exact_entry *e) {
-    if (e->n < APC_REMOTE_ANCHOR_TOKENS || e->n > INT32_MAX) return;
+/* A whole record as one value (an exact snapshot, 'x', or a checkpoint
+ * skeleton, 'k'): the envelope, then a file of the SSD format of hdr_kind
+ * holding tokens[0, n), data (K/V rows; none for a skeleton) and the state.
+ * Indexed by length under the anchor in the sorted set of idx_kind. */
+static void queue_record(apc_remote *r, char kind, char idx_kind, uint32_t hdr_kind, uint32_t env_kind,
+                         const apc_key *key, const int32_t *tokens, int64_t n, uint64_t salt, uint32_t first_block,
+                         const float *data, const void *state) {
     const apc_layout *lay = r->lay;
     size_t sb = lay->state_bytes;
-    if ((sb && (e->state == NULL || e->state_bytes != sb)) || (!sb && e->state)) return;
-    apc_key key = apc_disk_exact_key(e->salt, e->tokens, e->n);
-    uint64_t file = apc_disk_file_bytes(lay, APC_DISK_KIND_EXACT, 0, (uint64_t)e->n);
+    uint64_t file = apc_disk_file_bytes(lay, hdr_kind, 0, (uint64_t)n);
     if (file == 0) return;
-    size_t len = APC_REMOTE_ENVELOPE_BYTES + 4 * (size_t)e->n + (size_t)file;
+    size_t len = APC_REMOTE_ENVELOPE_BYTES + 4 * (size_t)n + (size_t)file;
     uint64_t t = now_ms();
     pthread_mutex_lock(&r->lock);
-    bool skip = known_has(r, &key, t);
+    bool skip = known_has(r, key, t);
     bool drop = !skip && (r->open || r->q_bytes + len > r->cfg.queue_bytes);
     if (drop) r->write_drops++;
     if (!skip && !drop) r->q_bytes += len;
@@ -968,47 +973,80 @@ void apc_remote_store_exact(apc_remote *r, const apc_exact_entry *e) {
     rblock *b = j->b;
     j->n = 1;
     j->bytes = len;
-    b->kind = 'x';
-    b->n = e->n;
-    b->anchor = anchor_of(e->salt, e->tokens);
-    b->key = key;
+    b->kind = kind;
+    b->index_kind = idx_kind;
+    b->n = n;
+    b->anchor = anchor_of(salt, tokens);
+    b->key = *key;
     b->val = v;
     b->len = len;
-    b->payload_at = APC_REMOTE_ENVELOPE_BYTES + 4 * (size_t)e->n;
+    b->payload_at = APC_REMOTE_ENVELOPE_BYTES + 4 * (size_t)n;
     b->payload_len = (size_t)file;
     memset(v, 0, APC_REMOTE_ENVELOPE_BYTES);
     memcpy(v, MAGIC, 8);
     put_u32(v + 8, APC_REMOTE_VERSION);
-    put_u32(v + 12, APC_REMOTE_KIND_EXACT);
+    put_u32(v + 12, env_kind);
     memcpy(v + 16, r->ns, 16);
-    memcpy(v + 32, key.b, 16);
+    memcpy(v + 32, key->b, 16);
     memcpy(v + 48, zero.b, 16);
-    put_u32(v + 64, (uint32_t)e->n);
+    put_u32(v + 64, (uint32_t)n);
     put_u64(v + 72, b->payload_len);
-    for (int64_t q = 0; q < e->n; q++) put_u32(v + APC_REMOTE_ENVELOPE_BYTES + 4 * q, (uint32_t)e->tokens[q]);
-    /* The payload: an exact file of the SSD format. */
+    for (int64_t q = 0; q < n; q++) put_u32(v + APC_REMOTE_ENVELOPE_BYTES + 4 * q, (uint32_t)tokens[q]);
     uint8_t *p = v + b->payload_at;
     apc_disk_header h;
     memset(&h, 0, sizeof h);
-    h.kind = APC_DISK_KIND_EXACT;
-    h.salt = e->salt;
-    h.content = key;
-    h.n_tokens = (uint64_t)e->n;
+    h.kind = hdr_kind;
+    h.salt = salt;
+    h.content = *key;
+    h.first_block = first_block;
+    h.n_tokens = (uint64_t)n;
     h.state_bytes = sb;
     apc_disk_write_header(p, r->ns, &h, lay);
     p += APC_DISK_HEADER_BYTES;
-    for (int64_t q = 0; q < e->n; q++) put_u32(p + 4 * q, (uint32_t)e->tokens[q]);
-    p += 4 * (size_t)e->n;
-    size_t data = (size_t)e->n * lay->row_floats * sizeof(float);
-    memcpy(p, e->data, data);
-    p += data;
-    if (sb) memcpy(p, e->state, sb);
+    for (int64_t q = 0; q < n; q++) put_u32(p + 4 * q, (uint32_t)tokens[q]);
+    p += 4 * (size_t)n;
+    if (data) {
+        size_t db = (size_t)n * lay->row_floats * sizeof(float);
+        memcpy(p, data, db);
+        p += db;
+    }
+    if (sb) memcpy(p, state, sb);
     pthread_mutex_lock(&r->lock);
     if (r->tail) r->tail->next = j;
     else r->head = j;
     r->tail = j;
     pthread_cond_signal(&r->cv_work);
     pthread_mutex_unlock(&r->lock);
+}
+
+void apc_remote_store_exact(apc_remote *r, const apc_exact_entry *e) {
+    if (e->n < APC_REMOTE_ANCHOR_TOKENS || e->n > INT32_MAX) return;
+    size_t sb = r->lay->state_bytes;
+    if ((sb && (e->state == NULL || e->state_bytes != sb)) || (!sb && e->state)) return;
+    apc_key key = apc_disk_exact_key(e->salt, e->tokens, e->n);
+    queue_record(r, 'x', 'l', APC_DISK_KIND_EXACT, APC_REMOTE_KIND_EXACT, &key, e->tokens, e->n, e->salt, 0, e->data,
+                 e->state);
+}
+
+void apc_remote_store_skeleton(apc_remote *r, const int32_t *tokens, int64_t p, uint64_t salt, int ckpt_kind,
+                               const kv_seq *seq, const void *state, apc_hash_kind hash) {
+    if (p < APC_REMOTE_ANCHOR_TOKENS || p > INT32_MAX || ckpt_kind < 0 || ckpt_kind > 3) return;
+    if (r->lay->state_bytes && state == NULL) return;
+    /* The chain first (its K/V), under the checkpoint salt, so that a reader
+     * who finds the skeleton most likely finds its chain. */
+    const uint64_t csalt = salt ^ APC_DISK_CKPT_SALT;
+    int64_t nf = p / KV_BLOCK_TOKENS;
+    int tail = (int)(p % KV_BLOCK_TOKENS);
+    apc_key *keys = malloc((size_t)(nf + 1) * sizeof *keys);
+    if (keys == NULL) return;
+    static const apc_key zero;
+    apc_chain_keys(hash, tokens, nf, csalt, keys);
+    if (tail) keys[nf] = apc_partial_key(hash, nf > 0 ? &keys[nf - 1] : &zero, csalt, tokens + nf * KV_BLOCK_TOKENS, tail);
+    apc_remote_store_chain(r, keys, nf, tail, tokens, csalt, seq);
+    free(keys);
+    apc_key key = apc_disk_skel_key(salt, tokens, p);
+    queue_record(r, 'k', 'm', APC_DISK_KIND_SKEL, APC_REMOTE_KIND_SKEL, &key, tokens, p, salt, (uint32_t)ckpt_kind,
+                 NULL, state);
 }
 
 typedef struct snap_dst {
@@ -1163,6 +1201,131 @@ apc_exact_entry *apc_remote_load_exact(apc_remote *r, const int32_t *tokens, int
     apc_exact_entry *e = load_exact(r, tokens, max_len, min_len, salt, max_bytes, deadline);
     guard_off(&g);
     return e;
+}
+
+/* A value that should be the skeleton of tokens[0, p) under salt: its
+ * state into state_out and its checkpoint kind; NULL when it is, else why
+ * not. */
+static const char *parse_skeleton(apc_remote *r, const uint8_t *v, size_t len, const int32_t *tokens, int64_t p,
+                                  uint64_t salt, void *state_out, int *kind_out) {
+    static const apc_key zero;
+    apc_key key = apc_disk_skel_key(salt, tokens, p);
+    const char *why = check_envelope(r, v, len, APC_REMOTE_KIND_SKEL, &key, &zero, tokens, (size_t)p);
+    if (why) return why;
+    int32_t *tok = malloc((size_t)p * sizeof(int32_t));
+    if (tok == NULL) return "out of memory";
+    apc_disk_src src;
+    ember_error err;
+    const uint8_t *payload = v + APC_REMOTE_ENVELOPE_BYTES + 4 * (size_t)p;
+    if (apc_disk_src_init(&src, -1, payload, get_u64(v + 72)) < 0) {
+        free(tok);
+        return "out of memory";
+    }
+    apc_disk_header h;
+    if (apc_disk_read_header(&src, &r->ex, &h, &err) < 0) {
+        why = "payload header rejected";
+    } else {
+        if (h.kind != APC_DISK_KIND_SKEL || (int64_t)h.n_tokens != p || h.salt != salt || !apc_key_eq(&h.content, &key)) {
+            why = "payload describes another skeleton";
+        } else {
+            snap_dst x = {r->lay, NULL, p, state_out};
+            if (apc_disk_read_body(&src, &r->ex, &h, tok, snap_dst_fn, &x, &err) < 0) why = "payload rejected";
+            else if (memcmp(tok, tokens, (size_t)p * sizeof(int32_t)) != 0) why = "payload holds other tokens";
+            else *kind_out = (int)h.first_block;
+        }
+        apc_disk_header_free(&h);
+    }
+    apc_disk_src_free(&src);
+    free(tok);
+    return why;
+}
+
+static int64_t find_skeleton(apc_remote *r, const int32_t *tokens, int64_t max_p, int64_t min_p, int64_t replay_at,
+                             uint64_t salt, void *state_out, int *kind_out, double deadline) {
+    if (max_p < APC_REMOTE_ANCHOR_TOKENS || max_p <= min_p || !apc_remote_up(r)) return 0;
+    bool pooled;
+    redisContext *c = conn_get(r, deadline, &pooled);
+    if (c == NULL) {
+        fail_conn(r, NULL, deadline, "connect");
+        return 0;
+    }
+    if (r->cfg.read_hook) r->cfg.read_hook(r->cfg.read_hook_user, 0);
+    char idx[96], lo[24], hi[24];
+    apc_key anchor = anchor_of(salt, tokens);
+    key_name_of(r, 'm', &anchor, idx);
+    snprintf(lo, sizeof lo, "(%lld", (long long)min_p);
+    snprintf(hi, sizeof hi, "%lld", (long long)max_p);
+    redisReply *lens = redisCommand(c, "ZREVRANGEBYSCORE %s %s %s", idx, hi, lo);
+    if (lens == NULL) {
+        fail_conn(r, c, deadline, "ZREVRANGEBYSCORE");
+        return 0;
+    }
+    int64_t got = 0;
+    for (size_t k = 0; lens->type == REDIS_REPLY_ARRAY && k < lens->elements && got == 0; k++) {
+        const redisReply *el = lens->element[k];
+        int64_t p = el->type == REDIS_REPLY_STRING ? strtoll(el->str, NULL, 10) : 0;
+        if (p <= min_p || p > max_p) continue;
+        if (ember_now() >= deadline) {
+            pthread_mutex_lock(&r->lock);
+            r->timeouts++;
+            pthread_mutex_unlock(&r->lock);
+            break;
+        }
+        if (r->cfg.read_hook) r->cfg.read_hook(r->cfg.read_hook_user, 1);
+        redisSetTimeout(c, tv_of(deadline - ember_now()));
+        apc_key key = apc_disk_skel_key(salt, tokens, p);
+        char name[96];
+        key_name_of(r, 'k', &key, name);
+        redisReply *v = redisCommand(c, "GET %s", name);
+        if (v == NULL) {
+            freeReplyObject(lens);
+            fail_conn(r, c, deadline, "GET");
+            return 0;
+        }
+        if (v->type == REDIS_REPLY_STRING) {
+            int kind = -1;
+            const char *why = parse_skeleton(r, (const uint8_t *)v->str, (size_t)v->len, tokens, p, salt, state_out, &kind);
+            if (why == NULL) {
+                /* A replay skeleton serves only the identical resend (the caller's gate). */
+                if (!(kind == APC_CKPT_REPLAY && replay_at >= 0 && p != replay_at)) {
+                    got = p;
+                    *kind_out = kind;
+                    pthread_mutex_lock(&r->lock);
+                    r->hits++;
+                    r->hit_tokens += (uint64_t)p;
+                    known_add(r, &key, now_ms());
+                    pthread_mutex_unlock(&r->lock);
+                }
+            } else if (strcmp(why, "out of memory") != 0) {
+                ember_log(EMBER_LOG_WARN, "APC remote: skeleton of %lld tokens rejected (%s); deleted, counted as a miss",
+                          (long long)p, why);
+                pthread_mutex_lock(&r->lock);
+                r->corrupt++;
+                known_forget(r, &key);
+                pthread_mutex_unlock(&r->lock);
+                redisReply *d = redisCommand(c, "DEL %s", name);
+                if (d) freeReplyObject(d);
+            }
+        }
+        freeReplyObject(v);
+    }
+    freeReplyObject(lens);
+    if (c->err) {
+        fail_conn(r, c, deadline, "DEL");
+        return got;
+    }
+    note_ok(r);
+    conn_put(r, c);
+    return got;
+}
+
+int64_t apc_remote_find_skeleton(apc_remote *r, const int32_t *tokens, int64_t max_p, int64_t min_p, int64_t replay_at,
+                                 uint64_t salt, void *state_out, int *kind_out, double deadline) {
+    pipe_guard g;
+    guard_on(&g);
+    int64_t p = find_skeleton(r, tokens, max_p, min_p, replay_at, salt, state_out, kind_out, deadline);
+    guard_off(&g);
+    return p;
 }
 
 /* ---- Lifetime ---- */

@@ -13,13 +13,18 @@
  *    "ember:apc:<ns>:l:<anchor>" of the lengths stored under the anchor,
  *    the exact key of the first 16 tokens, so a reader asks only for
  *    prefixes that exist (longest first). It expires with the values.
+ *    Checkpoint skeletons (ckpt tier): "ember:apc:<ns>:k:<skeleton key>"
+ *    (a record's tokens, kind and recurrent state), indexed the same way in
+ *    "ember:apc:<ns>:m:<anchor>"; their K/V is the chain [0, p) as block
+ *    values under salt ^ APC_DISK_CKPT_SALT, as on the SSD.
  *  - Values. One block per key, self-describing, every integer
  *    little-endian:
  *
  *      off  size  field
  *        0     8  magic "EMBRRMT1"
  *        8     4  version (1)
- *       12     4  kind (1: a block of a chain, 2: an exact snapshot)
+ *       12     4  kind (1: a block of a chain, 2: an exact snapshot,
+ *                 3: a checkpoint skeleton)
  *       16    16  namespace
  *       32    16  key (= the Redis key's)
  *       48    16  parent key (zero for a chain's first block and snapshots)
@@ -33,7 +38,8 @@
  *        .     P  payload: the block as a one-block shard file of the SSD
  *                 tier (apc_disk.h format, its own header, key chain and
  *                 checksum); a snapshot as an exact file of that format
- *                 (K/V rows and, on recurrent stacks, the state)
+ *                 (K/V rows and, on recurrent stacks, the state); a
+ *                 skeleton as a skeleton file (tokens, kind, state)
  *
  *    A read checks all of it against what the request expects (namespace,
  *    key, parent, rows, tokens, length, both checksums, the key recomputed
@@ -73,6 +79,7 @@
 #define APC_REMOTE_VERSION 1u
 #define APC_REMOTE_KIND_BLOCK 1u
 #define APC_REMOTE_KIND_EXACT 2u
+#define APC_REMOTE_KIND_SKEL 3u
 #define APC_REMOTE_ANCHOR_TOKENS 16 /* snapshots shorter than this stay local */
 #define APC_REMOTE_ENVELOPE_BYTES 88u
 
@@ -128,6 +135,19 @@ void apc_remote_store_exact(apc_remote *r, const apc_exact_entry *e);
  * NULL if none by the deadline. The entry is not listed. */
 apc_exact_entry *apc_remote_load_exact(apc_remote *r, const int32_t *tokens, int64_t max_len, int64_t min_len,
                                        uint64_t salt, size_t max_bytes, double deadline);
+
+/* Checkpoint tier. Queues the skeleton of a record of tokens[0, p) of
+ * kind ckpt_kind under salt (its state copied now; lay->state_bytes, NULL
+ * when 0) and the chain [0, p) of seq's blocks under salt ^
+ * APC_DISK_CKPT_SALT, keyed with hash. */
+void apc_remote_store_skeleton(apc_remote *r, const int32_t *tokens, int64_t p, uint64_t salt, int ckpt_kind,
+                               const kv_seq *seq, const void *state, apc_hash_kind hash);
+/* The deepest verified skeleton in Redis for tokens with min_p < p <=
+ * max_p (a replay skeleton only at p == replay_at when replay_at >= 0): its
+ * state into state_out, its kind into *kind_out; p, or 0 if none by the
+ * deadline. The chain is read with apc_remote_load_blocks. */
+int64_t apc_remote_find_skeleton(apc_remote *r, const int32_t *tokens, int64_t max_p, int64_t min_p, int64_t replay_at,
+                                 uint64_t salt, void *state_out, int *kind_out, double deadline);
 
 /* Queues the blocks [0, n_full) (+ a partial tail of tail_rows rows) of a
  * stored chain whose keys the tier does not know to be remote; rows are

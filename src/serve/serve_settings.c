@@ -221,8 +221,8 @@ static const serve_setting table[] = {
      "Redis server of the remote tier: redis://host[:port][/db] or unix:///path[?db=N]; empty: no remote tier",
      "Replicas of one model under one cache format (the SSD tier's namespace) share cached prefixes there; keys "
      "carry the namespace and the chain key (tenant salt inside), values are self-describing and checksummed, a "
-     "bad one is a counted miss (`remote_corrupt`). Block chains (block tier) and whole snapshots (exact tier); "
-     "checkpoint records stay local. "
+     "bad one is a counted miss (`remote_corrupt`). Block chains (block tier), whole snapshots (exact tier) and "
+     "checkpoint skeletons with their chains (ckpt tier). "
      "Counters `remote_*` in /v1/cache/stats and /metrics.",
      false, SRV(remote_url)},
     {"cache.remote.ttl_s", "APC_REMOTE_TTL", "remote-ttl", SETTING_INT, "86400", 1, INT_MAX, NULL, "SECONDS",
