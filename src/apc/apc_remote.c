@@ -591,8 +591,7 @@ static int64_t load_blocks(apc_remote *r, const apc_key *parent, uint64_t salt, 
         fail_conn(r, NULL, deadline, "connect");
         return 0;
     }
-    size_t one = 0, pl;
-    one = value_bytes(r->lay, KV_BLOCK_TOKENS, &pl);
+    size_t pl, one = value_bytes(r->lay, KV_BLOCK_TOKENS, &pl);
     int64_t window = (int64_t)(WINDOW_BYTES / (one ? one : 1));
     if (window < 1) window = 1;
     int64_t loaded = 0;
@@ -713,11 +712,13 @@ static void write_job(apc_remote *r, rjob *j) {
         return;
     }
     char name[96];
+    bool exists_done = false;
     bool *missing = calloc((size_t)j->n, sizeof *missing);
     if (missing == NULL) {
         conn_put(r, c);
         return;
     }
+retry:
     for (int i = 0; i < j->n; i++) {
         key_name_of(r, j->b[i].kind, &j->b[i].key, name);
         const char *argv[2] = {"EXISTS", name};
@@ -726,10 +727,20 @@ static void write_job(apc_remote *r, rjob *j) {
     }
     for (int i = 0; i < j->n; i++) {
         redisReply *rep = NULL;
-        if (redisGetReply(c, (void **)&rep) != REDIS_OK || rep == NULL) goto broken;
+        if (redisGetReply(c, (void **)&rep) != REDIS_OK || rep == NULL) {
+            if (pooled && !timed_out(c, deadline)) {
+                /* An idle connection the server dropped (a restart): one fresh try. */
+                redisFree(c);
+                pooled = false;
+                c = dial(&r->addr, deadline - ember_now());
+                if (c) goto retry;
+            }
+            goto broken;
+        }
         missing[i] = rep->type == REDIS_REPLY_INTEGER && rep->integer == 0;
         freeReplyObject(rep);
     }
+    exists_done = true;
     char ttl[24];
     snprintf(ttl, sizeof ttl, "%d", r->cfg.ttl_s > 0 ? r->cfg.ttl_s : 86400);
     for (int i0 = 0; i0 < j->n;) {
@@ -774,20 +785,29 @@ static void write_job(apc_remote *r, rjob *j) {
             if (stored) r->writes++;
             else if (!raced) r->errors++; /* OOM under maxmemory noeviction, and the like */
             pthread_mutex_unlock(&r->lock);
+            if (stored || raced) missing[i] = false; /* on the server now */
         }
         i0 = i1;
     }
     pthread_mutex_lock(&r->lock);
     uint64_t t = now_ms();
-    for (int i = 0; i < j->n; i++) known_add(r, &j->b[i].key, t);
+    for (int i = 0; i < j->n; i++)
+        if (!missing[i]) known_add(r, &j->b[i].key, t);
     pthread_mutex_unlock(&r->lock);
     free(missing);
     note_ok(r);
     conn_put(r, c);
     return;
-broken:
+broken: {
+    /* What did not reach the server is dropped (a replica rewrites it later). */
+    uint64_t lost = 0;
+    for (int i = 0; i < j->n; i++) lost += !exists_done || missing[i];
+    pthread_mutex_lock(&r->lock);
+    r->write_drops += lost;
+    pthread_mutex_unlock(&r->lock);
     free(missing);
-    fail_conn(r, c, deadline, "write");
+    fail_conn(r, c, deadline, c ? "write" : "connect");
+}
 }
 
 /* The tier's own threads never take SIGPIPE (see pipe_guard). */
