@@ -27,7 +27,8 @@
  *  - two `ember serve` processes: B's chat completion caches N-1 from
  *    Redis, its logprobs equal A's cold ones, and the remote_* counters
  *    show in /v1/cache/stats and /metrics.
- * stories260K throughout (a llama: block tier). */
+ * And without a server: the URLs the tier accepts, and a bad one named by
+ * the config check. stories260K unless said (a llama: block tier). */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 #include <cJSON.h>
 #include <errno.h>
@@ -36,7 +37,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,6 +48,7 @@
 #include "core/clock.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "serve/serve_config.h"
 #include "serve/serve_metrics.h"
 #include "http_client.h"
 #include "test_util.h"
@@ -740,9 +745,31 @@ static double num(const cJSON *o, const char *name) {
     return v->valuedouble;
 }
 
+/* A TCP port nobody listens on right now. */
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+/* Over TCP this time (redis://127.0.0.1:PORT/1: a free port, database 1). */
 static void test_two_servers_share_through_redis(void **state) {
-    fixture *f = begin(state, NULL);
+    int port = free_port();
+    assert_true(port > 0);
+    char port_text[16];
+    snprintf(port_text, sizeof port_text, "%d", port);
+    const char *const args[] = {"--port", port_text, "--bind", "127.0.0.1", NULL};
+    fixture *f = begin(state, args);
     if (f == NULL) return;
+    snprintf(f->redis.url, sizeof f->redis.url, "redis://127.0.0.1:%d/1", port);
     const char *bin = ember_binary();
     if (bin == NULL) {
         skip();
@@ -809,13 +836,54 @@ static void test_two_servers_share_through_redis(void **state) {
     free(metrics);
     cJSON_Delete(ra);
     cJSON_Delete(rb);
+    /* The values went to database 1, over TCP. */
+    redisContext *rc = redis_client(&f->redis);
+    redisReply *rep = redisCommand(rc, "SELECT 1");
+    freeReplyObject(rep);
+    rep = redisCommand(rc, "DBSIZE");
+    assert_true(rep && rep->type == REDIS_REPLY_INTEGER && rep->integer >= n / 16);
+    freeReplyObject(rep);
+    rep = redisCommand(rc, "SELECT 0");
+    freeReplyObject(rep);
+    rep = redisCommand(rc, "DBSIZE");
+    assert_true(rep && rep->type == REDIS_REPLY_INTEGER && rep->integer == 0);
+    freeReplyObject(rep);
+    redisFree(rc);
     assert_int_equal(http_stop_server(&pa, 5000), 0);
     assert_int_equal(http_stop_server(&pb, 5000), 0);
     end(f);
 }
 
+/* URLs: what the tier accepts, and a bad one named at start-up. */
+static void test_remote_urls(void **state) {
+    (void)state;
+    ember_error err;
+    static const char *const good[] = {"redis://127.0.0.1", "redis://cache.local:6380", "redis://[::1]:6379/2",
+                                       "redis://h:1/15", "unix:///run/redis/redis.sock", "unix:///tmp/r.sock?db=3"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        if (apc_remote_check_url(good[i], &err) < 0) fail_msg("%s refused: %s", good[i], err.msg);
+    static const char *const bad[] = {"",  "http://h:6379",      "redis://",         "redis://h:0",
+                                      "redis://h:99999", "redis://h:6379/x", "redis://u:p@h", "unix://relative.sock",
+                                      "unix:///s?db=-1", "redis:/h", "redis://[::1", "redis://[::1]x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (apc_remote_check_url(bad[i], &err) == 0) fail_msg("'%s' accepted", bad[i]);
+        assert_true(strlen(err.msg) > 0);
+    }
+    serve_config c;
+    serve_config_defaults(&c);
+    snprintf(c.remote_url, sizeof c.remote_url, "%s", "redis://h:notaport");
+    assert_int_equal(serve_config_validate(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "cache.remote.url"));
+    assert_non_null(strstr(err.msg, "bad port"));
+    serve_config_defaults(&c);
+    c.cache.remote.min_wait_ms = 9000;
+    assert_int_equal(serve_config_validate(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "cache.remote.min_wait_ms"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_remote_urls),
         cmocka_unit_test(test_replica_adopts_what_another_computed),
         cmocka_unit_test(test_tenants_and_formats_never_cross),
         cmocka_unit_test(test_altered_values_are_counted_misses),

@@ -95,13 +95,25 @@ int apc_remote_parse_url(const char *url, apc_remote_addr *out, ember_error *err
     if (strchr(p, '@')) return ember_fail(err, "'%s': credentials in the URL are not supported", url);
     const char *slash = strchr(p, '/');
     const char *hend = slash ? slash : p + strlen(p);
-    const char *colon = NULL;
-    for (const char *c = p; c < hend; c++)
-        if (*c == ':') colon = c;
-    size_t hn = (size_t)((colon ? colon : hend) - p);
+    const char *colon = NULL, *h0 = p, *h1;
+    if (p[0] == '[') { /* an IPv6 literal: [addr]:port */
+        const char *close = memchr(p, ']', (size_t)(hend - p));
+        if (close == NULL) return ember_fail(err, "'%s': unclosed [ in the host", url);
+        h0 = p + 1;
+        h1 = close;
+        if (close + 1 < hend) {
+            if (close[1] != ':') return ember_fail(err, "'%s': expected :port after ]", url);
+            colon = close + 1;
+        }
+    } else {
+        for (const char *c = p; c < hend; c++)
+            if (*c == ':') colon = c;
+        h1 = colon ? colon : hend;
+    }
+    size_t hn = (size_t)(h1 - h0);
     if (hn == 0) return ember_fail(err, "'%s': no host", url);
     if (hn >= sizeof out->host) return ember_fail(err, "'%s': host name too long", url);
-    memcpy(out->host, p, hn);
+    memcpy(out->host, h0, hn);
     char *end;
     if (colon) {
         long port = strtol(colon + 1, &end, 10);
