@@ -1,6 +1,7 @@
-/* apc_remote.h - the remote tier of the prompt cache: block chains shared
- * between replicas through Redis (internal to src/apc; apc.h holds its
- * config and the URL check that serve calls).
+/* apc_remote.h - the remote tier of the prompt cache: block chains, exact
+ * snapshots and checkpoint skeletons shared between replicas through Redis
+ * (internal to src/apc; apc.h holds its config and the URL check that
+ * serve calls).
  *
  * Contract:
  *  - Keys. "ember:apc:<ns>:b:<key>": <ns> is the SSD tier's namespace (32
@@ -17,8 +18,8 @@
  *    (a record's tokens, kind and recurrent state), indexed the same way in
  *    "ember:apc:<ns>:m:<anchor>"; their K/V is the chain [0, p) as block
  *    values under salt ^ APC_DISK_CKPT_SALT, as on the SSD.
- *  - Values. One block per key, self-describing, every integer
- *    little-endian:
+ *  - Values. One block (or one snapshot, one skeleton) per key,
+ *    self-describing, every integer little-endian:
  *
  *      off  size  field
  *        0     8  magic "EMBRRMT1"
@@ -52,10 +53,12 @@
  *    writer thread asks EXISTS for each key, sends SET NX EX <ttl> for the
  *    missing ones (pipelined), and remembers the keys it wrote or saw so a
  *    later store skips them without copying.
- *  - Reads (apc_remote_chain_count, apc_remote_load_blocks) run on the
- *    caller's thread - the engine's fetch threads - under the caller's
- *    deadline: pipelined EXISTS to find the longest present run, then GETs
- *    in windows; what was verified when time runs out is kept. A socket
+ *  - Reads (apc_remote_chain_count, apc_remote_load_blocks, _load_exact,
+ *    _find_skeleton) run on the caller's thread - the engine's fetch
+ *    threads - under the caller's deadline: pipelined EXISTS to find the
+ *    longest present run, then GETs in windows (snapshots and skeletons:
+ *    the stored lengths from the index, longest first); what was verified
+ *    when time runs out is kept. A socket
  *    that times out is closed (its replies would be out of step).
  *  - Failure: breaker_failures consecutive errors or timeouts open a
  *    circuit breaker: reads and writes stop at once (writes are counted as
