@@ -352,6 +352,13 @@ static void end(fixture *f) {
     redis_stop_all(&f->redis);
 }
 
+/* After every test, also a failed one: its redis and directory go. */
+static int end_test(void **state) {
+    fixture *f = *state;
+    if (f && f->redis.dir) end(f);
+    return 0;
+}
+
 /* ---- tests ---- */
 
 static void test_replica_adopts_what_another_computed(void **state) {
@@ -893,17 +900,17 @@ static void test_remote_urls(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_remote_urls),
-        cmocka_unit_test(test_replica_adopts_what_another_computed),
-        cmocka_unit_test(test_tenants_and_formats_never_cross),
-        cmocka_unit_test(test_altered_values_are_counted_misses),
-        cmocka_unit_test(test_holes_keep_the_verified_prefix),
-        cmocka_unit_test(test_full_redis_evicts_and_answers_stay_right),
-        cmocka_unit_test(test_stopped_redis_mid_request),
-        cmocka_unit_test(test_killed_redis_mid_request),
-        cmocka_unit_test(test_exact_snapshot_from_another_replica),
-        cmocka_unit_test(test_ckpt_skeleton_from_another_replica),
-        cmocka_unit_test(test_two_servers_share_through_redis),
+        cmocka_unit_test_teardown(test_remote_urls, end_test),
+        cmocka_unit_test_teardown(test_replica_adopts_what_another_computed, end_test),
+        cmocka_unit_test_teardown(test_tenants_and_formats_never_cross, end_test),
+        cmocka_unit_test_teardown(test_altered_values_are_counted_misses, end_test),
+        cmocka_unit_test_teardown(test_holes_keep_the_verified_prefix, end_test),
+        cmocka_unit_test_teardown(test_full_redis_evicts_and_answers_stay_right, end_test),
+        cmocka_unit_test_teardown(test_stopped_redis_mid_request, end_test),
+        cmocka_unit_test_teardown(test_killed_redis_mid_request, end_test),
+        cmocka_unit_test_teardown(test_exact_snapshot_from_another_replica, end_test),
+        cmocka_unit_test_teardown(test_ckpt_skeleton_from_another_replica, end_test),
+        cmocka_unit_test_teardown(test_two_servers_share_through_redis, end_test),
     };
     return test_run_group(tests, setup, teardown);
 }
