@@ -18,7 +18,8 @@
  *  - redis stopped (SIGSTOP) or killed (SIGKILL) between a request's
  *    EXISTS and its GETs: the request is right, its reads end within the
  *    deadline, the breaker opens after the configured failures and closes
- *    once the server answers again (restarted, for the kill);
+ *    once the server answers again (restarted, for the kill); stopped in
+ *    the middle of a chain, the blocks verified by the deadline are kept;
  *  - the exact tier (mamba2, recurrent state): B adopts A's N-1 snapshot,
  *    another tenant nothing, an altered snapshot is a counted miss;
  *  - the checkpoint tier (qwen35): B restores A's skeletons and their
@@ -201,6 +202,7 @@ typedef struct replica_opts {
     const char *ns;
     int wait_ms;          /* fixed read deadline (min = max); 0: 2000 */
     int breaker_failures; /* 0: 3 */
+    size_t window_bytes;  /* 0: the tier's default */
 } replica_opts;
 
 /* The read hook: what to do to redis before the first window of GETs. */
@@ -208,10 +210,15 @@ enum { HOOK_NONE = 0, HOOK_STOP = 1, HOOK_KILL = 2 };
 static int hook_action;
 static redis_srv *hook_redis;
 static int hook_fired;
+static int hook_windows; /* act before this many windows of GETs have gone by (0: the first) */
 
 static void read_hook(void *user, int stage) {
     (void)user;
     if (stage != 1 || hook_action == HOOK_NONE || hook_redis == NULL || hook_redis->pid <= 0) return;
+    if (hook_windows > 0) {
+        hook_windows--;
+        return;
+    }
     if (hook_action == HOOK_STOP) {
         kill(hook_redis->pid, SIGSTOP);
     } else {
@@ -237,6 +244,7 @@ static engine *open_replica(const model *m, const replica_opts *o) {
     cfg.cache.remote.probe_ms = 100;
     cfg.cache.remote.breaker_failures = o->breaker_failures > 0 ? o->breaker_failures : 3;
     cfg.cache.remote.read_hook = read_hook;
+    cfg.cache.remote.window_bytes = o->window_bytes;
     return test_open_engine(m, &cfg);
 }
 
@@ -344,6 +352,7 @@ static fixture *begin(void **state, const char *const *redis_args) {
     hook_action = HOOK_NONE;
     hook_redis = &f->redis;
     hook_fired = 0;
+    hook_windows = 0;
     return f;
 }
 
@@ -584,6 +593,36 @@ static void test_stopped_redis_mid_request(void **state) {
     engine_free(a);
     engine_free(b);
     engine_free(c);
+    end(f);
+}
+
+/* The deadline passes in the middle of a chain (redis stopped after ten
+ * one-value windows): the ten verified blocks are kept and adopted. */
+static void test_deadline_keeps_the_verified_prefix(void **state) {
+    fixture *f = begin(state, NULL);
+    if (f == NULL) return;
+    replica_opts o = {f->redis.url, APC_HASH_SHA256, NULL, DEADLINE_MS, 5, 1};
+    engine *a = open_replica(f->m, &o);
+    compute_on(a, f->prompt, N_PROMPT, 0);
+    engine *b = open_replica(f->m, &o);
+    hook_action = HOOK_STOP;
+    hook_windows = 10;
+    double t0 = ember_now();
+    int64_t held = apc_prefetch(engine_cache(b), f->prompt, N_PROMPT, 0);
+    double read_s = ember_now() - t0;
+    assert_int_equal(hook_fired, 1);
+    print_message("deadline mid-chain: %lld tokens verified in %.3f s (deadline %d ms)\n", (long long)held, read_s,
+                  DEADLINE_MS);
+    assert_int_equal(held, 10 * 16);
+    assert_true(read_s < DEADLINE_MS / 1000.0 + 0.25);
+    apc_stats s = stats_of(b);
+    assert_int_equal(s.remote_hits, 10);
+    assert_true(s.remote_timeouts >= 1);
+    kill(f->redis.pid, SIGCONT);
+    /* The request adopts them from memory, and is right. */
+    assert_true(check(b, f->prompt, N_PROMPT, 0, "after a deadline mid-chain") >= 10 * 16);
+    engine_free(a);
+    engine_free(b);
     end(f);
 }
 
@@ -907,6 +946,7 @@ int main(void) {
         cmocka_unit_test_teardown(test_holes_keep_the_verified_prefix, end_test),
         cmocka_unit_test_teardown(test_full_redis_evicts_and_answers_stay_right, end_test),
         cmocka_unit_test_teardown(test_stopped_redis_mid_request, end_test),
+        cmocka_unit_test_teardown(test_deadline_keeps_the_verified_prefix, end_test),
         cmocka_unit_test_teardown(test_killed_redis_mid_request, end_test),
         cmocka_unit_test_teardown(test_exact_snapshot_from_another_replica, end_test),
         cmocka_unit_test_teardown(test_ckpt_skeleton_from_another_replica, end_test),

@@ -113,6 +113,7 @@ typedef struct apc_remote_config {
      * stop or kill the server in the middle of a request's reads. */
     void (*read_hook)(void *user, int stage);
     void *read_hook_user;
+    size_t window_bytes;      /* tests only: values in flight per pipelined window; 0: 64 MiB */
 } apc_remote_config;
 
 /* Whether url is a remote-tier URL ember can use; -1 with err saying why not. */

@@ -604,7 +604,8 @@ static int64_t load_blocks(apc_remote *r, const apc_key *parent, uint64_t salt, 
         return 0;
     }
     size_t pl, one = value_bytes(r->lay, KV_BLOCK_TOKENS, &pl);
-    int64_t window = (int64_t)(WINDOW_BYTES / (one ? one : 1));
+    size_t wb = r->cfg.window_bytes ? r->cfg.window_bytes : WINDOW_BYTES;
+    int64_t window = (int64_t)(wb / (one ? one : 1));
     if (window < 1) window = 1;
     int64_t loaded = 0;
     bool stop = false;
