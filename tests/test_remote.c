@@ -245,6 +245,9 @@ static engine *open_replica(const model *m, const replica_opts *o) {
     cfg.cache.remote.breaker_failures = o->breaker_failures > 0 ? o->breaker_failures : 3;
     cfg.cache.remote.read_hook = read_hook;
     cfg.cache.remote.window_bytes = o->window_bytes;
+    /* Recurrent stacks on their exact and ckpt tiers (block chains with
+     * recurrent snapshots keep their records local). */
+    cfg.cache.ckpt.snapshot_interval = 0;
     return test_open_engine(m, &cfg);
 }
 

@@ -222,7 +222,8 @@ static const serve_setting table[] = {
      "Replicas of one model under one cache format (the SSD tier's namespace) share cached prefixes there; keys "
      "carry the namespace and the chain key (tenant salt inside), values are self-describing and checksummed, a "
      "bad one is a counted miss (`remote_corrupt`). Block chains (block tier), whole snapshots (exact tier) and "
-     "checkpoint skeletons with their chains (ckpt tier). "
+     "checkpoint skeletons with their chains (ckpt tier); not recurrent-state snapshots on block chains "
+     "(`cache.ckpt.snapshot_interval` > 0 on recurrent stacks), which stay local. "
      "Counters `remote_*` in /v1/cache/stats and /metrics.",
      false, SRV(remote_url)},
     {"cache.remote.ttl_s", "APC_REMOTE_TTL", "remote-ttl", SETTING_INT, "86400", 1, INT_MAX, NULL, "SECONDS",
