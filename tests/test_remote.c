@@ -835,7 +835,9 @@ static void test_two_servers_share_through_redis(void **state) {
         end(f);
         return;
     }
-    char *extra[] = {"--remote-url", f->redis.url, "--ctx", "2048", NULL};
+    /* No SSD tier: the two would share the per-user directory, and B must
+     * find A's KV in Redis. */
+    char *extra[] = {"--remote-url", f->redis.url, "--ctx", "2048", "--no-disk", NULL};
     char log_a[400], log_b[400];
     snprintf(log_a, sizeof log_a, "%s/a.log", f->redis.dir);
     snprintf(log_b, sizeof log_b, "%s/b.log", f->redis.dir);
