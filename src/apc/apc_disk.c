@@ -1274,15 +1274,8 @@ int apc_disk_store_exact(apc_disk *d, apc_exact_entry *e, apc_disk_release_fn re
     return 0;
 }
 
-typedef struct exact_dst {
-    const apc_layout *lay;
-    float *data;
-    int64_t n;
-    void *state;
-} exact_dst;
-
-static float *exact_dst_fn(void *user, int layer, int kv, uint32_t piece) {
-    exact_dst *x = user;
+float *apc_disk_exact_dst_fn(void *user, int layer, int kv, uint32_t piece) {
+    apc_disk_exact_dst *x = user;
     (void)piece;
     if (layer < 0) return x->state;
     size_t off = 0;
@@ -1358,8 +1351,8 @@ apc_exact_entry *apc_disk_load_exact(apc_disk *d, const int32_t *tokens, int64_t
                 close_read(&of, false);
                 break; /* out of memory: not the file's fault */
             }
-            exact_dst x = {d->lay, e->data, c[k].n, e->state};
-            rc = apc_disk_read_body(&of.src, &d->ex, &h, tok, exact_dst_fn, &x, &err);
+            apc_disk_exact_dst x = {d->lay, e->data, c[k].n, e->state};
+            rc = apc_disk_read_body(&of.src, &d->ex, &h, tok, apc_disk_exact_dst_fn, &x, &err);
             apc_disk_header_free(&h);
         }
         close_read(&of, rc == 0);

@@ -185,6 +185,16 @@ int apc_disk_read_header(apc_disk_src *s, const apc_disk_expect *ex, apc_disk_he
  * payload and the state through dst, and the trailing checksum. */
 int apc_disk_read_body(apc_disk_src *s, const apc_disk_expect *ex, const apc_disk_header *h, int32_t *tokens_out,
                        apc_disk_dst_fn dst, void *user, ember_error *err);
+/* The destination of an exact snapshot's payload: layer by layer K rows then
+ * V rows of n positions into data (the exact tier's layout), the recurrent
+ * state into state. For the SSD tier and the remote tier alike. */
+typedef struct apc_disk_exact_dst {
+    const apc_layout *lay;
+    float *data;
+    int64_t n;
+    void *state;
+} apc_disk_exact_dst;
+float *apc_disk_exact_dst_fn(void *user, int layer, int kv, uint32_t piece); /* user: apc_disk_exact_dst */
 /* Serializes the fixed header and key table (APC_DISK_HEADER_BYTES + 16*nb)
  * into out, the header checksum included (h->state_bytes is written as
  * given). */

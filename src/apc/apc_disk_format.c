@@ -24,22 +24,6 @@
 
 static const uint8_t MAGIC[8] = {'E', 'M', 'B', 'R', 'A', 'P', 'C', '1'};
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 uint64_t apc_disk_file_bytes(const apc_layout *lay, uint32_t kind, uint32_t n_blocks, uint64_t n_tokens) {
     const uint64_t lim = UINT64_C(1) << 62;
@@ -53,7 +37,7 @@ uint64_t apc_disk_file_bytes(const apc_layout *lay, uint32_t kind, uint32_t n_bl
 static apc_key tagged_key(char tag, uint64_t salt, const int32_t *tokens, int64_t n) {
     XXH3_state_t *st = XXH3_createState();
     uint8_t head[9] = {(uint8_t)tag};
-    put_u64(head + 1, salt);
+    apc_put_u64(head + 1, salt);
     apc_key k;
     memset(&k, 0, sizeof k);
     if (st == NULL) return k;
@@ -62,13 +46,13 @@ static apc_key tagged_key(char tag, uint64_t salt, const int32_t *tokens, int64_
     uint8_t buf[1024];
     for (int64_t i = 0; i < n;) {
         int m = 0;
-        for (; m < 256 && i < n; m++, i++) put_u32(buf + 4 * m, (uint32_t)tokens[i]);
+        for (; m < 256 && i < n; m++, i++) apc_put_u32(buf + 4 * m, (uint32_t)tokens[i]);
         XXH3_128bits_update(st, buf, 4 * (size_t)m);
     }
     XXH128_hash_t h = XXH3_128bits_digest(st);
     XXH3_freeState(st);
-    put_u64(k.b, h.low64);
-    put_u64(k.b + 8, h.high64);
+    apc_put_u64(k.b, h.low64);
+    apc_put_u64(k.b + 8, h.high64);
     return k;
 }
 
@@ -107,20 +91,20 @@ bool apc_disk_parse_name(const char *name, uint32_t *kind, apc_key *key) {
 void apc_disk_write_header(uint8_t *out, const uint8_t ns[16], const apc_disk_header *h, const apc_layout *lay) {
     memset(out, 0, APC_DISK_HEADER_BYTES);
     memcpy(out, MAGIC, 8);
-    put_u32(out + 8, APC_DISK_VERSION);
-    put_u32(out + 12, h->kind);
+    apc_put_u32(out + 8, APC_DISK_VERSION);
+    apc_put_u32(out + 12, h->kind);
     memcpy(out + 16, ns, 16);
-    put_u64(out + 32, h->salt);
+    apc_put_u64(out + 32, h->salt);
     memcpy(out + 40, h->content.b, 16);
     memcpy(out + 56, h->parent.b, 16);
-    put_u32(out + 72, h->first_block);
-    put_u32(out + 76, h->n_blocks);
-    put_u32(out + 80, h->last_rows);
-    put_u32(out + 84, (uint32_t)lay->n_layer);
-    put_u64(out + 88, h->n_tokens);
-    put_u64(out + 96, (uint64_t)lay->row_floats);
-    put_u64(out + 104, h->created_ns);
-    put_u64(out + 112, h->state_bytes);
+    apc_put_u32(out + 72, h->first_block);
+    apc_put_u32(out + 76, h->n_blocks);
+    apc_put_u32(out + 80, h->last_rows);
+    apc_put_u32(out + 84, (uint32_t)lay->n_layer);
+    apc_put_u64(out + 88, h->n_tokens);
+    apc_put_u64(out + 96, (uint64_t)lay->row_floats);
+    apc_put_u64(out + 104, h->created_ns);
+    apc_put_u64(out + 112, h->state_bytes);
     for (uint32_t i = 0; i < h->n_blocks; i++) memcpy(out + APC_DISK_HEADER_BYTES + 16 * (size_t)i, h->keys[i].b, 16);
     XXH3_state_t *st = XXH3_createState();
     uint64_t sum = 0;
@@ -131,7 +115,7 @@ void apc_disk_write_header(uint8_t *out, const uint8_t ns[16], const apc_disk_he
         sum = XXH3_64bits_digest(st);
         XXH3_freeState(st);
     }
-    put_u64(out + APC_DISK_HEADER_SUM_AT, sum);
+    apc_put_u64(out + APC_DISK_HEADER_SUM_AT, sum);
 }
 
 /* ---- Source ---- */
@@ -204,23 +188,23 @@ int apc_disk_read_header(apc_disk_src *s, const apc_disk_expect *ex, apc_disk_he
     uint8_t b[APC_DISK_HEADER_BYTES];
     if (src_read(s, b, sizeof b, err) < 0) return ember_fail_prefix(err, "header: ");
     if (memcmp(b, MAGIC, 8) != 0) return ember_fail(err, "bad magic");
-    if (get_u32(b + 8) != APC_DISK_VERSION) return ember_fail(err, "version %u, expected %u", get_u32(b + 8), APC_DISK_VERSION);
-    h->kind = get_u32(b + 12);
+    if (apc_get_u32(b + 8) != APC_DISK_VERSION) return ember_fail(err, "version %u, expected %u", apc_get_u32(b + 8), APC_DISK_VERSION);
+    h->kind = apc_get_u32(b + 12);
     if (h->kind != APC_DISK_KIND_SHARD && h->kind != APC_DISK_KIND_EXACT && h->kind != APC_DISK_KIND_SKEL)
         return ember_fail(err, "unknown kind %u", h->kind);
     if (memcmp(b + 16, ex->ns, 16) != 0) return ember_fail(err, "another namespace");
-    h->salt = get_u64(b + 32);
+    h->salt = apc_get_u64(b + 32);
     memcpy(h->content.b, b + 40, 16);
     memcpy(h->parent.b, b + 56, 16);
-    h->first_block = get_u32(b + 72);
-    h->n_blocks = get_u32(b + 76);
-    h->last_rows = get_u32(b + 80);
-    uint32_t n_layer = get_u32(b + 84);
-    h->n_tokens = get_u64(b + 88);
-    uint64_t row_floats = get_u64(b + 96);
-    h->created_ns = get_u64(b + 104);
-    h->state_bytes = get_u64(b + 112);
-    uint64_t want_sum = get_u64(b + APC_DISK_HEADER_SUM_AT);
+    h->first_block = apc_get_u32(b + 72);
+    h->n_blocks = apc_get_u32(b + 76);
+    h->last_rows = apc_get_u32(b + 80);
+    uint32_t n_layer = apc_get_u32(b + 84);
+    h->n_tokens = apc_get_u64(b + 88);
+    uint64_t row_floats = apc_get_u64(b + 96);
+    h->created_ns = apc_get_u64(b + 104);
+    h->state_bytes = apc_get_u64(b + 112);
+    uint64_t want_sum = apc_get_u64(b + APC_DISK_HEADER_SUM_AT);
     if (n_layer != (uint32_t)ex->layout->n_layer || row_floats != (uint64_t)ex->layout->row_floats)
         return ember_fail(err, "layout %u layers / %llu floats per row, expected %d / %zu", n_layer,
                           (unsigned long long)row_floats, ex->layout->n_layer, ex->layout->row_floats);
@@ -297,7 +281,7 @@ int apc_disk_read_body(apc_disk_src *s, const apc_disk_expect *ex, const apc_dis
         goto done;
     }
     if (src_read(s, raw, 4 * n, err) < 0) goto done;
-    for (uint64_t i = 0; i < n; i++) tok[i] = (int32_t)get_u32(raw + 4 * i);
+    for (uint64_t i = 0; i < n; i++) tok[i] = (int32_t)apc_get_u32(raw + 4 * i);
     if (h->kind == APC_DISK_KIND_SHARD) {
         apc_key parent = h->parent;
         for (uint32_t j = 0; j < h->n_blocks; j++) {
@@ -348,7 +332,7 @@ int apc_disk_read_body(apc_disk_src *s, const apc_disk_expect *ex, const apc_dis
         ember_fail(err, "cannot read the checksum");
         goto done;
     }
-    if (get_u64(trailer) != sum) {
+    if (apc_get_u64(trailer) != sum) {
         ember_fail(err, "checksum mismatch");
         goto done;
     }

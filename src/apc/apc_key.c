@@ -12,20 +12,14 @@
 
 #define MSG_BYTES (16 + 8 + 4 * KV_BLOCK_TOKENS)
 
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
 
 static apc_key digest_of(apc_hash_kind kind, const uint8_t *msg, size_t len) {
     apc_key k;
     if (kind == APC_HASH_XXH3) {
         XXH128_hash_t h = XXH3_128bits(msg, len);
-        put_u64(k.b, h.low64);
-        put_u64(k.b + 8, h.high64);
+        apc_put_u64(k.b, h.low64);
+        apc_put_u64(k.b + 8, h.high64);
     } else {
         uint8_t digest[SHA256_DIGEST_LENGTH];
         SHA256(msg, len, digest);
@@ -37,17 +31,17 @@ static apc_key digest_of(apc_hash_kind kind, const uint8_t *msg, size_t len) {
 apc_key apc_block_key(apc_hash_kind kind, const apc_key *parent, uint64_t salt, const int32_t *tokens16) {
     uint8_t msg[MSG_BYTES];
     memcpy(msg, parent->b, 16);
-    put_u64(msg + 16, salt);
-    for (int i = 0; i < KV_BLOCK_TOKENS; i++) put_u32(msg + 24 + 4 * i, (uint32_t)tokens16[i]);
+    apc_put_u64(msg + 16, salt);
+    for (int i = 0; i < KV_BLOCK_TOKENS; i++) apc_put_u32(msg + 24 + 4 * i, (uint32_t)tokens16[i]);
     return digest_of(kind, msg, sizeof msg);
 }
 
 apc_key apc_partial_key(apc_hash_kind kind, const apc_key *parent, uint64_t salt, const int32_t *tokens, int m) {
     uint8_t msg[MSG_BYTES + 4];
     memcpy(msg, parent->b, 16);
-    put_u64(msg + 16, salt);
-    put_u32(msg + 24, 0x80000000u | (uint32_t)m);
-    for (int i = 0; i < m; i++) put_u32(msg + 28 + 4 * i, (uint32_t)tokens[i]);
+    apc_put_u64(msg + 16, salt);
+    apc_put_u32(msg + 24, 0x80000000u | (uint32_t)m);
+    for (int i = 0; i < m; i++) apc_put_u32(msg + 28 + 4 * i, (uint32_t)tokens[i]);
     return digest_of(kind, msg, 28 + 4 * (size_t)m);
 }
 
@@ -66,7 +60,7 @@ uint64_t apc_salt_for_tenant(const char *tenant, size_t len) {
      * first 8 bytes little-endian; 0 is reserved for "no tenant". */
     uint8_t head[4], tail[8] = {0}, digest[EVP_MAX_MD_SIZE];
     unsigned int dlen = 0;
-    put_u32(head, (uint32_t)len);
+    apc_put_u32(head, (uint32_t)len);
     EVP_MD_CTX *md = EVP_MD_CTX_new();
     if (md == NULL || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1 || EVP_DigestUpdate(md, head, 4) != 1 ||
         EVP_DigestUpdate(md, tenant, len) != 1 || EVP_DigestUpdate(md, tail, 8) != 1 ||

@@ -34,4 +34,22 @@ apc_key apc_partial_key(apc_hash_kind kind, const apc_key *parent, uint64_t salt
 /* keys[i] for blocks 0..n_blocks-1 of tokens (chained from the zero key). */
 void apc_chain_keys(apc_hash_kind kind, const int32_t *tokens, int64_t n_blocks, uint64_t salt, apc_key *keys);
 
+/* ---- Little-endian fields (keys, disk files and remote values share them) ---- */
+static inline void apc_put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void apc_put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint32_t apc_get_u32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static inline uint64_t apc_get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
 #endif

@@ -50,22 +50,6 @@ static const uint8_t MAGIC[8] = {'E', 'M', 'B', 'R', 'R', 'M', 'T', '1'};
 #define KNOWN_CAP (1u << 16)             /* remembered keys (a power of two) */
 #define WINDOW_BYTES ((size_t)64 << 20)  /* values in flight per pipelined window */
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 /* ---- URL ---- */
 
@@ -452,13 +436,13 @@ static size_t value_bytes(const apc_layout *lay, int rows, size_t *payload_len) 
 /* Both checksums: the inner shard's, then the envelope's over everything. */
 static void seal(rblock *b) {
     uint8_t *pl = b->val + b->payload_at;
-    put_u64(pl + b->payload_len - 8, XXH3_64bits(pl, b->payload_len - 8));
+    apc_put_u64(pl + b->payload_len - 8, XXH3_64bits(pl, b->payload_len - 8));
     XXH3_state_t *st = XXH3_createState();
     if (st == NULL) return; /* the value then fails verification: a counted miss, never wrong */
     XXH3_64bits_reset(st);
     XXH3_64bits_update(st, b->val, 80);
     XXH3_64bits_update(st, b->val + APC_REMOTE_ENVELOPE_BYTES, b->len - APC_REMOTE_ENVELOPE_BYTES);
-    put_u64(b->val + 80, XXH3_64bits_digest(st));
+    apc_put_u64(b->val + 80, XXH3_64bits_digest(st));
     XXH3_freeState(st);
 }
 
@@ -481,13 +465,13 @@ static const char *check_envelope(const apc_remote *r, const uint8_t *v, size_t 
                                   const apc_key *key, const apc_key *parent, const int32_t *tokens, size_t rows) {
     if (len < APC_REMOTE_ENVELOPE_BYTES + 4 * rows) return "short value";
     if (memcmp(v, MAGIC, 8) != 0) return "bad magic";
-    if (get_u32(v + 8) != APC_REMOTE_VERSION) return "another version";
-    if (get_u32(v + 12) != kind) return "another kind";
+    if (apc_get_u32(v + 8) != APC_REMOTE_VERSION) return "another version";
+    if (apc_get_u32(v + 12) != kind) return "another kind";
     if (memcmp(v + 16, r->ns, 16) != 0) return "another namespace";
     if (memcmp(v + 32, key->b, 16) != 0) return "another key";
     if (memcmp(v + 48, parent->b, 16) != 0) return "another parent";
-    if (get_u32(v + 64) != (uint32_t)rows || get_u32(v + 68) != 0) return "another row count";
-    uint64_t pl = get_u64(v + 72);
+    if (apc_get_u32(v + 64) != (uint32_t)rows || apc_get_u32(v + 68) != 0) return "another row count";
+    uint64_t pl = apc_get_u64(v + 72);
     if (pl != len - APC_REMOTE_ENVELOPE_BYTES - 4 * rows) return "payload length does not match the value";
     XXH3_state_t *st = XXH3_createState();
     if (st == NULL) return "out of memory";
@@ -496,9 +480,9 @@ static const char *check_envelope(const apc_remote *r, const uint8_t *v, size_t 
     XXH3_64bits_update(st, v + APC_REMOTE_ENVELOPE_BYTES, len - APC_REMOTE_ENVELOPE_BYTES);
     uint64_t sum = XXH3_64bits_digest(st);
     XXH3_freeState(st);
-    if (sum != get_u64(v + 80)) return "checksum mismatch";
+    if (sum != apc_get_u64(v + 80)) return "checksum mismatch";
     for (size_t i = 0; i < rows; i++)
-        if ((int32_t)get_u32(v + APC_REMOTE_ENVELOPE_BYTES + 4 * i) != tokens[i]) return "other tokens";
+        if ((int32_t)apc_get_u32(v + APC_REMOTE_ENVELOPE_BYTES + 4 * i) != tokens[i]) return "other tokens";
     return NULL;
 }
 
@@ -507,7 +491,7 @@ static const char *verify(apc_remote *r, const uint8_t *v, size_t len, const apc
     size_t rows = (size_t)w->rows;
     const char *why = check_envelope(r, v, len, APC_REMOTE_KIND_BLOCK, &w->key, parent, w->tokens, rows);
     if (why) return why;
-    uint64_t pl = get_u64(v + 72);
+    uint64_t pl = apc_get_u64(v + 72);
     /* The payload: the SSD tier's one-block shard, verified by its reader. */
     const uint8_t *payload = v + APC_REMOTE_ENVELOPE_BYTES + 4 * rows;
     apc_disk_src src;
@@ -909,14 +893,14 @@ void apc_remote_store_chain(apc_remote *r, const apc_key *keys, int64_t n_full, 
         uint8_t *v = b->val;
         memset(v, 0, APC_REMOTE_ENVELOPE_BYTES);
         memcpy(v, MAGIC, 8);
-        put_u32(v + 8, APC_REMOTE_VERSION);
-        put_u32(v + 12, APC_REMOTE_KIND_BLOCK);
+        apc_put_u32(v + 8, APC_REMOTE_VERSION);
+        apc_put_u32(v + 12, APC_REMOTE_KIND_BLOCK);
         memcpy(v + 16, r->ns, 16);
         memcpy(v + 32, b->key.b, 16);
         memcpy(v + 48, parent->b, 16);
-        put_u32(v + 64, (uint32_t)rows);
-        put_u64(v + 72, b->payload_len);
-        for (int q = 0; q < rows; q++) put_u32(v + APC_REMOTE_ENVELOPE_BYTES + 4 * q, (uint32_t)tok[q]);
+        apc_put_u32(v + 64, (uint32_t)rows);
+        apc_put_u64(v + 72, b->payload_len);
+        for (int q = 0; q < rows; q++) apc_put_u32(v + APC_REMOTE_ENVELOPE_BYTES + 4 * q, (uint32_t)tok[q]);
         /* The payload: a one-block shard of the SSD format. */
         uint8_t *p = v + b->payload_at;
         apc_disk_header h;
@@ -932,7 +916,7 @@ void apc_remote_store_chain(apc_remote *r, const apc_key *keys, int64_t n_full, 
         h.keys = &b->key;
         apc_disk_write_header(p, r->ns, &h, lay);
         p += APC_DISK_HEADER_BYTES + 16;
-        for (int q = 0; q < rows; q++) put_u32(p + 4 * q, (uint32_t)tok[q]);
+        for (int q = 0; q < rows; q++) apc_put_u32(p + 4 * q, (uint32_t)tok[q]);
         p += 4 * (size_t)rows;
         int32_t blk = seq->blocks[i];
         for (int l = 0; l < lay->n_layer; l++) {
@@ -1017,14 +1001,14 @@ static void queue_record(apc_remote *r, char kind, char idx_kind, uint32_t hdr_k
     b->payload_len = (size_t)file;
     memset(v, 0, APC_REMOTE_ENVELOPE_BYTES);
     memcpy(v, MAGIC, 8);
-    put_u32(v + 8, APC_REMOTE_VERSION);
-    put_u32(v + 12, env_kind);
+    apc_put_u32(v + 8, APC_REMOTE_VERSION);
+    apc_put_u32(v + 12, env_kind);
     memcpy(v + 16, r->ns, 16);
     memcpy(v + 32, key->b, 16);
     memcpy(v + 48, zero.b, 16);
-    put_u32(v + 64, (uint32_t)n);
-    put_u64(v + 72, b->payload_len);
-    for (int64_t q = 0; q < n; q++) put_u32(v + APC_REMOTE_ENVELOPE_BYTES + 4 * q, (uint32_t)tokens[q]);
+    apc_put_u32(v + 64, (uint32_t)n);
+    apc_put_u64(v + 72, b->payload_len);
+    for (int64_t q = 0; q < n; q++) apc_put_u32(v + APC_REMOTE_ENVELOPE_BYTES + 4 * q, (uint32_t)tokens[q]);
     uint8_t *p = v + b->payload_at;
     apc_disk_header h;
     memset(&h, 0, sizeof h);
@@ -1036,7 +1020,7 @@ static void queue_record(apc_remote *r, char kind, char idx_kind, uint32_t hdr_k
     h.state_bytes = sb;
     apc_disk_write_header(p, r->ns, &h, lay);
     p += APC_DISK_HEADER_BYTES;
-    for (int64_t q = 0; q < n; q++) put_u32(p + 4 * q, (uint32_t)tokens[q]);
+    for (int64_t q = 0; q < n; q++) apc_put_u32(p + 4 * q, (uint32_t)tokens[q]);
     p += 4 * (size_t)n;
     if (data) {
         size_t db = (size_t)n * lay->row_floats * sizeof(float);
@@ -1082,22 +1066,6 @@ void apc_remote_store_skeleton(apc_remote *r, const int32_t *tokens, int64_t p, 
                  NULL, state);
 }
 
-typedef struct snap_dst {
-    const apc_layout *lay;
-    float *data;
-    int64_t n;
-    void *state;
-} snap_dst;
-
-static float *snap_dst_fn(void *user, int layer, int kv, uint32_t piece) {
-    snap_dst *x = user;
-    (void)piece;
-    if (layer < 0) return x->state;
-    size_t off = 0;
-    for (int l = 0; l < layer; l++) off += (size_t)(x->lay->k_width[l] + x->lay->v_width[l]) * (size_t)x->n;
-    if (kv == 1) off += (size_t)x->lay->k_width[layer] * (size_t)x->n;
-    return x->data + off;
-}
 
 /* A value that should be the snapshot of tokens[0, n) under salt, read
  * into a new entry; NULL with *why when it is not. */
@@ -1126,7 +1094,7 @@ static apc_exact_entry *parse_exact(apc_remote *r, const uint8_t *v, size_t len,
     ember_error err;
     const uint8_t *payload = v + APC_REMOTE_ENVELOPE_BYTES + 4 * (size_t)n;
     bool ok = false;
-    if (apc_disk_src_init(&src, -1, payload, get_u64(v + 72)) == 0) {
+    if (apc_disk_src_init(&src, -1, payload, apc_get_u64(v + 72)) == 0) {
         apc_disk_header h;
         if (apc_disk_read_header(&src, &r->ex, &h, &err) < 0) {
             *why = "payload header rejected";
@@ -1135,8 +1103,8 @@ static apc_exact_entry *parse_exact(apc_remote *r, const uint8_t *v, size_t len,
                 !apc_key_eq(&h.content, &key)) {
                 *why = "payload describes another snapshot";
             } else {
-                snap_dst x = {lay, e->data, n, e->state};
-                if (apc_disk_read_body(&src, &r->ex, &h, tok, snap_dst_fn, &x, &err) < 0) *why = "payload rejected";
+                apc_disk_exact_dst x = {lay, e->data, n, e->state};
+                if (apc_disk_read_body(&src, &r->ex, &h, tok, apc_disk_exact_dst_fn, &x, &err) < 0) *why = "payload rejected";
                 else if (memcmp(tok, tokens, (size_t)n * sizeof(int32_t)) != 0) *why = "payload holds other tokens";
                 else ok = true;
             }
@@ -1250,7 +1218,7 @@ static const char *parse_skeleton(apc_remote *r, const uint8_t *v, size_t len, c
     apc_disk_src src;
     ember_error err;
     const uint8_t *payload = v + APC_REMOTE_ENVELOPE_BYTES + 4 * (size_t)p;
-    if (apc_disk_src_init(&src, -1, payload, get_u64(v + 72)) < 0) {
+    if (apc_disk_src_init(&src, -1, payload, apc_get_u64(v + 72)) < 0) {
         free(tok);
         return "out of memory";
     }
@@ -1261,8 +1229,8 @@ static const char *parse_skeleton(apc_remote *r, const uint8_t *v, size_t len, c
         if (h.kind != APC_DISK_KIND_SKEL || (int64_t)h.n_tokens != p || h.salt != salt || !apc_key_eq(&h.content, &key)) {
             why = "payload describes another skeleton";
         } else {
-            snap_dst x = {r->lay, NULL, p, state_out};
-            if (apc_disk_read_body(&src, &r->ex, &h, tok, snap_dst_fn, &x, &err) < 0) why = "payload rejected";
+            apc_disk_exact_dst x = {r->lay, NULL, p, state_out};
+            if (apc_disk_read_body(&src, &r->ex, &h, tok, apc_disk_exact_dst_fn, &x, &err) < 0) why = "payload rejected";
             else if (memcmp(tok, tokens, (size_t)p * sizeof(int32_t)) != 0) why = "payload holds other tokens";
             else *kind_out = (int)h.first_block;
         }
