@@ -25,7 +25,8 @@ static float tm_uniform(void) {
 
 static const ember_dtype tm_types[] = {DT_F32,  DT_F16,  DT_BF16, DT_Q4_0, DT_Q4_1,
                                        DT_Q5_0, DT_Q5_1, DT_Q8_0, DT_Q2_K, DT_Q3_K,
-                                       DT_Q4_K, DT_Q5_K, DT_Q6_K};
+                                       DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_IQ4_NL,
+                                       DT_IQ4_XS};
 
 static void check_type(ember_dtype type, int64_t n_in, ember_pool *pool, matmul_scratch *scratch) {
     const int64_t n_out = 37; /* ragged against a 4-row tile */
@@ -96,7 +97,7 @@ static void test_isa_agreement(void **state) {
     (void)state;
     quant_isa best = quant_best_isa();
     const int64_t n_in = 256, n_out = 8, nt = 9;
-    const ember_dtype types[] = {DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_Q4_0};
+    const ember_dtype types[] = {DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_Q4_0, DT_IQ4_NL, DT_IQ4_XS};
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         size_t rb = dtype_row_bytes(types[k], n_in);
         uint8_t *wd = malloc(rb * n_out);

@@ -38,6 +38,7 @@ static const tq_case tq_cases[] = {
     {DT_Q4_1, 0.12},   {DT_Q5_0, 0.07},   {DT_Q5_1, 0.06},   {DT_Q8_0, 0.01},
     {DT_Q8_1, 0.01},   {DT_Q2_K, 0.42},   {DT_Q3_K, 0.27},   {DT_Q4_K, 0.12},
     {DT_Q5_K, 0.06},   {DT_Q6_K, 0.037},  {DT_Q8_K, 0.027},
+    {DT_IQ4_NL, 0.12}, {DT_IQ4_XS, 0.12},
 };
 enum { TQ_NCASES = sizeof tq_cases / sizeof tq_cases[0] };
 
@@ -227,7 +228,8 @@ static void test_dots_extreme(void **state) {
     (void)state;
     quant_isa best = quant_best_isa();
     const ember_dtype types[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q8_0,
-                                 DT_Q2_K, DT_Q3_K, DT_Q4_K, DT_Q5_K, DT_Q6_K};
+                                 DT_Q2_K, DT_Q3_K, DT_Q4_K, DT_Q5_K, DT_Q6_K,
+                                 DT_IQ4_NL, DT_IQ4_XS};
     int64_t n = 512;
     float *x = malloc(n * sizeof(float));
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {

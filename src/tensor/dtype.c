@@ -20,6 +20,8 @@ static const dtype_info dtype_table[DT_COUNT] = {
     [DT_Q5_K] = {"q5_K", 256, 176, DT_Q8_K},
     [DT_Q6_K] = {"q6_K", 256, 210, DT_Q8_K},
     [DT_Q8_K] = {"q8_K", 256, 292, DT_Q8_K},
+    [DT_IQ4_NL] = {"iq4_nl", 32, 18, DT_Q8_0},
+    [DT_IQ4_XS] = {"iq4_xs", 256, 136, DT_Q8_K},
 };
 
 const dtype_info *dtype_info_of(uint32_t type_id) {

@@ -4,7 +4,8 @@
  * file's type field converts directly. A quantized type packs `block_elems`
  * elements into `block_bytes` bytes; a row of n elements (n a multiple of
  * block_elems) takes n / block_elems * block_bytes bytes. dtype_info returns
- * NULL for ids ember cannot compute with (retired or IQ formats). */
+ * NULL for ids ember cannot compute with (retired formats, IQ formats other
+ * than IQ4_NL / IQ4_XS). */
 #ifndef EMBER_TENSOR_DTYPE_H
 #define EMBER_TENSOR_DTYPE_H
 
@@ -26,6 +27,8 @@ typedef enum ember_dtype {
     DT_Q5_K = 13,
     DT_Q6_K = 14,
     DT_Q8_K = 15,
+    DT_IQ4_NL = 20,
+    DT_IQ4_XS = 23,
     DT_BF16 = 30,
     DT_COUNT = 31,
 } ember_dtype;

@@ -17,6 +17,7 @@
  *  - Kernel tables are filled once (first use or quant_set_isa); entries an
  *    ISA does not provide fall back to the scalar kernels here. */
 #include "tensor/quant.h"
+#include "tensor/quant_iq4.h"
 
 #include <cpuid.h>
 #include <math.h>
@@ -323,6 +324,7 @@ void quant_dequantize_row(ember_dtype type, const void *src, float *dst, int64_t
     case DT_Q5_K: dequant_q5_K(src, dst, n / QKK); break;
     case DT_Q6_K: dequant_q6_K(src, dst, n / QKK); break;
     case DT_Q8_K: dequant_q8_K(src, dst, n / QKK); break;
+    case DT_IQ4_NL: case DT_IQ4_XS: quant_iq4_dequantize(type, src, dst, n); break;
     default: memset(dst, 0, (size_t)n * sizeof(float)); break;
     }
 }
@@ -848,6 +850,7 @@ int quant_quantize_row(ember_dtype type, const float *src, void *dst, int64_t n)
         if (quant_get_isa() == QUANT_ISA_AVX512) quant_avx512_q8_K(src, dst, n / QKK);
         else quant_q8_K(src, dst, n / QKK);
         return 0;
+    case DT_IQ4_NL: case DT_IQ4_XS: quant_iq4_quantize(type, src, dst, n); return 0;
     default: return -1;
     }
 }
@@ -1121,6 +1124,13 @@ static void build_tables(void) {
         if (isa == QUANT_ISA_AVX2) quant_avx2_kernels(t->dots);
         if (isa == QUANT_ISA_AVX512)
             quant_avx512_kernels(t->dots, t->tiles, &t->tile_rows, &t->tile_cols);
+        quant_dot_fn iq4_scalar[DT_COUNT] = {0};
+        quant_iq4_scalar_kernels(iq4_scalar);
+        for (int ty = 0; ty < DT_COUNT; ty++)
+            if (!t->dots[ty]) t->dots[ty] = iq4_scalar[ty];
+        if (isa == QUANT_ISA_AVX2) quant_iq4_avx2_kernels(t->dots);
+        if (isa == QUANT_ISA_AVX512)
+            quant_iq4_avx512_kernels(t->dots, t->tiles, t->tile_rows, t->tile_cols);
         for (int ty = 0; ty < DT_COUNT; ty++)
             if (!t->dots[ty]) t->dots[ty] = scalar_dots[ty];
     }
