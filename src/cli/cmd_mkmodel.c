@@ -38,7 +38,7 @@ typedef struct mk_options {
 
 enum { OPT_ARCH, OPT_PRESET, OPT_TYPE, OPT_VOCAB, OPT_TOKENIZER_DIR, OPT_OUT, OPT_SEED, OPT_THREADS, OPT_MTP };
 
-static const char *weight_types(void) { return "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k"; }
+static const char *weight_types(void) { return "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs"; }
 
 static const cli_option mkmodel_options[] = {
     {OPT_ARCH, "--arch", NULL, "ARCH", "architecture (implied by --preset qwen3-0.6b)", mk_arch_names},

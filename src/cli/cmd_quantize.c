@@ -23,7 +23,7 @@
 
 enum { OPT_TYPE };
 
-static const char *quant_types(void) { return "f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k"; }
+static const char *quant_types(void) { return "f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs"; }
 
 static const cli_option quantize_options[] = {
     {OPT_TYPE, "--type", NULL, "TYPE", "weight type of the matrices (required)", quant_types},

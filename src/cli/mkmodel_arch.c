@@ -339,6 +339,7 @@ bool mk_weight_type_ok(ember_dtype t) {
     switch (t) {
     case DT_F32: case DT_F16: case DT_BF16: case DT_Q8_0: case DT_Q4_0: case DT_Q4_1: case DT_Q5_0:
     case DT_Q5_1: case DT_Q2_K: case DT_Q3_K: case DT_Q4_K: case DT_Q5_K: case DT_Q6_K:
+    case DT_IQ4_NL: case DT_IQ4_XS:
         return true;
     default:
         return false;
@@ -360,6 +361,8 @@ uint32_t mk_file_type(ember_dtype t) {
     case DT_Q4_K: return 14;
     case DT_Q5_K: return 16;
     case DT_Q6_K: return 18;
+    case DT_IQ4_NL: return 25;
+    case DT_IQ4_XS: return 30;
     case DT_BF16: return 32;
     default: return 0;
     }
@@ -373,6 +376,7 @@ ember_dtype mk_fallback_type(ember_dtype want, int64_t ne0) {
     case DT_Q2_K: case DT_Q3_K: case DT_Q4_K: next = DT_Q5_0; break;
     case DT_Q5_K: next = DT_Q5_1; break;
     case DT_Q6_K: next = DT_Q8_0; break;
+    case DT_IQ4_XS: next = DT_IQ4_NL; break; /* as llama-quantize substitutes */
     default: next = DT_F16; break;
     }
     return mk_fallback_type(next, ne0);
