@@ -106,12 +106,14 @@ static uint32_t expected_type(int want, int64_t ne0) {
     case DT_Q2_K: case DT_Q3_K: case DT_Q4_K: return expected_type(DT_Q5_0, ne0);
     case DT_Q5_K: return expected_type(DT_Q5_1, ne0);
     case DT_Q6_K: return expected_type(DT_Q8_0, ne0);
+    case DT_IQ4_XS: return expected_type(DT_IQ4_NL, ne0);
     default: return DT_F16;
     }
 }
 
 static const char *all_types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0",
-                                  "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"};
+                                  "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl",
+                                  "iq4_xs"};
 static const char *all_archs[] = {"llama", "qwen2", "qwen3", "qwen3moe"};
 
 /* Tiny preset: n_embd 64, 2 layers, 4/2 heads of 16, FFN 128, 4 experts top-2 (64 wide). */
