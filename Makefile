@@ -68,14 +68,14 @@ SOAK_BUSY ?= 1
 serve-soak: build
 	sh scripts/serve_soak.sh build $(SOAK_RUNS) $(SOAK_COPIES) $(SOAK_BUSY)
 
-# Engine benchmark on the qwen3-0.6b shape (random weights) in Q8_0 and Q4_K.
+# Engine benchmark on the qwen3-0.6b shape (random weights) in Q8_0, Q4_K, IQ4_NL and IQ4_XS.
 BENCH_MODELS = build/bench-models
 # With LLAMA_BENCH=/path/to/llama-bench (a llama.cpp build of your own, never
 # committed), llama.cpp runs on the same files first: the same-run baseline.
 LLAMA_BENCH ?=
 bench: build
 	mkdir -p $(BENCH_MODELS)
-	for t in q8_0 q4_k; do \
+	for t in q8_0 q4_k iq4_nl iq4_xs; do \
 	  [ -f $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf ] || ./build/ember mkmodel --arch qwen3 --preset qwen3-0.6b --type $$t --seed 1 --out $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf || exit 1; \
 	  if [ -n "$(LLAMA_BENCH)" ]; then $(LLAMA_BENCH) -m $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf -t 2 -p 512,2048 -n 128 -r 3 2>/dev/null || exit 1; fi; \
 	  ./build/bench_engine $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf --threads 2 --reps 3 || exit 1; \

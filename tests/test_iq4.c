@@ -130,6 +130,16 @@ static void test_quantize_files(void **state) {
     REQUIRE_BINARY();
     check_file(quantized("iq4_xs"), DT_IQ4_XS, 30);
     check_file(quantized("iq4_nl"), DT_IQ4_NL, 25);
+    /* inspect names the type in the tensor table and loads the model. */
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' inspect '%s'", ember_binary(), quantized("iq4_xs"));
+    assert_int_equal(run_capture(cmd, &out), 0);
+    const char *row = strstr(out, "blk.0.ffn_down.weight ");
+    const char *eol = row ? strchr(row, '\n') : NULL;
+    const char *type = row ? strstr(row, " iq4_xs ") : NULL;
+    if (type == NULL || (eol && type > eol) || strstr(out, "model: llama") == NULL)
+        fail_msg("ember inspect output lacks the iq4_xs tensor row or the model line:\n%s", out);
+    free(out);
     /* mkmodel --type writes the same values as quantizing its F32 output. */
     const char *direct = in_tmp("direct.gguf");
     char args[2048];
