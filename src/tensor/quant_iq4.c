@@ -15,6 +15,7 @@
  *    as integers) folded once with quant_fold. */
 #include "tensor/quant_iq4.h"
 
+#include <emmintrin.h>
 #include <math.h>
 #include <string.h>
 
@@ -62,30 +63,46 @@ void quant_iq4_dequantize(ember_dtype type, const void *src, float *dst, int64_t
 
 /* ------------------------------------------------------------ quantize */
 
-/* Index of the table entry nearest to v (ties toward the larger entry). */
-static int nearest_index(float v) {
+/* Table entries nearest to v[j] = inv * x[j] for the 32 values of a
+ * sub-block: index l[j] and value q[j] (ties toward the larger entry).
+ * Four lanes at a time (SSE2, the x86-64 baseline): lo is the largest entry
+ * <= v, hi the next one (clamped at the ends), and the pick is the float
+ * comparison v - lo < hi - v a binary search would end with, so the indices
+ * are those of ggml's reference quantizer. */
+static void nearest(const float *x, float inv, uint8_t *l, float *q) {
     const int8_t *t = quant_iq4_values;
-    if (v <= t[0]) return 0;
-    if (v >= t[15]) return 15;
-    int lo = 0, hi = 15; /* t[lo] <= v < t[hi] */
-    while (hi - lo > 1) {
-        int mid = (lo + hi) / 2;
-        if (v < t[mid]) hi = mid;
-        else lo = mid;
+    const __m128 vinv = _mm_set1_ps(inv);
+    for (int j = 0; j < SUB; j += 4) {
+        __m128 v = _mm_mul_ps(_mm_loadu_ps(x + j), vinv);
+        __m128 lo = _mm_set1_ps(t[0]), hi = _mm_set1_ps(t[1]);
+        __m128i below = _mm_setzero_si128(); /* entries 1..14 that are <= v */
+        for (int k = 1; k < 15; k++) {
+            __m128 ge = _mm_cmpge_ps(v, _mm_set1_ps(t[k]));
+            lo = _mm_or_ps(_mm_and_ps(ge, _mm_set1_ps(t[k])), _mm_andnot_ps(ge, lo));
+            hi = _mm_or_ps(_mm_and_ps(ge, _mm_set1_ps(t[k + 1])), _mm_andnot_ps(ge, hi));
+            below = _mm_sub_epi32(below, _mm_castps_si128(ge));
+        }
+        __m128 take_lo = _mm_cmplt_ps(_mm_sub_ps(v, lo), _mm_sub_ps(hi, v));
+        /* index = below + 1, minus one where the lower entry wins */
+        __m128i idx = _mm_add_epi32(_mm_add_epi32(below, _mm_set1_epi32(1)), _mm_castps_si128(take_lo));
+        _mm_storeu_ps(q + j, _mm_or_ps(_mm_and_ps(take_lo, lo), _mm_andnot_ps(take_lo, hi)));
+        int32_t lanes[4];
+        _mm_storeu_si128((__m128i *)lanes, idx);
+        for (int i = 0; i < 4; i++) l[j + i] = (uint8_t)lanes[i];
     }
-    return v - t[lo] < t[hi] - v ? lo : hi;
 }
 
 /* Least-squares fit of 32 values to table entries under weights w: the
- * scale is sumqx / sumq2 for indices picked with inverse scale `inv`. */
-static void fit(const float *x, const float *w, float inv, float *sumqx, float *sumq2, uint8_t *idx) {
+ * scale is sumqx / sumq2 for indices picked with inverse scale `inv`. The
+ * sums run in element order, as the reference quantizer's do. */
+static void fit(const float *x, const float *w, float inv, float *sumqx, float *sumq2) {
+    uint8_t l[SUB];
+    float q[SUB];
+    nearest(x, inv, l, q);
     float qx = 0, q2 = 0;
     for (int j = 0; j < SUB; j++) {
-        int l = nearest_index(inv * x[j]);
-        if (idx) idx[j] = (uint8_t)l;
-        float q = quant_iq4_values[l];
-        qx += w[j] * q * x[j];
-        q2 += w[j] * q * q;
+        qx += w[j] * q[j] * x[j];
+        q2 += w[j] * q[j] * q[j];
     }
     *sumqx = qx;
     *sumq2 = q2;
@@ -105,10 +122,10 @@ static float best_scale(const float *x) {
     const float first = quant_iq4_values[0];
     float sumqx, sumq2;
     /* First guess: the extreme value onto +127 (scale of the sign of max). */
-    fit(x, w, 1.0f / (-max / first), &sumqx, &sumq2, NULL);
+    fit(x, w, 1.0f / (-max / first), &sumqx, &sumq2);
     float d = sumqx / sumq2, best = d * sumqx;
     for (int t = -N_TRY; t <= N_TRY; t++) {
-        fit(x, w, (t + first) / max, &sumqx, &sumq2, NULL);
+        fit(x, w, (t + first) / max, &sumqx, &sumq2);
         if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
             d = sumqx / sumq2;
             best = d * sumqx;
@@ -119,9 +136,9 @@ static float best_scale(const float *x) {
 
 /* Indices of 32 values for scale d, packed in Q4_0 nibble order. */
 static void pack_indices(const float *x, float d, uint8_t *qs) {
-    float inv = d != 0 ? 1.0f / d : 0.0f;
     uint8_t l[SUB];
-    for (int j = 0; j < SUB; j++) l[j] = (uint8_t)nearest_index(inv * x[j]);
+    float q[SUB];
+    nearest(x, d != 0 ? 1.0f / d : 0.0f, l, q);
     for (int j = 0; j < 16; j++) qs[j] = (uint8_t)(l[j] | (l[j + 16] << 4));
 }
 
