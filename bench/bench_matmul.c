@@ -1,6 +1,7 @@
 /* bench_matmul.c - throughput of tensor_matmul on qwen3-0.6b-like shapes.
  *
- * Times 1024->3072 and 3072->1024 matmuls in Q8_0, Q4_K, Q6_K, F16 and BF16 at n_tokens 1
+ * Times 1024->3072 and 3072->1024 matmuls in Q8_0, Q4_K, Q6_K, F16, BF16, Q4_0, IQ4_NL
+ * and IQ4_XS at n_tokens 1
  * (decode GEMV: also reports weight bandwidth) and 512 (prefill), and the
  * 1024 x 151936 output matrix at n_tokens 1 (out of cache), on a pool
  * of N threads (argv[1], default 2), and prints the best of several runs in
@@ -69,7 +70,7 @@ int main(int argc, char **argv) {
     }
     printf("threads %d, isa %s\n", threads, quant_isa_name(quant_get_isa()));
     ember_pool *pool = ember_pool_create(threads);
-    const ember_dtype types[] = {DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_F16, DT_BF16};
+    const ember_dtype types[] = {DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_F16, DT_BF16, DT_Q4_0, DT_IQ4_NL, DT_IQ4_XS};
     const int64_t shapes[][2] = {{1024, 3072}, {3072, 1024}};
     const int64_t tokens[] = {1, 512};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)

@@ -181,7 +181,7 @@ int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight
             if (scratch_reserve(&scratch->pack, pb * (size_t)nth) != 0) return -1;
             t.pack = scratch->pack.p;
             t.pack_bytes = pb;
-            if (w->type == DT_Q8_0) {
+            if (w->type == DT_Q8_0 || w->type == DT_IQ4_NL) {
                 size_t mb = (size_t)(w->n_in / 32) * (size_t)n_tokens * 2 * sizeof(int32_t);
                 if (scratch_reserve(&scratch->meta, mb) != 0) return -1;
                 t.meta = scratch->meta.p;

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "tensor/quant.h"
+#include "tensor/quant_iq4.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
@@ -53,8 +54,11 @@ ALWAYS_INLINE float load_f32(const void *p) {
     return v;
 }
 
+_Static_assert((int)IQ4_NL_PANEL_BLOCK == (int)Q8_PANEL_BLOCK, "IQ4_NL packs into the Q8_0 panel");
+
 size_t matmul_avx512_panel_bytes(ember_dtype type, int64_t n_in) {
-    if (type == DT_Q8_0) return (size_t)(n_in / 32) * Q8_PANEL_BLOCK;
+    if (type == DT_Q8_0 || type == DT_IQ4_NL) return (size_t)(n_in / 32) * Q8_PANEL_BLOCK;
+    if (type == DT_IQ4_XS) return quant_iq4_xs_panel_bytes(n_in);
     if (type == DT_Q4_K) return (size_t)(n_in / 256) * Q4K_PANEL_BLOCK;
     if (type == DT_Q6_K) return (size_t)(n_in / 256) * Q6K_PANEL_BLOCK;
     return 0;
@@ -301,11 +305,12 @@ void matmul_avx512_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_
                           int64_t o1, const uint8_t *act, size_t as, const int32_t *meta,
                           int64_t n_tokens, float *y, int64_t n_out, uint8_t *pk) {
     enum { TB = 8 };
-    if (type == DT_Q8_0) {
+    if (type == DT_Q8_0 || type == DT_IQ4_NL) {
         int64_t nb = n_in / 32;
         size_t ms = 2 * (size_t)nb;
         for (int64_t o = o0; o + PANEL <= o1; o += PANEL) {
-            pack_q8_0(w + (size_t)o * wrb, wrb, nb, pk);
+            if (type == DT_Q8_0) pack_q8_0(w + (size_t)o * wrb, wrb, nb, pk);
+            else quant_iq4_nl_pack_panel(w + (size_t)o * wrb, wrb, nb, pk);
             for (int64_t t = 0; t < n_tokens; t += TB) {
                 int64_t n = n_tokens - t < TB ? n_tokens - t : TB;
                 q8_panels[n](nb, pk, act + (size_t)t * as, as, meta + (size_t)t * ms, ms,
@@ -323,5 +328,7 @@ void matmul_avx512_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_
                 fns[n](nb, pk, act + (size_t)t * as, as, y + t * n_out + o, (size_t)n_out);
             }
         }
+    } else if (type == DT_IQ4_XS) {
+        quant_iq4_xs_panels(w, wrb, n_in, o0, o1, act, as, n_tokens, y, n_out, pk);
     }
 }

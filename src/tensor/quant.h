@@ -159,12 +159,12 @@ void quant_avx512_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[DT_CO
 void quant_avx512_q8_0(const float *x, void *dst, int64_t nb);
 void quant_avx512_q8_K(const float *x, void *dst, int64_t nb);
 
-/* matmul_avx512.c: 16-row panel GEMM (AVX-512 VNNI) for Q8_0, Q4_K, Q6_K.
+/* matmul_avx512.c: 16-row panel GEMM (AVX-512 VNNI) for Q8_0, Q4_K, Q6_K, IQ4_NL, IQ4_XS.
  * panel_bytes: scratch one thread needs for a packed panel (0: type not
  * handled). panels computes rows [o0, o1) rounded down to whole panels of 16
  * (the caller does the rest) for all n_tokens, bit-identical to
  * quant_vec_dot. act: converted activations, `as` bytes per token; meta (Q8_0
- * only): per token and block {-128 * sum(qs), f32 scale bits}; pk: the
+ * and IQ4_NL only): per token and block {-128 * sum(qs), f32 scale bits}; pk: the
  * panel scratch, 64-byte aligned. */
 size_t matmul_avx512_panel_bytes(ember_dtype type, int64_t n_in);
 void matmul_avx512_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0,

@@ -20,6 +20,7 @@
 #ifndef EMBER_TENSOR_QUANT_IQ4_H
 #define EMBER_TENSOR_QUANT_IQ4_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "tensor/quant.h"
@@ -52,5 +53,16 @@ void quant_iq4_scalar_kernels(quant_dot_fn dots[DT_COUNT]);
 void quant_iq4_avx2_kernels(quant_dot_fn dots[DT_COUNT]);
 void quant_iq4_avx512_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[DT_COUNT],
                               int tile_rows, int tile_cols);
+
+/* Row panels for matmul_avx512.c (16 rows; see its header comment).
+ * IQ4_NL packs into the Q8_0 panel layout (IQ4_NL_PANEL_BLOCK bytes per
+ * block) and runs on the Q8_0 panel kernel; IQ4_XS has its own panel:
+ * quant_iq4_xs_panels computes rows [o0, o1) rounded down to whole panels,
+ * bit-identical to quant_vec_dot. */
+enum { IQ4_NL_PANEL_BLOCK = 8 * 64 + 64 };
+void quant_iq4_nl_pack_panel(const uint8_t *w, size_t wrb, int64_t nb, uint8_t *pk);
+size_t quant_iq4_xs_panel_bytes(int64_t n_in);
+void quant_iq4_xs_panels(const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0, int64_t o1, const uint8_t *act,
+                         size_t as, int64_t n_tokens, float *y, int64_t n_out, uint8_t *pk);
 
 #endif

@@ -20,6 +20,7 @@
  *    together by a transpose-and-add tree and folded on 16 lanes with the
  *    scalar fold's operations (cvt, mul, fma). */
 #include <immintrin.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "tensor/quant_iq4.h"
@@ -303,5 +304,136 @@ void quant_iq4_avx512_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[D
     if (tile_rows == TILE && tile_cols == TILE) {
         tiles[DT_IQ4_NL] = tile_iq4_nl;
         tiles[DT_IQ4_XS] = tile_iq4_xs;
+    }
+}
+
+/* ------------------------------------------------- row panels (prefill) */
+
+/* IQ4_NL: the Q8_0 panel layout of matmul_avx512.c (per block: 8 zmm, dword
+ * j of zmm j holding elements 4j..4j+3 of the 16 rows, one row per 32-bit
+ * lane, stored as u = w + 128; then the 16 row scales as f32), so the Q8_0
+ * panel kernel and its -128 * sum(a) metadata apply unchanged. */
+void quant_iq4_nl_pack_panel(const uint8_t *w, size_t wrb, int64_t nb, uint8_t *pk) {
+    const __m256i table_u = table_u_256();
+    for (int64_t b = 0; b < nb; b++, pk += IQ4_NL_PANEL_BLOCK) {
+        float *d = (float *)(pk + 512);
+        for (int r = 0; r < 16; r++) {
+            const block_iq4_nl *blk = (const block_iq4_nl *)(w + (size_t)r * wrb) + b;
+            uint32_t u[8];
+            _mm256_storeu_si256((__m256i *)u, unpack_nl(blk->qs, table_u));
+            UNROLL
+            for (int j = 0; j < 8; j++) memcpy(pk + 64 * j + 4 * r, &u[j], 4);
+            d[r] = load_f16(&blk->d);
+        }
+    }
+}
+
+/* IQ4_XS panel super-block: 64 zmm of u = w + 128 dwords in natural element
+ * order (dword q = elements 4q..4q+3, sub-block s = dwords 8s..8s+7), 8 zmm
+ * of int32 sub-block scales ls - 32, 8 zmm of int16 (scale, scale) pairs for
+ * the Q8_K bsums, d. isum = sum_s sc_s * dot(u, a)_s - 128 * sum_s sc_s *
+ * (bsum_2s + bsum_2s+1): dot_iq4_xs's integer. */
+enum { XS_PANEL_BLOCK = (64 + 8 + 8 + 1) * 64 };
+
+static void pack_xs(const uint8_t *w, size_t wrb, int64_t nb, uint8_t *pk) {
+    const __m512i table = table_512(), flip = _mm512_set1_epi8((char)0x80);
+    __m512i idx[4];
+    xs_scale_index(idx);
+    for (int64_t b = 0; b < nb; b++, pk += XS_PANEL_BLOCK) {
+        int32_t *sc = (int32_t *)(pk + 64 * 64), *pairs = (int32_t *)(pk + 72 * 64);
+        float *d = (float *)(pk + 80 * 64);
+        for (int r = 0; r < 16; r++) {
+            const block_iq4_xs *blk = (const block_iq4_xs *)(w + (size_t)r * wrb) + b;
+            xs_block xb;
+            unpack_xs(blk, table, idx, &xb);
+            uint32_t u[64];
+            UNROLL
+            for (int k = 0; k < 4; k++) _mm512_storeu_si512(u + 16 * k, _mm512_xor_si512(xb.w[k], flip));
+            for (int q = 0; q < 64; q++) memcpy(pk + 64 * q + 4 * r, &u[q], 4);
+            for (int s = 0; s < 8; s++) {
+                int v = quant_iq4_xs_scale(blk, s);
+                sc[16 * s + r] = v;
+                pairs[16 * s + r] = (int32_t)((uint32_t)(uint16_t)(int16_t)v | ((uint32_t)(uint16_t)(int16_t)v << 16));
+            }
+            d[r] = xb.d;
+        }
+    }
+}
+
+ALWAYS_INLINE int32_t load_i32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+ALWAYS_INLINE void xs_panel(const int T, int64_t nb, const uint8_t *pk, const uint8_t *act, size_t as, float *y,
+                            size_t ys) {
+    __m512 facc[8];
+    UNROLL
+    for (int t = 0; t < T; t++) facc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, pk += XS_PANEL_BLOCK) {
+        const __m512i *uw = (const __m512i *)pk, *sc = uw + 64, *pairs = uw + 72;
+        __m512i isum[8];
+        UNROLL
+        for (int t = 0; t < T; t++) isum[t] = _mm512_setzero_si512();
+        for (int s = 0; s < 8; s++) {
+            __m512i w[8];
+            UNROLL
+            for (int j = 0; j < 8; j++) w[j] = _mm512_load_si512(uw + 8 * s + j);
+            __m512i scs = _mm512_load_si512(sc + s);
+            UNROLL
+            for (int t = 0; t < T; t++) {
+                const uint8_t *a = act + t * as + b * sizeof(block_q8_K) + offsetof(block_q8_K, qs) + 32 * s;
+                __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
+                UNROLL
+                for (int j = 0; j < 8; j += 2) {
+                    acc0 = _mm512_dpbusd_epi32(acc0, w[j], _mm512_set1_epi32(load_i32(a + 4 * j)));
+                    acc1 = _mm512_dpbusd_epi32(acc1, w[j + 1], _mm512_set1_epi32(load_i32(a + 4 * j + 4)));
+                }
+                isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(_mm512_add_epi32(acc0, acc1), scs));
+            }
+        }
+        __m512 dw = _mm512_load_ps((const float *)(uw + 80));
+        UNROLL
+        for (int t = 0; t < T; t++) {
+            const uint8_t *ab = act + t * as + b * sizeof(block_q8_K);
+            const uint8_t *bs = ab + offsetof(block_q8_K, bsums);
+            __m512i csum = _mm512_setzero_si512();
+            UNROLL
+            for (int s = 0; s < 8; s++)
+                csum = _mm512_dpwssd_epi32(csum, _mm512_load_si512(pairs + s), _mm512_set1_epi32(load_i32(bs + 4 * s)));
+            __m512i tot = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(csum, 7));
+            float da;
+            memcpy(&da, ab, 4);
+            facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(dw, _mm512_set1_ps(da)), facc[t]);
+        }
+    }
+    UNROLL
+    for (int t = 0; t < T; t++) _mm512_storeu_ps(y + t * ys, facc[t]);
+}
+
+#define XS_PANEL_T(N)                                                                                        \
+    static void xs_panel_##N(int64_t nb, const uint8_t *pk, const uint8_t *act, size_t as, float *y, size_t ys) { \
+        xs_panel(N, nb, pk, act, as, y, ys);                                                                 \
+    }
+XS_PANEL_T(1) XS_PANEL_T(2) XS_PANEL_T(3) XS_PANEL_T(4)
+XS_PANEL_T(5) XS_PANEL_T(6) XS_PANEL_T(7) XS_PANEL_T(8)
+
+typedef void (*xs_panel_fn)(int64_t, const uint8_t *, const uint8_t *, size_t, float *, size_t);
+static const xs_panel_fn xs_panels[9] = {NULL, xs_panel_1, xs_panel_2, xs_panel_3, xs_panel_4,
+                                         xs_panel_5, xs_panel_6, xs_panel_7, xs_panel_8};
+
+size_t quant_iq4_xs_panel_bytes(int64_t n_in) { return (size_t)(n_in / 256) * XS_PANEL_BLOCK; }
+
+void quant_iq4_xs_panels(const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0, int64_t o1, const uint8_t *act,
+                         size_t as, int64_t n_tokens, float *y, int64_t n_out, uint8_t *pk) {
+    enum { TB = 8 };
+    int64_t nb = n_in / 256;
+    for (int64_t o = o0; o + 16 <= o1; o += 16) {
+        pack_xs(w + (size_t)o * wrb, wrb, nb, pk);
+        for (int64_t t = 0; t < n_tokens; t += TB) {
+            int64_t n = n_tokens - t < TB ? n_tokens - t : TB;
+            xs_panels[n](nb, pk, act + (size_t)t * as, as, y + t * n_out + o, (size_t)n_out);
+        }
     }
 }
