@@ -18,7 +18,15 @@
  *  - Tiles (4 weight rows x 4 tokens): each weight block is unpacked once and
  *    reused for 4 tokens; the 16 per-pair integer vectors are reduced
  *    together by a transpose-and-add tree and folded on 16 lanes with the
- *    scalar fold's operations (cvt, mul, fma). */
+ *    scalar fold's operations (cvt, mul, fma). matmul.c uses them for
+ *    batches below the panel size and for ragged rows.
+ *  - Row panels (batches of 8+ tokens, matmul_avx512.c's scheme): 16 rows
+ *    are repacked so one zmm holds the same 4 elements of every row, as
+ *    u = w + 128; a vpdpbusd with 4 broadcast activation bytes then adds
+ *    each row's partial dot in its own lane, with no reduction. IQ4_NL
+ *    packs into the Q8_0 panel and reuses its kernel; IQ4_XS scales each
+ *    32-element sub-block sum with vpmulld and pays the +128 back through
+ *    the Q8_K bsums. */
 #include <immintrin.h>
 #include <stddef.h>
 #include <string.h>
