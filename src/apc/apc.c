@@ -182,7 +182,7 @@ static int open_disk(apc *c, const apc_disk_config *dc, ember_error *err);
 static void open_remote(apc *c, const apc_config *cfg);
 
 static const char *decline_names[APC_DECLINE_COUNT_] = {
-    "pool_exhausted", "alloc", "collision", "exact_bytes", "raced_reset", "seq_short",
+    "pool_exhausted", "alloc", "collision", "exact_bytes", "raced_reset", "seq_short", "kvarn_seals",
 };
 
 const char *apc_decline_name(apc_decline d) {
@@ -249,8 +249,12 @@ static void log_route(const apc *c) {
         return;
     }
     if (r->reason[0]) ember_log(EMBER_LOG_INFO, "%s", r->reason);
-    ember_log(EMBER_LOG_INFO, "APC tier: %s (layers: %d kv / %d rot / %d arr)", apc_tier_name(r->tier), r->n_kv,
-              r->n_rot, r->n_arr);
+    if (r->records)
+        ember_log(EMBER_LOG_INFO, "APC tier: %s (layers: %d kv / %d rot / %d arr; kv_format=%s records)",
+                  apc_tier_name(r->tier), r->n_kv, r->n_rot, r->n_arr, kv_format_name(kv_pool_format(c->pool)));
+    else
+        ember_log(EMBER_LOG_INFO, "APC tier: %s (layers: %d kv / %d rot / %d arr)", apc_tier_name(r->tier), r->n_kv,
+                  r->n_rot, r->n_arr);
     if (r->forced) ember_log(EMBER_LOG_INFO, "APC tier forced by cache.force_tier (EMBER_APC_FORCE_TIER, --force-tier)");
     if (r->snapshots)
         ember_log(EMBER_LOG_INFO,
@@ -311,8 +315,11 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
     }
 
     c->route = apc_route_stack(stack, layout->n_layer, cfg.ckpt_enabled);
-    apc_route_pool_rows(&c->route, cfg.swa_block, cfg.ckpt.snapshot_interval > 0 && c->state_bytes > 0);
+    bool records = kv_format_is_kvarn(kv_pool_format(pool));
+    if (!records)
+        apc_route_pool_rows(&c->route, cfg.swa_block, cfg.ckpt.snapshot_interval > 0 && c->state_bytes > 0);
     if (cfg.force_tier != APC_FORCE_NONE) apc_route_force(&c->route, cfg.force_tier);
+    apc_route_kv_format(&c->route, records);
     if (!cfg.enabled) {
         c->route.tier = APC_TIER_NONE;
         snprintf(c->route.reason, sizeof c->route.reason, "the prompt cache is disabled by configuration");
@@ -720,12 +727,16 @@ static apc_hit lookup_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t s
 
     apc_snapshot_copy_in(c->pool, &c->layout, e->data, e->n, seq);
     int64_t got = e->n;
+    bool seals_ok = kv_seq_kvarn_check(c->pool, seq, got);
     bool state_ok = true;
-    if (c->state_bytes) state_ok = apc__state_restore(c, state, e->state, got);
+    if (c->state_bytes && seals_ok) state_ok = apc__state_restore(c, state, e->state, got);
 
     pthread_mutex_lock(&c->lock);
     apc_exact_unpin(&c->exact, e);
-    if (!state_ok) {
+    if (!seals_ok) {
+        kv_seq_release(c->pool, seq);
+        decline(c, APC_DECLINE_KVARN_SEALS, "an exact snapshot's kvarn records are not those of its length");
+    } else if (!state_ok) {
         kv_seq_release(c->pool, seq);
         decline(c, APC_DECLINE_ALLOC, "a recurrent-state snapshot did not restore");
     } else if (gen != c->generation) {
@@ -1048,6 +1059,10 @@ void apc__store_exact(apc *c, apc_store_point point, const int32_t *tokens, int6
     pthread_mutex_unlock(&c->lock);
     if (same) return;
 
+    if (!kv_seq_kvarn_check(c->pool, seq, n)) {
+        decline_locked(c, APC_DECLINE_KVARN_SEALS, "the sequence sealed kvarn groups past the stored length");
+        return;
+    }
     apc_exact_entry *e = apc_exact_entry_new(&c->layout, tokens, n, salt);
     if (e == NULL) {
         decline_locked(c, APC_DECLINE_ALLOC, "out of memory for an exact snapshot");

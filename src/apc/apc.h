@@ -60,6 +60,7 @@ typedef enum apc_decline {
     APC_DECLINE_EXACT_BYTES,        /* one snapshot exceeds exact_max_bytes */
     APC_DECLINE_RACED_RESET,        /* a restore overlapped apc_reset */
     APC_DECLINE_SEQ_SHORT,          /* store asked for more tokens than the sequence holds */
+    APC_DECLINE_KVARN_SEALS,        /* kvarn: sealed groups are not those of the length (kv_seq_kvarn_check) */
     APC_DECLINE_COUNT_
 } apc_decline;
 
@@ -68,6 +69,7 @@ typedef struct apc_route {
     int n_kv, n_rot, n_arr, n_list, n_other;
     bool forced;
     bool snapshots;     /* block tier over arr/list layers: recurrent-state snapshots on the chain */
+    bool records;       /* the pool holds kvarn records (apc_route_kv_format) */
     char reason[192];   /* OFF: why; exact instead of ckpt: why; else "" */
 } apc_route;
 
@@ -183,7 +185,7 @@ typedef struct apc_stats {
     int32_t num_blocks;
     int32_t pool_used, pool_free, pool_referenced;
     size_t block_bytes;
-    char kv_format[16];      /* the pool's KV format (kv_format_name) */
+    char kv_format[32];      /* the pool's KV format (kv_format_name) */
     uint64_t lookups_hit, lookups_miss, matched_tokens, served_tokens;
     uint64_t evictions, stores, disk_hits, disk_writes, exact_hits, exact_stores;
     int exact_entries, exact_max_entries;
@@ -263,6 +265,11 @@ void apc_route_pool_rows(apc_route *r, bool swa_rows_kept, bool snapshots);
 /* Applies a forced tier; block on a stack that is not all kv is refused
  * (route unchanged, reason says so). */
 void apc_route_force(apc_route *r, apc_force force);
+/* Routing by the KV format: a pool of kvarn records (records) cannot be cut
+ * into 16-token blocks, so a stack routed block goes exact (logged with the
+ * reason); ckpt and exact stay. Call after apc_route_force; under kvarn
+ * apc_route_pool_rows is not called. */
+void apc_route_kv_format(apc_route *r, bool records);
 /* "exact"|"block"|"off" -> 0; NULL or "" -> APC_FORCE_NONE; else -1. */
 int apc_parse_force(const char *s, apc_force *out);
 const char *apc_tier_name(apc_tier t);

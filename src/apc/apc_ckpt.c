@@ -405,6 +405,10 @@ static bool ck_store(apc_ckpt *k, apc_ckpt_kind kind, const int32_t *tokens, int
             return false;
         }
     }
+    if (!kv_seq_kvarn_check(apc__pool(c), seq, p)) {
+        ck_decline_locked(k, APC_CKPT_DECLINE_OFFSET, "the sequence sealed kvarn groups past the checkpoint position");
+        return false;
+    }
     ck_rec *r = calloc(1, sizeof *r);
     int32_t nb = (int32_t)((p + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     if (r) {
@@ -499,6 +503,13 @@ static apc_hit ck_lookup(apc_ckpt *k, const int32_t *tokens, int64_t n, uint64_t
         return hit;
     }
     if (seq->n_tokens > best->p) kv_seq_truncate(pool, seq, best->p);
+    if (!kv_seq_kvarn_check(pool, seq, best->p)) {
+        kv_seq_release(pool, seq);
+        ck_decline(k, APC_CKPT_DECLINE_OFFSET, "a record's kvarn groups are not those of its position");
+        missed_adoption(k);
+        apc__unlock(c);
+        return hit;
+    }
     best->pins++;
     rec_touch(k, best);
     apc__unlock(c);
@@ -535,6 +546,10 @@ void apc_ckpt_anchor_store(apc_ckpt *k, const int32_t *tokens, int64_t p, uint64
     size_t sb = apc__state_bytes(c);
     if (p > seq->n_tokens || (sb && (state == NULL || apc__state_pos(c, state) != p))) {
         ck_decline_locked(k, APC_CKPT_DECLINE_OFFSET, "the sequence or its state is not at the anchor position");
+        return;
+    }
+    if (!kv_seq_kvarn_check(apc__pool(c), seq, p)) {
+        ck_decline_locked(k, APC_CKPT_DECLINE_OFFSET, "the sequence sealed kvarn groups past the anchor position");
         return;
     }
     apc_exact_entry *e = apc_exact_entry_new(lay, tokens, p, salt);
@@ -590,8 +605,8 @@ int64_t apc_ckpt_anchor_lookup(apc_ckpt *k, const int32_t *tokens, int64_t max_l
     apc_exact_touch(&k->anchors, e);
     apc__unlock(c);
     apc_snapshot_copy_in(pool, apc__layout(c), e->data, e->n, seq);
-    bool ok = true;
-    if (sb) {
+    bool ok = kv_seq_kvarn_check(pool, seq, e->n);
+    if (sb && ok) {
         ok = apc__state_restore(c, state, e->state, e->n);
     }
     int64_t got = e->n;
@@ -987,7 +1002,7 @@ static bool remote_chain(apc *c, apc_remote *remote, const int32_t *tokens, int6
     }
     if (ok) {
         if (seq->n_tokens > p) kv_seq_truncate(pool, seq, p);
-        ok = seq->n_tokens == p;
+        ok = seq->n_tokens == p && kv_seq_kvarn_check(pool, seq, p);
     }
     if (!ok && seq->n_blocks > 0) kv_seq_release(pool, seq);
     apc__unlock(c);

@@ -48,6 +48,7 @@
 
 #include "core/clock.h"
 #include "core/log.h"
+#include "tensor/kvarn.h"
 
 #define PENDING (-1)
 #define ABSENT INT64_MIN
@@ -420,12 +421,29 @@ void apc_disk_namespace(const apc_disk_config *cfg, const apc_layout *lay, apc_h
 
 static long count_entries(const char *dir_path);
 
+/* The formats another server may have written with: the stock ones, and
+ * kvarn at every width with the usual tails (namespaces are hashes, so only
+ * formats tried here can be named). */
+static int other_formats(kv_format *out, int cap) {
+    static const int tails[] = {0, 128, 256, 512, 1024, 2048, 4096};
+    int n = 0;
+    out[n++] = (kv_format){KV_FORMAT_F32, 0, 0, 0};
+    out[n++] = (kv_format){KV_FORMAT_F16, 0, 0, 0};
+    out[n++] = (kv_format){KV_FORMAT_Q8_0, 0, 0, 0};
+    for (int k = KVARN_MIN_BITS; k <= KVARN_MAX_BITS; k++)
+        for (int v = KVARN_MIN_BITS; v <= KVARN_MAX_BITS; v++)
+            for (size_t t = 0; t < sizeof tails / sizeof tails[0] && n < cap; t++)
+                out[n++] = (kv_format){KV_FORMAT_KVARN, k, v, tails[t]};
+    return n;
+}
+
 void apc_disk_note_other_formats(const apc_disk_config *cfg, const apc_layout *lay, apc_hash_kind hash,
                                  kv_format own) {
-    static const kv_format_kind kinds[] = {KV_FORMAT_F32, KV_FORMAT_F16, KV_FORMAT_Q8_0};
-    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
-        if (kinds[i] == own.kind) continue;
-        kv_format other = {kinds[i]};
+    kv_format others[8 + 7 * 7 * 7];
+    int n = other_formats(others, (int)(sizeof others / sizeof others[0]));
+    for (int i = 0; i < n; i++) {
+        kv_format other = others[i];
+        if (kv_format_id(other) == kv_format_id(own)) continue;
         apc_layout probe = *lay;
         probe.kv_format_id = kv_format_id(other);
         uint8_t ns[16];

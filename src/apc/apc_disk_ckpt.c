@@ -71,7 +71,7 @@ static bool load_chain(apc *c, apc_disk *d, const int32_t *tokens, int64_t p, ui
     }
     if (ok) {
         if (seq->n_tokens > p) kv_seq_truncate(pool, seq, p);
-        ok = seq->n_tokens == p;
+        ok = seq->n_tokens == p && kv_seq_kvarn_check(pool, seq, p);
     }
     if (!ok && seq->n_blocks > 0) kv_seq_release(pool, seq);
     apc__unlock(c);

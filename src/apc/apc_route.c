@@ -124,6 +124,22 @@ void apc_route_pool_rows(apc_route *r, bool swa_rows_kept, bool snapshots) {
     r->reason[0] = '\0';
 }
 
+/* ---- Routing by the KV format (issue 12) ---- */
+
+void apc_route_kv_format(apc_route *r, bool records) {
+    r->records = records;
+    if (!records || r->tier != APC_TIER_BLOCK) return;
+    /* A 16-token block of a kvarn pool is not a unit of its own: a sealed
+     * group's record spans 8 blocks, and which groups are sealed depends on
+     * the length of the sequence that holds them. Whole-state snapshots keep
+     * the representation of their length. */
+    r->tier = APC_TIER_EXACT;
+    r->snapshots = false;
+    r->forced = false;
+    snprintf(r->reason, sizeof r->reason,
+             "APC kvarn KV: 128-token records do not split into 16-token blocks; block tier -> exact");
+}
+
 void apc_route_force(apc_route *r, apc_force force) {
     switch (force) {
     case APC_FORCE_OFF:

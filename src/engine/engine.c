@@ -169,6 +169,13 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
     if (e->stateful) state_ops.bytes = model_state_bytes(m);
     e->cache = apc_create(e->pool, &kc, model_cache_stack(m), &state_ops, &cfg.cache, err);
     if (e->cache == NULL) goto fail;
+    if (cfg.spec.kind != SPEC_OFF && kv_format_is_kvarn(cfg.kv_format)) {
+        /* Rejected drafts truncate the sequence, which a sealed group cannot
+         * undo (its fp16 rows are gone). */
+        ember_fail(err, "KV format %s: speculative decoding is not supported with kvarn KV (spec mode %s)",
+                   kv_format_name(cfg.kv_format), spec_kind_name(cfg.spec.kind));
+        goto fail;
+    }
     if (cfg.spec.kind != SPEC_OFF) {
         e->drafter = spec_drafter_create(m, &cfg.spec, cfg.num_blocks, cfg.n_threads, cfg.prefill_step, err);
         if (e->drafter == NULL) goto fail;

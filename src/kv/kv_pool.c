@@ -18,9 +18,12 @@
  * O(1). */
 #include "kv/kv_pool.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+
+#include "tensor/kvarn.h"
 
 #define KV_POOL_MAP_BYTES ((size_t)256 << 20) /* pools above 256 MiB are mapped */
 
@@ -34,6 +37,7 @@ struct kv_pool {
     int *v_width;            /* (n_layer) */
     size_t *k_bytes;         /* (n_layer) bytes per encoded row */
     size_t *v_bytes;         /* (n_layer) */
+    int k_head, v_head;      /* values per head (kvarn's rotation) */
     uint8_t *data;           /* (n_blocks, block_bytes) */
     size_t data_bytes;
     bool data_mapped;        /* data is an mmap of data_bytes, not heap */
@@ -67,38 +71,106 @@ static void queue_unlink(kv_pool *p, int32_t b) {
     p->n_free--;
 }
 
+/* "-k6v5" / "-t1024" pieces after "kvarn"; ':' separates as well as '-'. */
+static int parse_kvarn(const char *p, kv_format *out) {
+    kv_format f = {KV_FORMAT_KVARN, KV_KVARN_DEFAULT_K_BITS, KV_KVARN_DEFAULT_V_BITS, KV_KVARN_DEFAULT_TAIL};
+    bool widths = false, tail = false;
+    while (*p) {
+        if (*p != '-' && *p != ':') return -1;
+        p++;
+        char *end;
+        if (*p == 'k' && !widths) {
+            long k = strtol(p + 1, &end, 10);
+            if (end == p + 1 || *end != 'v') return -1;
+            const char *vp = end + 1;
+            long v = strtol(vp, &end, 10);
+            if (end == vp || k < KVARN_MIN_BITS || k > KVARN_MAX_BITS || v < KVARN_MIN_BITS || v > KVARN_MAX_BITS)
+                return -1;
+            f.k_bits = (int)k;
+            f.v_bits = (int)v;
+            widths = true;
+        } else if (*p == 't' && !tail) {
+            long t = strtol(p + 1, &end, 10);
+            if (end == p + 1 || t < 0 || t > (1L << 20)) return -1;
+            f.tail = (int)t;
+            tail = true;
+        } else {
+            return -1;
+        }
+        p = end;
+    }
+    *out = f;
+    return 0;
+}
+
 int kv_format_parse(const char *text, kv_format *out) {
     static const struct { const char *name; kv_format_kind kind; } names[] = {
         {"f32", KV_FORMAT_F32}, {"f16", KV_FORMAT_F16}, {"q8_0", KV_FORMAT_Q8_0}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(text, names[i].name) == 0) {
-            out->kind = names[i].kind;
+            *out = (kv_format){names[i].kind, 0, 0, 0};
             return 0;
         }
+    if (strncmp(text, "kvarn", 5) == 0) return parse_kvarn(text + 5, out);
     return -1;
 }
 
-const char *kv_format_name(kv_format f) { return kv_row_type_name(kv_format_row_type(f)); }
+bool kv_format_is_kvarn(kv_format f) { return f.kind == KV_FORMAT_KVARN; }
+
+const char *kv_format_name(kv_format f) {
+    if (f.kind != KV_FORMAT_KVARN) return kv_row_type_name(kv_format_row_type(f));
+    /* A few buffers per thread: callers print two names in one message. */
+    static _Thread_local char names[4][40];
+    static _Thread_local int next;
+    char *b = names[next++ & 3];
+    snprintf(b, sizeof names[0], "kvarn-k%dv%d-t%d", f.k_bits, f.v_bits, f.tail);
+    return b;
+}
 
 kv_row_type kv_format_row_type(kv_format f) {
     switch (f.kind) {
-    case KV_FORMAT_F16: return KV_ROW_F16;
+    case KV_FORMAT_F16:
+    case KV_FORMAT_KVARN: return KV_ROW_F16;
     case KV_FORMAT_Q8_0: return KV_ROW_Q8_0;
     default: return KV_ROW_F32;
     }
 }
 
-uint64_t kv_format_id(kv_format f) { return (uint64_t)f.kind; }
+uint64_t kv_format_id(kv_format f) {
+    if (f.kind != KV_FORMAT_KVARN) return (uint64_t)f.kind;
+    return (uint64_t)f.kind | (uint64_t)f.k_bits << 8 | (uint64_t)f.v_bits << 12 |
+           (uint64_t)KVARN_LAYOUT_VERSION << 16 | (uint64_t)(uint32_t)f.tail << 32;
+}
 
 int kv_format_check(const kv_pool_config *cfg, ember_error *err) {
-    if (cfg->format.kind != KV_FORMAT_F32 && cfg->format.kind != KV_FORMAT_F16 && cfg->format.kind != KV_FORMAT_Q8_0)
-        return ember_fail(err, "KV format: unknown kind %d", (int)cfg->format.kind);
-    kv_row_type t = kv_format_row_type(cfg->format);
+    kv_format f = cfg->format;
+    if (f.kind != KV_FORMAT_F32 && f.kind != KV_FORMAT_F16 && f.kind != KV_FORMAT_Q8_0 && f.kind != KV_FORMAT_KVARN)
+        return ember_fail(err, "KV format: unknown kind %d", (int)f.kind);
+    kv_row_type t = kv_format_row_type(f);
+    if (f.kind == KV_FORMAT_KVARN) {
+        if (f.k_bits < KVARN_MIN_BITS || f.k_bits > KVARN_MAX_BITS || f.v_bits < KVARN_MIN_BITS ||
+            f.v_bits > KVARN_MAX_BITS || f.tail < 0)
+            return ember_fail(err, "KV format kvarn: widths k%dv%d tail %d out of range (2..8 bits, tail >= 0)",
+                              f.k_bits, f.v_bits, f.tail);
+        for (int l = 0; l < cfg->n_layer; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                int w = kv == 0 ? cfg->k_width[l] : cfg->v_width[l];
+                int head = kv == 0 ? cfg->k_head : cfg->v_head;
+                if (w == 0) continue;
+                if (head <= 0) head = w;
+                if (!kvarn_slots_fit(w, kv_row_bytes(t, w)) || kvarn_slice(head) < 2 || w % head != 0)
+                    return ember_fail(err,
+                                      "KV format %s: layer %d has %s rows of %d values in heads of %d; kvarn needs "
+                                      "rows of a multiple of 8 values in heads of an even size",
+                                      kv_format_name(f), l, kv == 0 ? "K" : "V", w, head);
+            }
+        return 0;
+    }
     for (int l = 0; l < cfg->n_layer; l++)
         if (!kv_row_supported(t, cfg->k_width[l]) || !kv_row_supported(t, cfg->v_width[l]))
             return ember_fail(err, "KV format %s: layer %d has K/V rows of %d/%d values; %s needs multiples of %d",
-                              kv_format_name(cfg->format), l, cfg->k_width[l], cfg->v_width[l],
-                              kv_format_name(cfg->format), KV_ROW_Q8_0_BLOCK);
+                              kv_format_name(f), l, cfg->k_width[l], cfg->v_width[l], kv_format_name(f),
+                              KV_ROW_Q8_0_BLOCK);
     return 0;
 }
 
@@ -107,6 +179,16 @@ size_t kv_format_token_bytes(const kv_pool_config *cfg) {
     size_t bytes = 0;
     for (int l = 0; l < cfg->n_layer; l++) bytes += kv_row_bytes(t, cfg->k_width[l]) + kv_row_bytes(t, cfg->v_width[l]);
     return bytes;
+}
+
+size_t kv_format_record_token_bytes(const kv_pool_config *cfg) {
+    if (cfg->format.kind != KV_FORMAT_KVARN) return kv_format_token_bytes(cfg);
+    size_t bytes = 0;
+    for (int l = 0; l < cfg->n_layer; l++) {
+        if (cfg->k_width[l]) bytes += kvarn_record_bytes(cfg->k_width[l], cfg->format.k_bits);
+        if (cfg->v_width[l]) bytes += kvarn_record_bytes(cfg->v_width[l], cfg->format.v_bits);
+    }
+    return bytes / KVARN_GROUP;
 }
 
 kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err) {
@@ -121,6 +203,8 @@ kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err) {
     p->n_layer = cfg->n_layer;
     p->n_blocks = cfg->n_blocks;
     p->format = cfg->format;
+    p->k_head = cfg->k_head;
+    p->v_head = cfg->v_head;
     p->layer_offset = calloc((size_t)cfg->n_layer, sizeof(size_t));
     p->k_width = calloc((size_t)cfg->n_layer, sizeof(int));
     p->v_width = calloc((size_t)cfg->n_layer, sizeof(int));
@@ -243,6 +327,29 @@ void kv_row_read(const kv_pool *p, int32_t b, int layer, int kv, int row, float 
 
 void kv_seq_init(kv_seq *seq) { memset(seq, 0, sizeof *seq); }
 
+/* kvarn: the groups that queries at [from, to) will seal are rewritten in
+ * place, so the sequence must own their blocks alone: a block shared with
+ * another sequence, a checkpoint record or the index is copied first, and
+ * the others keep reading the fp16 rows. */
+static int kvarn_own_sealing_groups(kv_pool *p, kv_seq *seq, int64_t from, int64_t to, ember_error *err) {
+    if (p->format.kind != KV_FORMAT_KVARN || to <= from) return 0;
+    int64_t g0 = kvarn_sealed_end(from - 1, p->format.tail), g1 = kvarn_sealed_end(to - 1, p->format.tail);
+    const int32_t per_group = KVARN_GROUP / KV_BLOCK_TOKENS;
+    for (int64_t g = g0; g < g1; g++)
+        for (int32_t i = (int32_t)g * per_group; i < (int32_t)(g + 1) * per_group && i < seq->n_blocks; i++) {
+            int32_t b = seq->blocks[i];
+            if (p->refcount[b] <= 1 && !p->indexed[b]) continue;
+            int32_t fresh = kv_block_alloc(p);
+            if (fresh < 0)
+                return ember_fail(err, "kv: pool exhausted (%d blocks) copying a shared block before sealing it",
+                                  p->n_blocks);
+            kv_block_copy(p, fresh, b);
+            kv_block_unref(p, b);
+            seq->blocks[i] = fresh;
+        }
+    return 0;
+}
+
 static int seq_reserve_table(kv_seq *seq, int32_t n, ember_error *err) {
     if (n <= seq->cap) return 0;
     int32_t cap = seq->cap ? seq->cap : 16;
@@ -281,7 +388,7 @@ int kv_seq_prepare_append(kv_pool *p, kv_seq *seq, int64_t n_new, ember_error *e
         }
         seq->blocks[seq->n_blocks++] = b;
     }
-    return 0;
+    return kvarn_own_sealing_groups(p, seq, seq->n_tokens, end, err);
 }
 
 int kv_seq_adopt_block(kv_pool *p, kv_seq *seq, int32_t block, ember_error *err) {
@@ -315,3 +422,79 @@ size_t kv_pool_block_bytes(const kv_pool *p) { return p->block_bytes; }
 size_t kv_pool_row_bytes(const kv_pool *p, int layer, int kv) { return kv == 0 ? p->k_bytes[layer] : p->v_bytes[layer]; }
 kv_format kv_pool_format(const kv_pool *p) { return p->format; }
 uint64_t kv_pool_evictions(const kv_pool *p) { return p->evictions; }
+
+/* ---- kvarn groups ---- */
+
+bool kv_kvarn_sealed(kv_format f, int64_t g, int64_t p) {
+    return f.kind == KV_FORMAT_KVARN && kvarn_group_sealed(g, p, f.tail);
+}
+
+int64_t kv_kvarn_sealed_end(kv_format f, int64_t p) {
+    return f.kind == KV_FORMAT_KVARN ? kvarn_sealed_end(p, f.tail) : 1;
+}
+
+typedef struct group_slots {
+    const kv_pool *pool;
+    const kv_seq *seq;
+    int layer, kv;
+    int64_t g;
+} group_slots;
+
+static uint8_t *group_slot(void *ctx, int t) {
+    const group_slots *s = ctx;
+    int64_t pos = s->g * KVARN_GROUP + t;
+    return row_at(s->pool, s->seq->blocks[pos / KV_BLOCK_TOKENS], s->layer, s->kv, (int)(pos % KV_BLOCK_TOKENS));
+}
+
+size_t kv_kvarn_scratch_floats(const kv_pool *p) {
+    size_t w = 0;
+    for (int l = 0; l < p->n_layer; l++) {
+        if ((size_t)p->k_width[l] > w) w = (size_t)p->k_width[l];
+        if ((size_t)p->v_width[l] > w) w = (size_t)p->v_width[l];
+    }
+    /* 128 decoded rows, then the record (at most 8 bits a value plus factors). */
+    return (size_t)KVARN_GROUP * w + ((size_t)KVARN_GROUP * w + 2 * (w + KVARN_GROUP) + 8) / sizeof(float) + 1;
+}
+
+void kv_kvarn_seal_group(kv_pool *p, const kv_seq *seq, int layer, int64_t g, float *scratch) {
+    for (int kv = 0; kv < 2; kv++) {
+        int w = kv == 0 ? p->k_width[layer] : p->v_width[layer];
+        int head = kv == 0 ? p->k_head : p->v_head;
+        int bits = kv == 0 ? p->format.k_bits : p->format.v_bits;
+        if (w == 0) continue;
+        if (head <= 0) head = w;
+        group_slots gs = {p, seq, layer, kv, g};
+        for (int t = 0; t < KVARN_GROUP; t++)
+            kv_row_decode(KV_ROW_F16, group_slot(&gs, t), 0, w, scratch + (size_t)t * (size_t)w);
+        void *record = scratch + (size_t)KVARN_GROUP * (size_t)w;
+        kvarn_encode(scratch, w, head, bits, record);
+        kvarn_record_to_slots(record, w, bits, kv == 0 ? p->k_bytes[layer] : p->v_bytes[layer], group_slot, &gs);
+    }
+}
+
+void kv_kvarn_record_gather(const kv_pool *p, const kv_seq *seq, int layer, int kv, int64_t g, void *record) {
+    group_slots gs = {p, seq, layer, kv, g};
+    int w = kv == 0 ? p->k_width[layer] : p->v_width[layer];
+    int bits = kv == 0 ? p->format.k_bits : p->format.v_bits;
+    kvarn_slots_to_record(w, bits, kv == 0 ? p->k_bytes[layer] : p->v_bytes[layer], group_slot, &gs, record);
+}
+
+bool kv_seq_kvarn_check(const kv_pool *p, const kv_seq *seq, int64_t n) {
+    if (p->format.kind != KV_FORMAT_KVARN || n <= 0) return true;
+    /* Sealing writes every layer alike: the first layer with K rows tells. */
+    int layer = -1;
+    for (int l = 0; l < p->n_layer && layer < 0; l++)
+        if (p->k_width[l] > 0) layer = l;
+    if (layer < 0) return true;
+    for (int64_t g = 1; g * KVARN_GROUP < n; g++) {
+        int32_t bi = (int32_t)(g * (KVARN_GROUP / KV_BLOCK_TOKENS));
+        if (bi >= seq->n_blocks) return false;
+        const uint8_t *slot0 = row_at(p, seq->blocks[bi], layer, 0, 0);
+        if (kvarn_slot0_sealed(slot0, p->k_width[layer], p->format.k_bits) != kvarn_group_sealed(g, n - 1, p->format.tail))
+            return false;
+    }
+    return true;
+}
+
+int kv_pool_head(const kv_pool *p, int kv) { return kv == 0 ? p->k_head : p->v_head; }
+int kv_pool_width(const kv_pool *p, int layer, int kv) { return kv == 0 ? p->k_width[layer] : p->v_width[layer]; }

@@ -23,6 +23,20 @@
  *    rows as 32-bit words whatever the format (kv_block_k/v hand out word
  *    pointers; only f32 words are floats). kv_row_write encodes, attention
  *    reads the encoded rows directly (ops.h).
+ *  - kvarn (KV_FORMAT_KVARN, docs/kv-formats.md) stores rows as f16 and
+ *    seals every 128-token group g >= 1 into a kvarn record (tensor/kvarn.h)
+ *    once a query at position 128 (g + 1) + tail reads it: from that query
+ *    on, the group is read as the record, before it as fp16 rows. The rule
+ *    is a function of absolute positions only, so the representation a query
+ *    sees never depends on batching or on where a prefix came from. A sealed
+ *    group is written in place over its fp16 rows (kv_kvarn_seal_group), one
+ *    token's codes and row factor in that token's own row slot and the
+ *    group's column factors in the spare bytes of its first slots, with a
+ *    marker that kv_seq_kvarn_check reads back: a prefix adopted from any
+ *    tier must hold exactly the groups the rule seals at its length.
+ *    kv_seq_prepare_append copies a shared block before a group it belongs
+ *    to is sealed. The sealed group keeps its 8 blocks (the block table stays
+ *    16-token blocks), so the pool holds f16's tokens per byte for now.
  *  - Not thread-safe: the scheduler owns the pool. */
 #ifndef EMBER_KV_POOL_H
 #define EMBER_KV_POOL_H
@@ -45,13 +59,19 @@ typedef enum kv_format_kind {
     KV_FORMAT_F32 = 0,
     KV_FORMAT_F16 = 1,
     KV_FORMAT_Q8_0 = 2,
+    KV_FORMAT_KVARN = 3,
 } kv_format_kind;
 
 typedef struct kv_format {
     kv_format_kind kind;
+    int k_bits, v_bits;  /* kvarn: record widths, 2..8 */
+    int tail;            /* kvarn: tokens kept as fp16 rows after the last sealed group */
 } kv_format;
 
-#define KV_FORMAT_CHOICES "f32|f16|q8_0"
+#define KV_FORMAT_CHOICES "f32|f16|q8_0|kvarn[-k<K>v<V>][-t<TAIL>]"
+#define KV_KVARN_DEFAULT_K_BITS 6
+#define KV_KVARN_DEFAULT_V_BITS 5
+#define KV_KVARN_DEFAULT_TAIL 1024
 
 typedef struct kv_pool_config {
     int n_layer;
@@ -59,6 +79,7 @@ typedef struct kv_pool_config {
     const int *v_width;  /* (n_layer) values per V row */
     int32_t n_blocks;
     kv_format format;    /* zero: f32 */
+    int k_head, v_head;  /* values per head of a K / V row (kvarn rotates per head); 0 = the whole row */
 } kv_pool_config;
 
 /* Called when an indexed block is about to be reused for something else. */
@@ -72,11 +93,17 @@ typedef struct kv_seq {
 } kv_seq;
 
 /* ---- KV formats ---- */
-int kv_format_parse(const char *text, kv_format *out);   /* -1: not one of KV_FORMAT_CHOICES */
-const char *kv_format_name(kv_format f);                  /* "f32", "f16", "q8_0" */
+/* "f32", "f16", "q8_0", or "kvarn" with optional "-k<K>v<V>" (2..8 bits
+ * each) and "-t<TAIL>" (tokens, 0..1048576); ':' also separates. -1: none of these. */
+int kv_format_parse(const char *text, kv_format *out);
+/* "f32", "f16", "q8_0", "kvarn-k6v5-t1024" (a per-thread buffer for kvarn,
+ * valid until the fourth next call in the thread). */
+const char *kv_format_name(kv_format f);
+bool kv_format_is_kvarn(kv_format f);
 kv_row_type kv_format_row_type(kv_format f);
 /* A number that names the format in cache keys and disk namespaces; 0 for
- * f32 (the namespaces written before formats existed). */
+ * f32 (the namespaces written before formats existed); kvarn's holds its
+ * widths, tail and KVARN_LAYOUT_VERSION. */
 uint64_t kv_format_id(kv_format f);
 /* Why cfg's rows cannot be stored in cfg->format, or 0 (q8_0 needs widths
  * that are multiples of 32). */
@@ -84,6 +111,27 @@ int kv_format_check(const kv_pool_config *cfg, ember_error *err);
 /* Bytes one token's K and V take in the pool, all layers: the unit for
  * sizing a pool from a memory budget. */
 size_t kv_format_token_bytes(const kv_pool_config *cfg);
+/* kvarn: bytes per token of the sealed records alone (codes and factors). */
+size_t kv_format_record_token_bytes(const kv_pool_config *cfg);
+
+/* ---- kvarn groups ---- */
+/* Does a query at position p read group g as a record? */
+bool kv_kvarn_sealed(kv_format f, int64_t g, int64_t p);
+/* Groups sealed for a query at p: [1, n) (0 when none). */
+int64_t kv_kvarn_sealed_end(kv_format f, int64_t p);
+/* Seals group g of layer `layer` in place (its 128 rows must be written and
+ * its blocks owned by the sequence alone: kv_seq_prepare_append sees to
+ * that). scratch: kv_kvarn_scratch_floats(pool) floats. */
+void kv_kvarn_seal_group(kv_pool *pool, const kv_seq *seq, int layer, int64_t g, float *scratch);
+size_t kv_kvarn_scratch_floats(const kv_pool *pool);
+/* True when the first n positions of seq hold exactly what the rule gives a
+ * sequence of length n (groups sealed for a query at n - 1, the rest fp16),
+ * judged from the records' markers; always true outside kvarn. */
+bool kv_seq_kvarn_check(const kv_pool *pool, const kv_seq *seq, int64_t n);
+/* The contiguous record (kvarn_encode's layout) of a sealed group; for tests. */
+void kv_kvarn_record_gather(const kv_pool *pool, const kv_seq *seq, int layer, int kv, int64_t g, void *record);
+int kv_pool_head(const kv_pool *pool, int kv);      /* values per head, kv 0 = K */
+int kv_pool_width(const kv_pool *pool, int layer, int kv);
 
 /* ---- Pool lifetime ---- */
 kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err);

@@ -34,6 +34,7 @@
 
 #include "core/threadpool.h"
 #include "model/model_internal.h"
+#include "tensor/attention_kvarn.h"
 #include "tensor/quant.h"
 
 /* struct model_ctx lives in model_internal.h (the arch_*.c mixers use it). */
@@ -91,6 +92,12 @@ model_ctx *model_ctx_create(const model *m, kv_pool *pool, int n_threads, int ma
     c->v = xcalloc(B * hp->n_head_kv * hp->d_v, sizeof(float), &ok);
     c->attn = xcalloc(B * hp->n_head * hp->d_v, sizeof(float), &ok);
     c->proj = xcalloc(B * hp->n_embd, sizeof(float), &ok);
+    c->kvarn = kv_format_is_kvarn(kv_pool_format(pool));
+    if (c->kvarn) {
+        c->att_skip = xcalloc(B, 1, &ok);
+        c->kvarn_phys = xcalloc(B, sizeof(int64_t), &ok);
+        c->kvarn_scratch = xcalloc(kv_kvarn_scratch_floats(pool), sizeof(float), &ok);
+    }
     c->gate = xcalloc(B * ff, sizeof(float), &ok);
     c->up = xcalloc(B * ff, sizeof(float), &ok);
     if (hp->n_expert > 0) {
@@ -118,6 +125,7 @@ void model_ctx_free(model_ctx *c) {
     free(c->gate); free(c->up); free(c->router); free(c->sel_expert); free(c->sel_weight);
     free(c->exp_rows); free(c->exp_slot); free(c->exp_in); free(c->exp_out);
     free(c->att_scores); free(c->k_ptrs); free(c->v_ptrs);
+    free(c->att_skip); free(c->kvarn_phys); free(c->kvarn_scratch);
     free(c->qg); free(c->proj2); free(c->mtp_cat); free(c->r_in); free(c->r_conv); free(c->r_y); free(c->r_z); free(c->r_ba);
     free(c->grp_rows); free(c->grp_start); free(c->grp_state);
     free(c);
@@ -216,14 +224,21 @@ static void task_attention(void *arg, int ith, int nth) {
     int32_t n_built = 0;
     float scale = hp->q_prescale ? 1.0f : hp->attn_scale;
     size_t q_stride = (size_t)hp->n_head * hp->d_k, out_stride = (size_t)hp->n_head * hp->d_v;
+    kv_format fmt = kv_pool_format(c->pool);
+    attention_kvarn_format kf = {fmt.k_bits, fmt.v_bits, fmt.tail, kv_pool_width(c->pool, t->layer, 0),
+                                 kv_pool_width(c->pool, t->layer, 1)};
     for (long u = u0; u < u1; u++) {
         int g = (int)(u / row_blocks);
         long r0 = (u % row_blocks) * ATT_ROWS, r1 = r0 + ATT_ROWS < n_rows ? r0 + ATT_ROWS : n_rows;
         for (long r = r0; r < r1;) {
+            if (c->kvarn && c->att_skip[r]) {
+                r++;
+                continue;
+            }
             const kv_seq *seq = t->b->seqs[r];
             long re = r + 1;
             int64_t n_keys = t->b->pos[r] + 1;
-            while (re < r1 && t->b->seqs[re] == seq) {
+            while (re < r1 && t->b->seqs[re] == seq && !(c->kvarn && c->att_skip[re])) {
                 if (t->b->pos[re] + 1 > n_keys) n_keys = t->b->pos[re] + 1;
                 re++;
             }
@@ -236,9 +251,14 @@ static void task_attention(void *arg, int ith, int nth) {
                 built = seq;
                 n_built = need;
             }
-            op_attention_paged_rows(c->attn + r * out_stride, out_stride, c->q + r * q_stride, q_stride, k_ptrs,
-                                    v_ptrs, type, t->b->pos + r, (int)(re - r), hp->n_head, hp->n_head_kv, hp->d_k,
-                                    hp->d_v, scale, t->L->window, g * group, (g + 1) * group, scores);
+            if (c->kvarn)
+                op_attention_kvarn_rows(c->attn + r * out_stride, out_stride, c->q + r * q_stride, q_stride, k_ptrs,
+                                        v_ptrs, &kf, t->b->pos + r, (int)(re - r), hp->n_head, hp->n_head_kv,
+                                        hp->d_k, hp->d_v, scale, t->L->window, g * group, (g + 1) * group, scores);
+            else
+                op_attention_paged_rows(c->attn + r * out_stride, out_stride, c->q + r * q_stride, q_stride, k_ptrs,
+                                        v_ptrs, type, t->b->pos + r, (int)(re - r), hp->n_head, hp->n_head_kv,
+                                        hp->d_k, hp->d_v, scale, t->L->window, g * group, (g + 1) * group, scores);
             r = re;
         }
     }
@@ -379,6 +399,50 @@ static void task_attn_gate(void *arg, int ith, int nth) {
     }
 }
 
+/* Attention over a kvarn pool, in passes: a row attends once its
+ * sequence's pool holds exactly the sealed groups the rule gives its
+ * position (kv_pool.h); between passes the next group of each sequence that
+ * still has rows waiting is sealed on this layer. A chunk that crosses no
+ * sealing point (nearly all) takes one pass. Rows of a sequence come in
+ * position order, so the groups sealed before the chunk are those of its
+ * first row's predecessor. */
+static void kvarn_attention(model_ctx *c, const model_batch *b, layer_task *lt) {
+    enum { ATTEND = 0, WAIT = 1, DONE = 2 };
+    kv_format f = kv_pool_format(c->pool);
+    int n = b->n_tokens;
+    for (int r = 0; r < n; r++) {
+        int k = 0; /* the sequence's first row */
+        while (b->seqs[k] != b->seqs[r]) k++;
+        c->kvarn_phys[r] = k < r ? c->kvarn_phys[k] : kv_kvarn_sealed_end(f, b->pos[r] - 1);
+        c->att_skip[r] = WAIT;
+    }
+    for (;;) {
+        bool ready = false, waiting = false;
+        for (int r = 0; r < n; r++) {
+            if (c->att_skip[r] == DONE) continue;
+            c->att_skip[r] = kv_kvarn_sealed_end(f, b->pos[r]) == c->kvarn_phys[r] ? ATTEND : WAIT;
+            ready |= c->att_skip[r] == ATTEND;
+            waiting |= c->att_skip[r] == WAIT;
+        }
+        if (ready) ember_pool_run(c->threads, task_attention, lt);
+        if (!waiting) break;
+        for (int r = 0; r < n; r++)
+            if (c->att_skip[r] == ATTEND) c->att_skip[r] = DONE;
+        /* Seal the next group of each sequence with rows still waiting, once. */
+        for (int r = 0; r < n; r++) {
+            if (c->att_skip[r] != WAIT) continue;
+            int k = 0;
+            while (!(b->seqs[k] == b->seqs[r] && c->att_skip[k] == WAIT)) k++;
+            if (k < r) continue;
+            int64_t g = c->kvarn_phys[r];
+            kv_kvarn_seal_group(c->pool, b->seqs[r], lt->layer, g, c->kvarn_scratch);
+            for (int j = 0; j < n; j++)
+                if (b->seqs[j] == b->seqs[r]) c->kvarn_phys[j] = g + 1;
+        }
+    }
+    memset(c->att_skip, ATTEND, (size_t)n);
+}
+
 /* Attention sublayer L whose K/V are layer il of the pool: c->xn rows ->
  * out rows. Writes this layer's K/V for every row before any row attends. */
 static int fwd_attention(model_ctx *c, const model_batch *b, const layer_weights *L, int il, float *out,
@@ -389,7 +453,8 @@ static int fwd_attention(model_ctx *c, const model_batch *b, const layer_weights
     if (matmul(c, &L->wk, c->xn, n, c->k, err) < 0) return -1;
     if (matmul(c, &L->wv, c->xn, n, c->v, err) < 0) return -1;
     run_rows(c, task_qk_prepare, &lt, n);
-    ember_pool_run(c->threads, task_attention, &lt);
+    if (c->kvarn) kvarn_attention(c, b, &lt);
+    else ember_pool_run(c->threads, task_attention, &lt);
     if (L->q_gated) run_rows(c, task_attn_gate, &lt, n);
     return matmul(c, &L->wo, c->attn, n, out, err);
 }

@@ -153,6 +153,12 @@ struct model_ctx {
     int32_t ptr_cap;     /* blocks per thread slice */
     const void **k_ptrs; /* (n_threads, ptr_cap) encoded K rows of each block */
     const void **v_ptrs; /* (n_threads, ptr_cap) */
+    /* kvarn pools (forward_kvarn passes): rows that attend in this pass, and
+     * the scratch that seals a group */
+    bool kvarn;
+    uint8_t *att_skip;   /* (max_batch) 1: this row does not attend in this pass */
+    int64_t *kvarn_phys; /* (max_batch) per batch row: groups [1, phys) of its sequence are sealed */
+    float *kvarn_scratch;
 };
 
 /* y (n, w->n_out) = x (n, w->n_in) W^T; fails only for lack of memory. */

@@ -572,6 +572,8 @@ void model_mtp_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg) 
     cfg->v_width = m->mtp ? m->mtp->kv_v_width : NULL;
     cfg->n_blocks = n_blocks;
     cfg->format = (kv_format){KV_FORMAT_F32};
+    cfg->k_head = m->hp.d_k;
+    cfg->v_head = m->hp.d_v;
 }
 
 void model_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg) {
@@ -580,4 +582,6 @@ void model_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg) {
     cfg->v_width = m->kv_v_width;
     cfg->n_blocks = n_blocks;
     cfg->format = (kv_format){KV_FORMAT_F32};
+    cfg->k_head = m->hp.d_k;
+    cfg->v_head = m->hp.d_v;
 }

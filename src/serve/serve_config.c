@@ -263,6 +263,13 @@ int serve_config_validate(const serve_config *c, ember_error *err) {
     if (c->block_size != 16)
         return ember_fail(err, "cache.block_size: %d is not supported; ember's KV blocks hold 16 tokens", c->block_size);
     if (c->host[0] == 0) return ember_fail(err, "server.host: empty");
+    kv_format kvf;
+    if (kv_format_parse(c->kv_format, &kvf) < 0)
+        return ember_fail(err, "cache.kv_format: expected %s (K and V 2..8 bits, TAIL 0..1048576), got '%s'",
+                          KV_FORMAT_CHOICES, c->kv_format);
+    if (kv_format_is_kvarn(kvf) && serve_config_spec_kind(c) != SPEC_OFF)
+        return ember_fail(err, "cache.kv_format %s: speculative decoding (server.spec_mode) does not combine with kvarn",
+                          c->kv_format);
     if (c->max_body_bytes < 1024) return ember_fail(err, "server.max_body_bytes: at least 1024");
     if (serve_config_spec_kind(c) == SPEC_DRAFT && c->draft[0] == 0)
         return ember_fail(err, "spec.mode: draft needs a draft model (server.draft, --draft GGUF)");

@@ -84,7 +84,7 @@ typedef struct serve_config {
     double disk_max_gb;       /* GB; 0: unbounded; -1 ("auto", the default): serve_disk_cap.h */
     int disk_workers;
     char disk_read_mode[16];
-    char kv_format[16];       /* KV_FORMAT_CHOICES */
+    char kv_format[32];       /* KV_FORMAT_CHOICES */
     char disk_namespace[256];
     char remote_url[512];     /* "": no remote tier; the rest of cache.remote is in cache.remote */
     unsigned char source[SERVE_SETTINGS_MAX]; /* setting_source of each row of the table */

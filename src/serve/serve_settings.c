@@ -156,12 +156,16 @@ static const serve_setting table[] = {
      "Pool pages are touched only as the cache fills, so servers started together all see the memory as free: "
      "for N servers on one machine give each 1/N.",
      false, SRV(memory_share)},
-    {"cache.kv_format", "EMBER_KV_FORMAT", "kv-format", SETTING_STR, "f16", 0, 0, KV_FORMAT_CHOICES, NULL,
-     "how the KV pool stores K/V rows: f32, f16 or q8_0",
+    {"cache.kv_format", "EMBER_KV_FORMAT", "kv-format", SETTING_STR, "f16", 0, 0, NULL, "FORMAT",
+     "how the KV pool stores K/V rows: f32, f16, q8_0, or kvarn[-k<K>v<V>][-t<TAIL>] (default kvarn-k6v5-t1024)",
      "f16 halves the bytes per token of f32 and q8_0 takes 34 bytes per 32 values, so the same pool (the block "
      "tier) holds 2x or 3.8x the tokens; measured quality and speed per format: `make bench-kv` (docs/kv-formats.md). "
-     "The format enters the SSD namespace: a server restarted with another format adopts none of the old files "
-     "and logs that once.",
+     "kvarn seals every 128-token group behind an fp16 sink (the first 128 tokens) and an fp16 tail of TAIL tokens "
+     "into a record of K bits per K value and V bits per V value (2..8 each; ':' also separates, e.g. kvarn:k6v5); "
+     "a dense model then uses the exact tier instead of the block tier, which the routing line says. "
+     "The format (with kvarn's widths, tail and layout version) enters the SSD namespace: a server restarted with "
+     "another format adopts none of the old files and logs that once. kvarn does not combine with speculative "
+     "decoding.",
      false, SRV(kv_format)},
     {"cache.exact_entries", "APC_EXACT_CACHE_ENTRIES", "exact-entries", SETTING_INT, "0", 0, 1 << 20, NULL, NULL,
      "count cap on the exact tier's whole-state snapshots; 0: none, `cache.exact_budget_mb` sizes the tier",

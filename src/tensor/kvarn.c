@@ -159,3 +159,83 @@ void kvarn_decode(const void *record, int width, int head_dim, int bits, float *
         kvarn_rotate(xt, width, head_dim);
     }
 }
+
+/* ---- The sealing rule ---- */
+
+bool kvarn_group_sealed(int64_t g, int64_t p, int64_t tail) {
+    return g >= 1 && (int64_t)KVARN_GROUP * (g + 1) + tail <= p;
+}
+
+int64_t kvarn_sealed_end(int64_t p, int64_t tail) {
+    int64_t room = p - tail;
+    if (room < 2 * KVARN_GROUP) return 1;
+    return room / KVARN_GROUP; /* g + 1 <= room / 128 for every sealed g */
+}
+
+/* ---- Records in row slots ---- */
+
+size_t kvarn_slot_codes_bytes(int width, int bits) { return (size_t)width * (size_t)bits / 8; }
+
+/* Column factors per slot: the bytes after codes, row factor and marker. */
+static size_t columns_per_slot(int width, int bits, size_t slot_bytes) {
+    size_t used = kvarn_slot_codes_bytes(width, bits) + 4;
+    return used < slot_bytes ? (slot_bytes - used) / 2 : 0;
+}
+
+bool kvarn_slots_fit(int width, size_t slot_bytes) {
+    if (width < 8 || width % 8 != 0) return false;
+    size_t per = columns_per_slot(width, KVARN_MAX_BITS, slot_bytes);
+    return per > 0 && ((size_t)width + per - 1) / per <= KVARN_GROUP;
+}
+
+static const uint16_t SEAL_MARK = 0xFFFF;
+
+void kvarn_record_to_slots(const void *record, int width, int bits, size_t slot_bytes, kvarn_slot_fn slot, void *ctx) {
+    const uint8_t *in = record;
+    size_t cb = kvarn_slot_codes_bytes(width, bits), per = columns_per_slot(width, bits, slot_bytes);
+    const uint8_t *cols = in + code_bytes(width, bits), *rows = cols + 2 * (size_t)width;
+    for (int t = 0; t < KVARN_GROUP; t++) {
+        uint8_t *s = slot(ctx, t);
+        memcpy(s, in + (size_t)t * cb, cb);
+        memcpy(s + cb, rows + 2 * (size_t)t, 2);
+        uint16_t mark = t == 0 ? SEAL_MARK : 0;
+        memcpy(s + cb + 2, &mark, 2);
+        size_t c0 = (size_t)t * per;
+        size_t n = c0 < (size_t)width ? ((size_t)width - c0 < per ? (size_t)width - c0 : per) : 0;
+        memset(s + cb + 4, 0, slot_bytes - cb - 4);
+        if (n) memcpy(s + cb + 4, cols + 2 * c0, 2 * n);
+    }
+}
+
+void kvarn_slots_to_record(int width, int bits, size_t slot_bytes, kvarn_slot_fn slot, void *ctx, void *record) {
+    uint8_t *out = record;
+    size_t cb = kvarn_slot_codes_bytes(width, bits), per = columns_per_slot(width, bits, slot_bytes);
+    uint8_t *cols = out + code_bytes(width, bits), *rows = cols + 2 * (size_t)width;
+    memset(out, 0, kvarn_record_bytes(width, bits));
+    for (int t = 0; t < KVARN_GROUP; t++) {
+        const uint8_t *s = slot(ctx, t);
+        memcpy(out + (size_t)t * cb, s, cb);
+        memcpy(rows + 2 * (size_t)t, s + cb, 2);
+        size_t c0 = (size_t)t * per;
+        size_t n = c0 < (size_t)width ? ((size_t)width - c0 < per ? (size_t)width - c0 : per) : 0;
+        if (n) memcpy(cols + 2 * c0, s + cb + 4, 2 * n);
+    }
+}
+
+bool kvarn_slot0_sealed(const uint8_t *slot0, int width, int bits) {
+    uint16_t m;
+    memcpy(&m, slot0 + kvarn_slot_codes_bytes(width, bits) + 2, 2);
+    return m == SEAL_MARK;
+}
+
+void kvarn_slot_columns(int width, int bits, size_t slot_bytes, kvarn_slot_fn slot, void *ctx, int c0, int n,
+                        float *out) {
+    size_t cb = kvarn_slot_codes_bytes(width, bits), per = columns_per_slot(width, bits, slot_bytes);
+    for (int i = 0; i < n; i++) {
+        size_t c = (size_t)(c0 + i);
+        const uint8_t *s = slot(ctx, (int)(c / per));
+        uint16_t h;
+        memcpy(&h, s + cb + 4 + 2 * (c % per), 2);
+        out[i] = quant_f16_to_f32(h);
+    }
+}

@@ -32,6 +32,7 @@
 #ifndef EMBER_TENSOR_KVARN_H
 #define EMBER_TENSOR_KVARN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,6 +44,34 @@
 /* ---- Layout ---- */
 int kvarn_slice(int head_dim);                       /* 0 when head_dim is odd */
 size_t kvarn_record_bytes(int width, int bits);
+
+/* ---- The sealing rule (a KV pool of this format, kv_pool.h) ----
+ * Group g (positions [128 g, 128 g + 128)) is read as a record by a query
+ * at position p iff g >= 1 (group 0 is the fp16 sink) and
+ * 128 (g + 1) + tail <= p: the newest `tail` tokens and the group being
+ * filled stay fp16. A function of positions only. */
+bool kvarn_group_sealed(int64_t g, int64_t p, int64_t tail);
+/* The groups sealed for a query at p are [1, end); end >= 1. */
+int64_t kvarn_sealed_end(int64_t p, int64_t tail);
+
+/* ---- A sealed group in the rows of a pool ----
+ * A group's record is stored in the 128 row slots its fp16 rows took
+ * (slot_bytes each, the f16 row size, >= 2 * width): token t's codes in
+ * bytes [0, width * bits / 8) of slot t, its row factor (fp16) right after,
+ * then the marker (0xFFFF, an fp16 NaN no stored value has) in slot 0; the
+ * width column factors (fp16) fill the bytes after that in slots 0, 1, ...
+ * kvarn_slots_fit says whether a width fits (a multiple of 8, at least 8). */
+bool kvarn_slots_fit(int width, size_t slot_bytes);
+/* slot(t) gives the address of slot t (0..127). */
+typedef uint8_t *(*kvarn_slot_fn)(void *ctx, int t);
+void kvarn_record_to_slots(const void *record, int width, int bits, size_t slot_bytes, kvarn_slot_fn slot, void *ctx);
+void kvarn_slots_to_record(int width, int bits, size_t slot_bytes, kvarn_slot_fn slot, void *ctx, void *record);
+bool kvarn_slot0_sealed(const uint8_t *slot0, int width, int bits);
+/* Byte offset of the row factor in a slot (= the codes' bytes). */
+size_t kvarn_slot_codes_bytes(int width, int bits);
+/* Column factors c0 .. c0 + n - 1 of a sealed group, as floats. */
+void kvarn_slot_columns(int width, int bits, size_t slot_bytes, kvarn_slot_fn slot, void *ctx, int c0, int n,
+                        float *out);
 
 /* ---- Codec ---- */
 /* In place: every slice of every head times H / sqrt(S); its own inverse. */
