@@ -13,19 +13,16 @@
  * formats run side by side on the same chunk so only two chunks of logits
  * are alive at once (a 151936-word vocabulary makes them large).
  *
- * kvarn-kKvV[-tT] (e.g. kvarn-k6v5) is measured by simulation, not by a
- * kvarn pool (ember has none yet): an f16 pool holds the sink, the tail and
- * the live group as kvarn does, and before each 128-token batch at
- * position 128c every group g >= 1 with 128 (g + 1) + T <= 128 c is sealed
- * in place: its K rows encoded to a K-bit record and decoded back (V alike),
- * the decoded values stored as f16 (one more rounding than a real record
- * pool would do, 2^-11 relative, far below the codes' error). That is the
- * representation a kvarn attention would read, so KL / top-1 / perplexity
- * are kvarn's; bytes/token is the sealed records' (asymptotic) cost, and
- * decode speed is not measured (no kernel reads records yet).
+ * kvarn (e.g. kvarn-k6v5, kvarn-k4v4-t0) is the real pool format
+ * (kv_pool.h): groups sealed in place by position, attention reading the
+ * records (attention_kvarn.c). Batches of 128 positions, as for every
+ * format (a kvarn pool gives the same logits for any chunking).
  *
  * Memory: bytes per token of K and V over all layers (kv_format_token_bytes)
- * and tokens per GiB of pool.
+ * and tokens per GiB of pool; for kvarn also the sealed records' bytes per
+ * token (kv_format_record_token_bytes), which is what a token past the tail
+ * costs once sealed groups give back their spare blocks (the pool keeps
+ * them for now: see docs/kv-formats.md).
  *
  * Speed: decode tokens/s at a context of --decode-ctx tokens. The sequence's
  * K/V rows are filled with random values (encoded in the format) instead of
@@ -45,21 +42,18 @@
 #include "core/clock.h"
 #include "core/rng.h"
 #include "model/model.h"
+#include "tensor/attention_kvarn.h"
 #include "tensor/kvarn.h"
 #include "tensor/ops.h"
 #include "tokenizer/tokenizer.h"
 
 #define MAX_FORMATS 6
-/* 128 positions per batch: kvarn seals at 128-token group boundaries, so
- * each batch sees one sealing state (the other formats are batch-invariant:
- * the chunk size does not change their logits). */
+/* 128 positions per batch (every format is batch-invariant: the chunk size
+ * does not change the logits). */
 #define CHUNK KVARN_GROUP
 
 typedef struct fmt_run {
     kv_format fmt;
-    /* kvarn (simulated, see seal_groups): 0 bits = not kvarn */
-    int k_bits, v_bits, tail;
-    int64_t sealed;      /* groups [1, sealed) of the current window are records */
     kv_pool *pool;
     model_ctx *ctx;
     kv_seq seq;
@@ -121,74 +115,6 @@ static void close_run(fmt_run *r) {
     r->ctx = NULL;
 }
 
-/* "kvarn-k6v5" or "kvarn-k6v5-t1024" -> r's kvarn fields; -1 if not kvarn. */
-static int parse_kvarn(const char *text, fmt_run *r) {
-    int k, v, t = 1024, used = 0;
-    if (sscanf(text, "kvarn-k%dv%d%n", &k, &v, &used) != 2) return -1;
-    if (text[used] == '-' && sscanf(text + used, "-t%d", &t) != 1) return -1;
-    if (k < KVARN_MIN_BITS || k > KVARN_MAX_BITS || v < KVARN_MIN_BITS || v > KVARN_MAX_BITS || t < 0 ||
-        t % KVARN_GROUP)
-        return -1;
-    r->fmt = (kv_format){KV_FORMAT_F16};
-    r->k_bits = k;
-    r->v_bits = v;
-    r->tail = t;
-    return 0;
-}
-
-static const char *run_name(const fmt_run *r, char *buf, size_t cap) {
-    if (r->k_bits == 0) return kv_format_name(r->fmt);
-    snprintf(buf, cap, "kvarn-k%dv%d-t%d", r->k_bits, r->v_bits, r->tail);
-    return buf;
-}
-
-/* Seals, before a batch starting at position `start` (a multiple of 128),
- * every group the kvarn rule seals by then: group g >= 1 (group 0 is the
- * fp16 sink) once 128 (g + 1) + tail <= start. */
-static void seal_groups(const model *m, fmt_run *r, int64_t start) {
-    kv_pool_config kc;
-    model_kv_config(m, 1, &kc);
-    int head = model_get_hparams(m)->d_k;
-    if (r->sealed < 1) r->sealed = 1;
-    for (; KVARN_GROUP * (r->sealed + 1) + r->tail <= start; r->sealed++) {
-        int64_t g0 = KVARN_GROUP * r->sealed;
-        for (int l = 0; l < kc.n_layer; l++)
-            for (int kv = 0; kv < 2; kv++) {
-                int w = kv == 0 ? kc.k_width[l] : kc.v_width[l];
-                if (w == 0) continue;
-                float *rows = malloc((size_t)KVARN_GROUP * (size_t)w * sizeof(float));
-                int bits = kv == 0 ? r->k_bits : r->v_bits;
-                uint8_t *rec = malloc(kvarn_record_bytes(w, bits));
-                for (int t = 0; t < KVARN_GROUP; t++) {
-                    int64_t p = g0 + t;
-                    kv_row_read(r->pool, r->seq.blocks[p / KV_BLOCK_TOKENS], l, kv, (int)(p % KV_BLOCK_TOKENS),
-                                rows + (size_t)t * w);
-                }
-                kvarn_encode(rows, w, head, bits, rec);
-                kvarn_decode(rec, w, head, bits, rows);
-                for (int t = 0; t < KVARN_GROUP; t++) {
-                    int64_t p = g0 + t;
-                    kv_row_write(r->pool, r->seq.blocks[p / KV_BLOCK_TOKENS], l, kv, (int)(p % KV_BLOCK_TOKENS),
-                                 rows + (size_t)t * w);
-                }
-                free(rows);
-                free(rec);
-            }
-    }
-}
-
-/* Bytes per token of kvarn's sealed records, all layers. */
-static size_t kvarn_token_bytes(const model *m, const fmt_run *r) {
-    kv_pool_config kc;
-    model_kv_config(m, 1, &kc);
-    size_t b = 0;
-    for (int l = 0; l < kc.n_layer; l++) {
-        if (kc.k_width[l]) b += kvarn_record_bytes(kc.k_width[l], r->k_bits);
-        if (kc.v_width[l]) b += kvarn_record_bytes(kc.v_width[l], r->v_bits);
-    }
-    return (b + KVARN_GROUP - 1) / KVARN_GROUP;
-}
-
 /* A sequence of n_ctx positions of random K/V rows in r's format. */
 static int fill_context(const model *m, fmt_run *r, int n_ctx, int spare, int threads, ember_error *err) {
     if (open_run(m, r, (n_ctx + spare) / KV_BLOCK_TOKENS + 2, threads, err) < 0) return -1;
@@ -216,6 +142,16 @@ static int fill_context(const model *m, fmt_run *r, int n_ctx, int spare, int th
             }
     free(row);
     r->seq.n_tokens = n_ctx;
+    /* kvarn: the groups a query at n_ctx - 1 reads as records are sealed. */
+    int64_t sealed_end = kv_kvarn_sealed_end(r->fmt, n_ctx - 1);
+    if (sealed_end > 1) {
+        float *scratch = malloc(kv_kvarn_scratch_floats(r->pool) * sizeof(float));
+        if (scratch == NULL) return ember_fail(err, "out of memory");
+        for (int l = 0; l < kc.n_layer; l++)
+            if (kc.k_width[l] > 0)
+                for (int64_t g = 1; g < sealed_end; g++) kv_kvarn_seal_group(r->pool, &r->seq, l, g, scratch);
+        free(scratch);
+    }
     return 0;
 }
 
@@ -233,6 +169,7 @@ static double attention_ms(const model *m, fmt_run *r) {
     for (int i = 0; i < hp->n_head * hp->d_k; i++) q[i] = 0.01f * (float)(i % 13);
     int64_t pos = r->seq.n_tokens - 1;
     kv_row_type type = kv_format_row_type(kv_pool_format(r->pool));
+    kv_format fmt = kv_pool_format(r->pool);
     double t0 = ember_now();
     for (int l = 0; l < hp->n_layer; l++) {
         if (kv_pool_row_bytes(r->pool, l, 0) == 0) continue;
@@ -240,10 +177,17 @@ static double attention_ms(const model *m, fmt_run *r) {
             kp[b] = kv_block_k(r->pool, r->seq.blocks[b], l);
             vp[b] = kv_block_v(r->pool, r->seq.blocks[b], l);
         }
+        attention_kvarn_format af = {fmt.k_bits, fmt.v_bits, fmt.tail, kv_pool_width(r->pool, l, 0),
+                                     kv_pool_width(r->pool, l, 1)};
         for (int g = 0; g < hp->n_head_kv; g++)
-            op_attention_paged_rows(out, (size_t)hp->n_head * hp->d_v, q, (size_t)hp->n_head * hp->d_k, kp, vp, type,
-                                    &pos, 1, hp->n_head, hp->n_head_kv, hp->d_k, hp->d_v, 0.08f, 0, g * group,
-                                    (g + 1) * group, scratch);
+            if (kv_format_is_kvarn(fmt))
+                op_attention_kvarn_rows(out, (size_t)hp->n_head * hp->d_v, q, (size_t)hp->n_head * hp->d_k, kp, vp,
+                                        &af, &pos, 1, hp->n_head, hp->n_head_kv, hp->d_k, hp->d_v, 0.08f, 0,
+                                        g * group, (g + 1) * group, scratch);
+            else
+                op_attention_paged_rows(out, (size_t)hp->n_head * hp->d_v, q, (size_t)hp->n_head * hp->d_k, kp, vp,
+                                        type, &pos, 1, hp->n_head, hp->n_head_kv, hp->d_k, hp->d_v, 0.08f, 0,
+                                        g * group, (g + 1) * group, scratch);
     }
     double ms = (ember_now() - t0) * 1e3;
     free(kp);
@@ -257,7 +201,10 @@ static double attention_ms(const model *m, fmt_run *r) {
 /* Decode tokens/s of each format at a context of n_ctx tokens: rounds of
  * `steps` single-token steps, formats interleaved within each round, the
  * best round per format (the machine is shared: the fastest round is the
- * one least disturbed). */
+ * one least disturbed). Rounds start after one warm-up step at n_ctx and go
+ * back to n_ctx + 1: with kvarn's default tail the step at 4096 seals a
+ * group, and a sequence cut back below a sealed group would not be one the
+ * pool can hold (one seal per 128 steps is a decode's real rate). */
 static void decode_rates(const model *m, fmt_run *runs, int n_fmt, int n_ctx, int steps, int rounds, int threads,
                          double *rate, double *attn_ms) {
     ember_error err;
@@ -269,7 +216,7 @@ static void decode_rates(const model *m, fmt_run *runs, int n_fmt, int n_ctx, in
         rate[f] = -1;
         attn_ms[f] = -1;
         dec[f].fmt = runs[f].fmt;
-        if (fill_context(m, &dec[f], n_ctx, steps + 1, threads, &err) < 0 ||
+        if (fill_context(m, &dec[f], n_ctx, steps + 2, threads, &err) < 0 ||
             model_eval(dec[f].ctx, &dec[f].seq, &tok, 1, false, logits, &err) < 0) {
             fprintf(stderr, "bench_kv: decode at %d in %s: %s\n", n_ctx, kv_format_name(dec[f].fmt), err.msg);
             close_run(&dec[f]);
@@ -278,14 +225,14 @@ static void decode_rates(const model *m, fmt_run *runs, int n_fmt, int n_ctx, in
     for (int round = 0; round < rounds; round++)
         for (int f = 0; f < n_fmt; f++) {
             if (dec[f].ctx == NULL) continue;
-            kv_seq_truncate(dec[f].pool, &dec[f].seq, n_ctx);
+            kv_seq_truncate(dec[f].pool, &dec[f].seq, n_ctx + 1);
             double t0 = ember_now();
             int i = 0;
             for (; i < steps; i++)
                 if (model_eval(dec[f].ctx, &dec[f].seq, &tok, 1, false, logits, &err) < 0) break;
             double r = steps / (ember_now() - t0);
             if (i == steps && r > rate[f]) rate[f] = r;
-            kv_seq_truncate(dec[f].pool, &dec[f].seq, n_ctx);
+            kv_seq_truncate(dec[f].pool, &dec[f].seq, n_ctx + 1);
             double ms = attention_ms(m, &dec[f]);
             if (attn_ms[f] < 0 || ms < attn_ms[f]) attn_ms[f] = ms;
         }
@@ -326,12 +273,8 @@ int main(int argc, char **argv) {
     for (char *tok = strtok(formats_arg, ","); tok; tok = strtok(NULL, ",")) {
         kv_format f;
         if (n_fmt == MAX_FORMATS) break;
-        if (parse_kvarn(tok, &runs[n_fmt]) == 0) {
-            n_fmt++;
-            continue;
-        }
         if (kv_format_parse(tok, &f) < 0) {
-            fprintf(stderr, "bench_kv: unknown format '%s' (%s or kvarn-k<K>v<V>[-t<T>])\n", tok, KV_FORMAT_CHOICES);
+            fprintf(stderr, "bench_kv: unknown format '%s' (%s)\n", tok, KV_FORMAT_CHOICES);
             return 2;
         }
         if (f.kind == KV_FORMAT_F32) continue;
@@ -377,16 +320,12 @@ int main(int argc, char **argv) {
     double t_start = ember_now();
     for (size_t w0 = 0; w0 + 2 <= n_ids; w0 += (size_t)window) {
         int wn = n_ids - w0 < (size_t)window ? (int)(n_ids - w0) : window;
-        for (int f = 0; f < n_fmt; f++) {
-            kv_seq_truncate(runs[f].pool, &runs[f].seq, 0);
-            runs[f].sealed = 0;
-        }
+        for (int f = 0; f < n_fmt; f++) kv_seq_truncate(runs[f].pool, &runs[f].seq, 0);
         for (int c0 = 0; c0 < wn; c0 += CHUNK) {
             int cn = wn - c0 < CHUNK ? wn - c0 : CHUNK;
             const int32_t *chunk = ids + w0 + (size_t)c0;
             for (int f = 0; f < n_fmt; f++) {
                 float *out = f == 0 ? ref : got;
-                if (runs[f].k_bits) seal_groups(m, &runs[f], c0);
                 if (model_eval(runs[f].ctx, &runs[f].seq, chunk, cn, true, out, &err) < 0) {
                     fprintf(stderr, "bench_kv: %s\n", err.msg);
                     return 1;
@@ -418,35 +357,18 @@ int main(int argc, char **argv) {
         }
     }
     printf("quality over %lld positions (%.0f s)\n", (long long)runs[0].n_nll, ember_now() - t_start);
-    printf("%-16s %12s %10s %12s %12s %14s %14s %12s\n", "format", "mean KL", "top-1", "perplexity", "bytes/token",
-           "tokens/GiB", "decode tok/s", "attn ms/tok");
+    printf("%-18s %12s %10s %12s %12s %12s %14s %14s %12s\n", "format", "mean KL", "top-1", "perplexity",
+           "bytes/token", "sealed B/tok", "tokens/GiB", "decode tok/s", "attn ms/tok");
     kv_pool_config kc;
     model_kv_config(m, 1, &kc);
     for (int f = 0; f < n_fmt; f++) close_run(&runs[f]);
-    double rates[MAX_FORMATS];
-    int n_plain = 0; /* decode speed: the formats a pool stores (not the kvarn simulations) */
-    fmt_run plain[MAX_FORMATS];
-    int plain_of[MAX_FORMATS];
-    for (int f = 0; f < n_fmt; f++) {
-        plain_of[f] = -1;
-        if (runs[f].k_bits == 0) {
-            plain_of[f] = n_plain;
-            plain[n_plain++] = runs[f];
-        }
-    }
-    double plain_rates[MAX_FORMATS], plain_attn[MAX_FORMATS], attn[MAX_FORMATS];
-    decode_rates(m, plain, n_plain, decode_ctx, decode_steps, decode_rounds < 1 ? 1 : decode_rounds, threads,
-                 plain_rates, plain_attn);
-    for (int f = 0; f < n_fmt; f++) {
-        rates[f] = plain_of[f] >= 0 ? plain_rates[plain_of[f]] : -1;
-        attn[f] = plain_of[f] >= 0 ? plain_attn[plain_of[f]] : -1;
-    }
+    double rates[MAX_FORMATS], attn[MAX_FORMATS];
+    decode_rates(m, runs, n_fmt, decode_ctx, decode_steps, decode_rounds < 1 ? 1 : decode_rounds, threads, rates,
+                 attn);
     for (int f = 0; f < n_fmt; f++) {
         kc.format = runs[f].fmt;
-        size_t bpt = runs[f].k_bits ? kvarn_token_bytes(m, &runs[f]) : kv_format_token_bytes(&kc);
-        double rate = rates[f];
-        char name[48];
-        char kl[32], top[32];
+        size_t bpt = kv_format_token_bytes(&kc), sealed = kv_format_record_token_bytes(&kc);
+        char kl[32], top[32], speed[32], att[32];
         if (f == 0) {
             snprintf(kl, sizeof kl, "(reference)");
             snprintf(top, sizeof top, "-");
@@ -454,14 +376,13 @@ int main(int argc, char **argv) {
             snprintf(kl, sizeof kl, "%.3g", runs[f].n_kl ? runs[f].kl / (double)runs[f].n_kl : 0.0);
             snprintf(top, sizeof top, "%.2f%%", runs[f].n_kl ? 100.0 * (double)runs[f].top1 / (double)runs[f].n_kl : 0.0);
         }
-        char speed[32], att[32];
-        if (rate > 0) snprintf(speed, sizeof speed, "%.2f", rate);
+        if (rates[f] > 0) snprintf(speed, sizeof speed, "%.2f", rates[f]);
         else snprintf(speed, sizeof speed, "-");
         if (attn[f] > 0) snprintf(att, sizeof att, "%.1f", attn[f]);
         else snprintf(att, sizeof att, "-");
-        printf("%-16s %12s %10s %12.4f %12zu %14.0f %14s %12s\n", run_name(&runs[f], name, sizeof name), kl, top,
-               exp(runs[f].nll / (double)(runs[f].n_nll ? runs[f].n_nll : 1)), bpt, (double)(1u << 30) / (double)bpt,
-               speed, att);
+        printf("%-18s %12s %10s %12.4f %12zu %12zu %14.0f %14s %12s\n", kv_format_name(runs[f].fmt), kl, top,
+               exp(runs[f].nll / (double)(runs[f].n_nll ? runs[f].n_nll : 1)), bpt, sealed,
+               (double)(1u << 30) / (double)bpt, speed, att);
         fflush(stdout);
     }
     printf("decode: tokens/s of single-token steps at a context of %d tokens (best of %d rounds of %d steps, formats "
