@@ -18,27 +18,21 @@
 
 #include <string.h>
 
+#include "tensor/attention_kvarn_impl.h"
 #include "tensor/kvarn.h"
 #include "tensor/ops.h"
 #include "tensor/quant.h"
 
-enum { HEAD_CHUNK = 8, BLOCK_ROWS = 16 };
-
-typedef struct slots {
-    const void *const *blocks;
-    size_t stride;
-    int64_t base;   /* first position of the group */
-} slots;
-
-static uint8_t *slot_at(void *ctx, int t) {
-    const slots *s = ctx;
+uint8_t *attention_kvarn_slot_at(void *ctx, int t) {
+    const attention_kvarn_slots *s = ctx;
     int64_t j = s->base + t;
-    return (uint8_t *)s->blocks[j / BLOCK_ROWS] + (size_t)(j % BLOCK_ROWS) * s->stride;
+    return (uint8_t *)s->blocks[j / ATTENTION_KVARN_BLOCK_ROWS] + (size_t)(j % ATTENTION_KVARN_BLOCK_ROWS) * s->stride;
 }
 
-static const uint8_t *row_at(const void *const *blocks, size_t stride, int64_t j) {
-    return (const uint8_t *)blocks[j / BLOCK_ROWS] + (size_t)(j % BLOCK_ROWS) * stride;
-}
+#define slot_at attention_kvarn_slot_at
+#define row_at attention_kvarn_row_at
+typedef attention_kvarn_slots slots;
+enum { HEAD_CHUNK = ATTENTION_KVARN_HEAD_CHUNK };
 
 static float dot(const float *a, const float *b, int n) {
     float acc[8] = {0};
@@ -79,14 +73,15 @@ static void unit_values(const uint8_t *slot, int c0, int n, int bits, float step
     }
 }
 
-static float slot_row_factor(const uint8_t *slot, int width, int bits) {
+float attention_kvarn_row_factor(const uint8_t *slot, int width, int bits) {
     uint16_t h;
     memcpy(&h, slot + kvarn_slot_codes_bytes(width, bits), 2);
     return quant_f16_to_f32(h);
 }
+#define slot_row_factor attention_kvarn_row_factor
 
 /* Heads [h0, h0 + nh) of one row over keys [first, n_keys). */
-static void heads_row(float *out, const float *q, const void *const *k_blocks, const void *const *v_blocks,
+void attention_kvarn_heads_scalar(float *out, const float *q, const void *const *k_blocks, const void *const *v_blocks,
                       const attention_kvarn_format *f, int64_t pos, int64_t first, int64_t n_keys, int kvh, int h0,
                       int nh, int d_k, int d_v, float scale, float *scores) {
     float qr[HEAD_CHUNK][ATTENTION_MAX_HEAD], qc[HEAD_CHUNK][ATTENTION_MAX_HEAD];
@@ -169,6 +164,8 @@ void op_attention_kvarn_rows(float *out, size_t out_stride, const float *q, size
                              int n_head_kv, int d_k, int d_v, float scale, int64_t window, int head_begin,
                              int head_end, float *scratch) {
     int group = n_head / n_head_kv;
+    attention_kvarn_heads_fn heads = attention_kvarn_heads_scalar;
+    if (quant_get_isa() == QUANT_ISA_AVX512 && d_k % 16 == 0 && d_v % 16 == 0) heads = attention_kvarn_heads_avx512;
     for (int r = 0; r < n_rows; r++) {
         int64_t pos = query_pos[r], first = 0;
         if (window > 0 && pos - window + 1 > 0) first = pos - window + 1;
@@ -178,7 +175,7 @@ void op_attention_kvarn_rows(float *out, size_t out_stride, const float *q, size
             for (int i = 0; i < nh;) {
                 int kvh = (h0 + i) / group, same = 1;
                 while (i + same < nh && (h0 + i + same) / group == kvh) same++;
-                heads_row(out + (size_t)r * out_stride, q + (size_t)r * q_stride, k_blocks, v_blocks, fmt, pos, first,
+                heads(out + (size_t)r * out_stride, q + (size_t)r * q_stride, k_blocks, v_blocks, fmt, pos, first,
                           pos + 1, kvh, h0 + i, same, d_k, d_v, scale, scratch);
                 i += same;
             }
