@@ -6,7 +6,8 @@
  *    lowercase hex digits of XXH3-128 over (the tag "ember-apc-disk", the
  *    format version, the model fingerprint - engine_model_fingerprint, or the
  *    namespace_override string instead -, the block size, the KV format
- *    (kv_format_id: f32, f16, q8_0), the block-key hash kind, n_layer and
+ *    (kv_format_id: f32, f16, q8_0, kvarn with its widths, tail and layout
+ *    version), the block-key hash kind, n_layer and
  *    every layer's K and V width). Two models, or one model under two cache
  *    or KV formats, never share a directory;
  *    a renamed model file keeps its namespace (no path enters it).

@@ -20,7 +20,9 @@
  * (f32, f16, q8_0) as they are stored, from that row's values alone, and
  * attention reads them encoded, so the invariant holds in every format. The KV for all rows of a layer is written
  * before any row's attention reads it, so rows of the same sequence in one
- * batch see each other causally.
+ * batch see each other causally. A kvarn pool also seals 128-token groups
+ * into records at positions fixed by the format (kvarn_attention): rows
+ * attend in passes so that each sees the groups its position seals.
  *
  * Per layer (forward_chunk): x += [post_attn_norm] mixer(rmsnorm(x)), where
  * the mixer is attention (optionally sliding-window, or with a sigmoid output
