@@ -323,6 +323,87 @@ static void test_chunking_does_not_matter(void **state) {
     model_free(m);
 }
 
+/* Two sequences in one batch, each crossing its own sealing point (tail
+ * 0: group 1 seals at 256, group 2 at 384): every row's logits equal those
+ * of the same sequence forwarded alone, bit for bit. */
+static void test_batch_of_two_sequences(void **state) {
+    (void)state;
+    REQUIRE_FIXTURE(path, STORIES);
+    model *m = test_load_model(path);
+    int V = model_get_hparams(m)->n_vocab;
+    ember_error err;
+    kv_pool_config kc;
+    model_kv_config(m, 128, &kc);
+    kc.format = parse("kvarn-k6v5-t0");
+    kv_pool *pool = kv_pool_create(&kc, &err);
+    assert_non_null(pool);
+    model_ctx *ctx = model_ctx_create(m, pool, 2, 256, &err);
+    assert_non_null(ctx);
+    int32_t a[400], b[300];
+    test_random_tokens(&rng_state, a, 400, V);
+    test_random_tokens(&rng_state, b, 300, V);
+    /* alone */
+    float *alone_a = malloc((size_t)150 * V * sizeof(float)), *alone_b = malloc((size_t)100 * V * sizeof(float));
+    kv_seq s;
+    kv_seq_init(&s);
+    assert_int_equal(model_eval(ctx, &s, a, 250, false, NULL, &err), 0);
+    assert_int_equal(model_eval(ctx, &s, a + 250, 150, true, alone_a, &err), 0);
+    kv_seq_release(pool, &s);
+    assert_int_equal(model_eval(ctx, &s, b, 200, false, NULL, &err), 0);
+    assert_int_equal(model_eval(ctx, &s, b + 200, 100, true, alone_b, &err), 0);
+    kv_seq_release(pool, &s);
+    /* together: a [250, 400) and b [200, 300) interleaved in one batch */
+    kv_seq sa, sb;
+    kv_seq_init(&sa);
+    kv_seq_init(&sb);
+    assert_int_equal(model_eval(ctx, &sa, a, 250, false, NULL, &err), 0);
+    assert_int_equal(model_eval(ctx, &sb, b, 200, false, NULL, &err), 0);
+    assert_int_equal(kv_seq_prepare_append(pool, &sa, 150, &err), 0);
+    assert_int_equal(kv_seq_prepare_append(pool, &sb, 100, &err), 0);
+    int32_t tok[250];
+    int64_t pos[250];
+    kv_seq *seqs[250];
+    bool want[250];
+    int ia = 0, ib = 0, n = 0;
+    while (ia < 150 || ib < 100) { /* two rows of a, one of b */
+        for (int k = 0; k < 2 && ia < 150; k++, ia++, n++) {
+            tok[n] = a[250 + ia];
+            pos[n] = 250 + ia;
+            seqs[n] = &sa;
+            want[n] = true;
+        }
+        if (ib < 100) {
+            tok[n] = b[200 + ib];
+            pos[n] = 200 + ib;
+            seqs[n] = &sb;
+            want[n] = true;
+            ib++;
+            n++;
+        }
+    }
+    float *together = malloc((size_t)n * V * sizeof(float));
+    model_batch batch = {n, tok, pos, seqs, want, NULL, NULL, false};
+    assert_int_equal(model_forward(ctx, &batch, together, &err), 0);
+    for (int r = 0; r < n; r++) {
+        const float *want_row = seqs[r] == &sa ? alone_a + (size_t)(pos[r] - 250) * V : alone_b + (size_t)(pos[r] - 200) * V;
+        if (memcmp(together + (size_t)r * V, want_row, (size_t)V * sizeof(float)) != 0)
+            fail_msg("row %d (%s at %lld) differs from the sequence alone", r, seqs[r] == &sa ? "a" : "b",
+                     (long long)pos[r]);
+    }
+    sa.n_tokens = 400;
+    sb.n_tokens = 300;
+    assert_true(kv_seq_kvarn_check(pool, &sa, 400));
+    assert_true(kv_seq_kvarn_check(pool, &sb, 300));
+    kv_seq_release(pool, &sa);
+    kv_seq_release(pool, &sb);
+    free(together);
+    free(alone_a);
+    free(alone_b);
+    model_ctx_free(ctx);
+    kv_pool_free(pool);
+    model_free(m);
+}
+
 static int64_t store_then_probe(engine *e, const int32_t *prompt, int64_t n, const char *what) {
     engine_result r, warm, cold;
     test_generate(e, prompt, n, 4, ENGINE_CACHE_ON, &r);
@@ -654,6 +735,7 @@ int main(void) {
         cmocka_unit_test(test_attention_reads_records),
         cmocka_unit_test(test_setting),
         cmocka_unit_test(test_chunking_does_not_matter),
+        cmocka_unit_test(test_batch_of_two_sequences),
         cmocka_unit_test(test_warm_equals_cold_exact),
         cmocka_unit_test(test_warm_equals_cold_ckpt),
         cmocka_unit_test(test_routing_lines),
