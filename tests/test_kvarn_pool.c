@@ -32,6 +32,7 @@
 #define STORIES "models/stories260K.gguf"
 #define GEMMA3 "reference/gemma3-f32.gguf"
 #define QWEN35 "reference/qwen35-f32.gguf"
+#define MAMBA2 "reference/mamba2-f32.gguf"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -527,6 +528,16 @@ static void test_routing_lines(void **state) {
     e = open_logged(m, "kvarn-k6v5-t0", NULL, &log);
     if (strstr(log, "APC tier: ckpt (layers: ") == NULL || strstr(log, "kv_format=kvarn-k6v5-t0 records)\n") == NULL)
         fail_msg("ckpt routing line missing:\n%s", log);
+    free(log);
+    engine_free(e);
+    model_free(m);
+    /* an exact stack (pure recurrent mamba2, no K/V rows) stays exact, no block -> exact line */
+    REQUIRE_FIXTURE(m2, MAMBA2);
+    m = test_load_model(m2);
+    e = open_logged(m, "kvarn-k6v5-t0", NULL, &log);
+    if (strstr(log, "APC tier: exact (layers: 0 kv / 0 rot / ") == NULL ||
+        strstr(log, "kv_format=kvarn-k6v5-t0 records)\n") == NULL || strstr(log, "block tier -> exact") != NULL)
+        fail_msg("exact routing lines:\n%s", log);
     free(log);
     engine_free(e);
     model_free(m);
