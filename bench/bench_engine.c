@@ -1,130 +1,280 @@
-/* bench_engine.c - prefill and decode throughput of the engine.
+/* bench_engine.c - prefill and decode throughput of the engine, beside llama.cpp.
  *
- * Usage: bench_engine MODEL [--threads 2] [--reps 5] [--prefill 512,2048] [--decode 128]
+ * Usage: bench_engine MODEL [--threads 2] [--reps 3] [--prefill 512,2048] [--decode 128]
+ *                     [--llama-bench PATH] [--busy-core C] [--rounds 3] [--label NAME]
  *
  * For each prefill length P: a fresh sequence forwards P tokens in one batch
- * (as llama-bench's pp test does). Decode: after a 16-token prompt, 128
+ * (as llama-bench's pp test does). Decode: after a 16-token prompt, D
  * single-token steps (llama-bench's tg test). Each figure is the median of
- * --reps runs with the spread (min..max). The baseline column is llama.cpp
- * build 9928 `llama-bench -t 2` on this machine for the qwen3-0.6b shape,
- * from the issue that set the target; ratio = ember / llama.cpp. */
+ * --reps runs with the spread (min..max).
+ *
+ * --llama-bench PATH runs that llama-bench on the same file in the same run
+ * (flash attention off and on, the faster counts, as the issue's targets
+ * say) and prints its figure and ember / llama.cpp. The machine is shared, so
+ * only figures measured side by side mean anything. A file llama.cpp cannot
+ * load (its build may not know the architecture) gets no ratio, and the
+ * output says so.
+ *
+ * --busy-core C adds the contention rows: a child process spins pinned to
+ * core C while the first prefill length and the decode test run again, for
+ * ember and llama.cpp alike, alternating quiet and loaded runs for --rounds
+ * rounds. Each row gives the loaded/quiet fraction kept (median over rounds)
+ * for both, so a noisy machine shifts both runs of a pair the same way. */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/clock.h"
 #include "model/model.h"
 #include "tensor/dtype.h"
+
+enum { MAX_TESTS = 8 };
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-typedef struct baseline {
-    const char *type;
-    double pp512, pp2048, tg128;
-} baseline;
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return v[n / 2];
+}
 
-static const baseline llama_cpp[] = {
-    {"q8_0", 143.3, 106.8, 23.6},
-    {"q4_K", 192.1, 134.8, 34.7},
-};
+typedef struct bench {
+    model *m;
+    model_ctx *ctx;
+    kv_pool *pool;
+    int32_t *ids;
+    float *logits;
+    ember_error err;
+} bench;
+
+/* Tokens/s of one prefill of n tokens, or of n decode steps after a 16-token prompt. */
+static double ember_once(bench *b, int n, bool decode) {
+    kv_seq seq;
+    kv_seq_init(&seq);
+    double t0, t1;
+    int rc = 0;
+    if (decode) {
+        rc = model_eval(b->ctx, &seq, b->ids, 16, false, b->logits, &b->err);
+        t0 = ember_now();
+        for (int i = 0; i < n && rc >= 0; i++) rc = model_eval(b->ctx, &seq, b->ids + 16 + i, 1, false, b->logits, &b->err);
+        t1 = ember_now();
+    } else {
+        t0 = ember_now();
+        rc = model_eval(b->ctx, &seq, b->ids, n, false, b->logits, &b->err);
+        t1 = ember_now();
+    }
+    kv_seq_release(b->pool, &seq);
+    if (rc < 0) {
+        fprintf(stderr, "bench_engine: %s\n", b->err.msg);
+        exit(1);
+    }
+    return n / (t1 - t0);
+}
+
+/* llama-bench on the same file: fills rate[i] for prompts[i] (and rate[n_prompts]
+ * for the decode test) with the faster of flash attention off/on. Returns the
+ * number of figures found (0: llama.cpp could not run this file). */
+static int llama_run(const char *exe, const char *model_path, int threads, int reps, const int *prompts, int n_prompts,
+                     int decode_n, double *rate) {
+    char cmd[4096], list[256] = "";
+    for (int i = 0; i < n_prompts; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "", prompts[i]);
+    int len = snprintf(cmd, sizeof cmd, "'%s' -m '%s' -t %d -r %d -fa 0,1 -o csv", exe, model_path, threads, reps);
+    if (n_prompts > 0) len += snprintf(cmd + len, sizeof cmd - (size_t)len, " -p %s", list);
+    else len += snprintf(cmd + len, sizeof cmd - (size_t)len, " -p 0");
+    snprintf(cmd + len, sizeof cmd - (size_t)len, " -n %d 2>/dev/null", decode_n);
+    for (int i = 0; i <= n_prompts; i++) rate[i] = 0;
+    FILE *p = popen(cmd, "r");
+    if (p == NULL) return 0;
+    char line[8192];
+    int col_p = -1, col_g = -1, col_ts = -1, found = 0;
+    while (fgets(line, sizeof line, p)) {
+        char *fields[64];
+        int nf = 0;
+        for (char *tok = strtok(line, ",\n"); tok && nf < 64; tok = strtok(NULL, ",\n")) {
+            if (*tok == '"') tok++;
+            size_t l = strlen(tok);
+            if (l && tok[l - 1] == '"') tok[l - 1] = 0;
+            fields[nf++] = tok;
+        }
+        if (col_ts < 0) {
+            for (int i = 0; i < nf; i++) {
+                if (strcmp(fields[i], "n_prompt") == 0) col_p = i;
+                if (strcmp(fields[i], "n_gen") == 0) col_g = i;
+                if (strcmp(fields[i], "avg_ts") == 0) col_ts = i;
+            }
+            continue;
+        }
+        if (col_p >= nf || col_g >= nf || col_ts >= nf || col_p < 0 || col_g < 0) continue;
+        int np = atoi(fields[col_p]), ng = atoi(fields[col_g]);
+        double ts = atof(fields[col_ts]);
+        for (int i = 0; i < n_prompts; i++)
+            if (ng == 0 && np == prompts[i] && ts > rate[i]) rate[i] = ts, found++;
+        if (np == 0 && ng == decode_n && ts > rate[n_prompts]) rate[n_prompts] = ts, found++;
+    }
+    pclose(p);
+    return found;
+}
+
+/* A child spinning on `core` until killed. */
+static pid_t busy_start(int core) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(core, &set);
+        sched_setaffinity(0, sizeof set, &set);
+        volatile unsigned long spin = 0;
+        for (;;) spin++;
+    }
+    usleep(20000); /* let it settle on its core */
+    return pid;
+}
+
+static void busy_stop(pid_t pid) {
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_engine MODEL [--threads N] [--reps R] [--prefill 512,2048] [--decode 128]\n");
+        fprintf(stderr, "usage: bench_engine MODEL [--threads N] [--reps R] [--prefill 512,2048] [--decode 128]\n"
+                        "                    [--llama-bench PATH] [--busy-core C] [--rounds R] [--label NAME]\n");
         return 2;
     }
-    const char *path = argv[1];
-    int threads = 2, reps = 5, decode_n = 128;
-    int prefill[8] = {512, 2048}, n_prefill = 2;
+    const char *path = argv[1], *llama_bench = NULL, *label = NULL;
+    int threads = 2, reps = 3, decode_n = 128, busy_core = -1, rounds = 3;
+    int prefill[MAX_TESTS] = {512, 2048}, n_prefill = 2;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--threads") == 0) threads = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--reps") == 0) reps = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--decode") == 0) decode_n = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--llama-bench") == 0) llama_bench = *argv[i + 1] ? argv[i + 1] : NULL;
+        else if (strcmp(argv[i], "--busy-core") == 0) busy_core = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--rounds") == 0) rounds = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--label") == 0) label = argv[i + 1];
         else if (strcmp(argv[i], "--prefill") == 0) {
             n_prefill = 0;
-            for (char *tok = strtok(argv[i + 1], ","); tok && n_prefill < 8; tok = strtok(NULL, ","))
-                prefill[n_prefill++] = atoi(tok);
+            for (char *tok = strtok(argv[i + 1], ","); tok && n_prefill < MAX_TESTS - 1; tok = strtok(NULL, ","))
+                if (atoi(tok) > 0) prefill[n_prefill++] = atoi(tok);
+        } else {
+            fprintf(stderr, "bench_engine: unknown option %s\n", argv[i]);
+            return 2;
         }
     }
     if (reps < 1) reps = 1;
-    ember_error err;
-    model *m = model_load(path, &err);
-    if (m == NULL) {
-        fprintf(stderr, "bench_engine: %s\n", err.msg);
+    if (rounds < 1) rounds = 1;
+    if (decode_n < 1) decode_n = 1;
+    bench b = {0};
+    b.m = model_load(path, &b.err);
+    if (b.m == NULL) {
+        fprintf(stderr, "bench_engine: %s\n", b.err.msg);
         return 1;
     }
-    const model_hparams *hp = model_get_hparams(m);
+    const model_hparams *hp = model_get_hparams(b.m);
     int max_p = decode_n + 16;
     for (int i = 0; i < n_prefill; i++)
         if (prefill[i] > max_p) max_p = prefill[i];
     kv_pool_config cfg;
-    model_kv_config(m, max_p / KV_BLOCK_TOKENS + 2, &cfg);
-    kv_pool *pool = kv_pool_create(&cfg, &err);
-    model_ctx *ctx = pool ? model_ctx_create(m, pool, threads, max_p, &err) : NULL;
-    if (ctx == NULL) {
-        fprintf(stderr, "bench_engine: %s\n", err.msg);
+    model_kv_config(b.m, max_p / KV_BLOCK_TOKENS + 2, &cfg);
+    b.pool = kv_pool_create(&cfg, &b.err);
+    b.ctx = b.pool ? model_ctx_create(b.m, b.pool, threads, max_p, &b.err) : NULL;
+    if (b.ctx == NULL) {
+        fprintf(stderr, "bench_engine: %s\n", b.err.msg);
         return 1;
     }
-    int32_t *ids = malloc((size_t)max_p * sizeof *ids);
-    float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
-    for (int i = 0; i < max_p; i++) ids[i] = (int32_t)((i * 7919 + 13) % (hp->n_vocab - 300)) + 256;
+    b.ids = malloc((size_t)max_p * sizeof *b.ids);
+    b.logits = malloc((size_t)hp->n_vocab * sizeof(float));
+    for (int i = 0; i < max_p; i++) b.ids[i] = (int32_t)((i * 7919 + 13) % (hp->n_vocab - 300)) + 256;
 
-    /* The dominant weight type names the baseline row. */
+    /* The dominant weight type names the row. */
     const char *wtype = "f32";
-    const gguf_file *f = model_get_gguf(m);
+    const gguf_file *f = model_get_gguf(b.m);
     const gguf_tensor *probe = gguf_find_tensor(f, "blk.0.ffn_gate.weight");
     if (probe == NULL) probe = gguf_find_tensor(f, "blk.0.attn_q.weight");
+    if (probe == NULL) probe = gguf_find_tensor(f, "blk.0.ssm_in.weight");
     if (probe) wtype = dtype_info_of(probe->type)->name;
-    const baseline *base = NULL;
-    for (size_t i = 0; i < sizeof llama_cpp / sizeof llama_cpp[0]; i++)
-        if (strcmp(llama_cpp[i].type, wtype) == 0) base = &llama_cpp[i];
 
-    printf("model %s: %s, %d layers, n_embd %d, weights %s, %d threads, %d reps\n", path, hp->arch_name, hp->n_layer,
-           hp->n_embd, wtype, threads, reps);
-    printf("%-14s %12s %22s %12s %8s\n", "test", "tok/s (med)", "spread (min..max)", "llama.cpp", "ratio");
-    double *rates = malloc((size_t)reps * sizeof(double));
+    printf("model %s: %s, %d layers, n_embd %d, weights %s, %d threads, %d reps\n", label ? label : path,
+           hp->arch_name, hp->n_layer, hp->n_embd, wtype, threads, reps);
+    double ref[MAX_TESTS] = {0};
+    int have_ref = 0;
+    if (llama_bench) {
+        have_ref = llama_run(llama_bench, path, threads, reps, prefill, n_prefill, decode_n, ref);
+        if (have_ref == 0)
+            printf("llama.cpp (%s) could not run this file (its build may not know arch %s): no ratio\n", llama_bench,
+                   hp->arch_name);
+    }
+    printf("%-16s %12s %22s %12s %8s\n", "test", "tok/s (med)", "spread (min..max)", "llama.cpp", "ratio");
+    double *rates = malloc((size_t)(reps > rounds ? reps : rounds) * sizeof(double));
     for (int t = 0; t < n_prefill + 1; t++) {
         bool is_decode = t == n_prefill;
         int n = is_decode ? decode_n : prefill[t];
-        for (int r = 0; r < reps; r++) {
-            kv_seq seq;
-            kv_seq_init(&seq);
-            double t0, t1;
-            if (is_decode) {
-                if (model_eval(ctx, &seq, ids, 16, false, logits, &err) < 0) goto fail;
-                t0 = ember_now();
-                for (int i = 0; i < n; i++)
-                    if (model_eval(ctx, &seq, ids + 16 + i, 1, false, logits, &err) < 0) goto fail;
-                t1 = ember_now();
-            } else {
-                t0 = ember_now();
-                if (model_eval(ctx, &seq, ids, n, false, logits, &err) < 0) goto fail;
-                t1 = ember_now();
-            }
-            rates[r] = n / (t1 - t0);
-            kv_seq_release(pool, &seq);
-        }
-        qsort(rates, (size_t)reps, sizeof(double), cmp_double);
-        double med = rates[reps / 2], ref = 0;
-        if (base) ref = is_decode ? base->tg128 : n == 512 ? base->pp512 : n == 2048 ? base->pp2048 : 0;
+        for (int r = 0; r < reps; r++) rates[r] = ember_once(&b, n, is_decode);
+        double med = median(rates, reps);
         char name[32], spread[48];
         snprintf(name, sizeof name, "%s%d", is_decode ? "decode " : "prefill ", n);
         snprintf(spread, sizeof spread, "%.1f..%.1f", rates[0], rates[reps - 1]);
-        if (ref > 0) printf("%-14s %12.1f %22s %12.1f %7.2fx\n", name, med, spread, ref, med / ref);
-        else printf("%-14s %12.1f %22s %12s %8s\n", name, med, spread, "-", "-");
+        if (ref[t] > 0) printf("%-16s %12.1f %22s %12.1f %7.2fx\n", name, med, spread, ref[t], med / ref[t]);
+        else printf("%-16s %12.1f %22s %12s %8s\n", name, med, spread, "-", "-");
         fflush(stdout);
     }
+
+    if (busy_core >= 0) {
+        /* Pairs of (quiet, loaded) runs, alternating; fractions kept per round. */
+        int pp = prefill[0] < 512 ? prefill[0] : 512;
+        double keep[2][2][16]; /* [ember|llama][prefill|decode][round] */
+        int n_rounds = rounds > 16 ? 16 : rounds;
+        bool llama_ok = llama_bench && have_ref > 0;
+        for (int r = 0; r < n_rounds; r++) {
+            double q_pp = ember_once(&b, pp, false), q_tg = ember_once(&b, decode_n, true);
+            pid_t busy = busy_start(busy_core);
+            double l_pp = ember_once(&b, pp, false), l_tg = ember_once(&b, decode_n, true);
+            busy_stop(busy);
+            keep[0][0][r] = l_pp / q_pp;
+            keep[0][1][r] = l_tg / q_tg;
+            printf("contention round %d: ember   prefill %d %.1f -> %.1f, decode %d %.1f -> %.1f tok/s\n", r + 1, pp,
+                   q_pp, l_pp, decode_n, q_tg, l_tg);
+            if (llama_ok) {
+                double q[2], l[2];
+                llama_run(llama_bench, path, threads, 1, &pp, 1, decode_n, q);
+                busy = busy_start(busy_core);
+                llama_run(llama_bench, path, threads, 1, &pp, 1, decode_n, l);
+                busy_stop(busy);
+                keep[1][0][r] = q[0] > 0 ? l[0] / q[0] : 0;
+                keep[1][1][r] = q[1] > 0 ? l[1] / q[1] : 0;
+                printf("contention round %d: llama.cpp prefill %d %.1f -> %.1f, decode %d %.1f -> %.1f tok/s\n", r + 1,
+                       pp, q[0], l[0], decode_n, q[1], l[1]);
+            }
+            fflush(stdout);
+        }
+        for (int k = 0; k < 2; k++) {
+            char name[48];
+            snprintf(name, sizeof name, "busy core %d %s%d", busy_core, k ? "tg" : "pp", k ? decode_n : pp);
+            double e = median(keep[0][k], n_rounds);
+            if (llama_ok) {
+                double l = median(keep[1][k], n_rounds);
+                printf("%-22s ember keeps %5.1f%%  llama.cpp keeps %5.1f%%  ratio %.2fx\n", name, 100 * e, 100 * l,
+                       l > 0 ? e / l : 0);
+            } else {
+                printf("%-22s ember keeps %5.1f%%  llama.cpp -\n", name, 100 * e);
+            }
+        }
+    }
     free(rates);
-    free(ids);
-    free(logits);
-    model_ctx_free(ctx);
-    kv_pool_free(pool);
-    model_free(m);
+    free(b.ids);
+    free(b.logits);
+    model_ctx_free(b.ctx);
+    kv_pool_free(b.pool);
+    model_free(b.m);
     return 0;
-fail:
-    fprintf(stderr, "bench_engine: %s\n", err.msg);
-    return 1;
 }

@@ -175,7 +175,9 @@ static int64_t write_tokenizer(const mk_options *o, const mk_preset *preset, ggu
     }
     char dir_buf[4096];
     const char *dir = o->tokenizer_dir;
-    if (dir == NULL && preset->vocab_target > 0) dir = find_qwen3_tokenizer(dir_buf, sizeof dir_buf);
+    /* The qwen3 presets take Qwen3's own tokenizer when the fixtures have it. */
+    if (dir == NULL && preset->vocab_target > 0 && preset->only_arch && strcmp(preset->only_arch, "qwen3") == 0)
+        dir = find_qwen3_tokenizer(dir_buf, sizeof dir_buf);
     tokenizer *tok = dir ? tokenizer_load_hf_dir(dir, NULL, err) : tokenizer_builtin_bytes(err);
     if (tok == NULL) {
         if (dir) ember_fail_prefix(err, "tokenizer directory %s", dir);

@@ -323,6 +323,13 @@ static const mk_preset presets[] = {
      {.n_embd = 1024, .n_layer = 28, .n_head = 16, .n_head_kv = 8, .head_dim = 128, .n_ff = 3072,
       .n_ctx = 40960, .rope_base = 1000000.0f, .rms_eps = 1e-6f, .tied = true},
      151936},
+    /* Llama-3.2-1B's shapes and vocabulary size (tied head), random weights:
+     * the llama-arch row of the engine benchmark, which llama.cpp also runs.
+     * The byte-level tokenizer is padded up to the vocabulary size. */
+    {"llama-3.2-1b", "llama",
+     {.n_embd = 2048, .n_layer = 16, .n_head = 32, .n_head_kv = 8, .head_dim = 64, .n_ff = 8192,
+      .n_ctx = 131072, .rope_base = 500000.0f, .rms_eps = 1e-5f, .tied = true},
+     128256},
 };
 
 const mk_preset *mk_preset_find(const char *name) {
@@ -331,7 +338,7 @@ const mk_preset *mk_preset_find(const char *name) {
     return NULL;
 }
 
-const char *mk_preset_names(void) { return "tiny small qwen3-0.6b"; }
+const char *mk_preset_names(void) { return "tiny small qwen3-0.6b llama-3.2-1b"; }
 
 /* ---- weight types ---- */
 

@@ -1,12 +1,18 @@
 /* threadpool.h - a fixed set of worker threads that run one task together.
  *
- * Contract: ember_pool_run(pool, fn, ctx) calls fn(ctx, ith, nth) once for
- * every ith in [0, nth) - the caller runs ith 0 itself - and returns when all
- * calls have returned. Work is split by the task (kernels split over output
- * features, never over a reduction, so results do not depend on nth). Workers
- * spin briefly between tasks, because a decode step issues hundreds of small
- * tasks, then sleep on a condition variable. One pool serves one caller at a
- * time; concurrent callers must use their own pools. */
+ * Contract: ember_pool_run(pool, fn, ctx) calls fn(ctx, ith, nth) exactly
+ * once for every ith in [0, nth), nth = ember_pool_size(pool), and returns
+ * when all calls have returned. Any thread, the caller included, may run any
+ * ith, and one thread may run several (one after the other): parts are
+ * claimed by whoever is running, so a descheduled worker's share is taken by
+ * the others. Two calls with the same ith never overlap, so per-ith scratch
+ * (sized by ember_pool_size) stays private. Work is split by the task
+ * (kernels split over output features, never over a reduction, so results do
+ * not depend on nth or on which thread ran a part).
+ * ember_pool_run_parts does the same with a chosen nth: more, smaller parts
+ * balance better when the cores are shared. Waiting spins briefly, then
+ * sleeps. One pool serves one caller at a time; concurrent callers must use
+ * their own pools. */
 #ifndef EMBER_CORE_THREADPOOL_H
 #define EMBER_CORE_THREADPOOL_H
 
@@ -19,6 +25,8 @@ void ember_pool_free(ember_pool *pool);
 
 /* Running work. A NULL pool runs the task on the caller alone (nth = 1). */
 void ember_pool_run(ember_pool *pool, ember_task_fn fn, void *ctx);
+/* nth = n_parts (1..65535); per-ith scratch must then have n_parts slots. */
+void ember_pool_run_parts(ember_pool *pool, ember_task_fn fn, void *ctx, int n_parts);
 int ember_pool_size(const ember_pool *pool);
 
 /* Splits [0, n) into nth nearly equal ranges, rounded to multiples of

@@ -17,11 +17,13 @@
  *
  * Batch invariance as in arch_mamba2.c: the recurrence runs token by token in
  * position order per sequence (no chunked parallel form), threads split
- * (sequence, value head) pairs. */
+ * (sequence, value head) pairs. The per-token step of one head is
+ * tensor/scan.h's (vectorized over d_k, the same bits on every ISA). */
 #include <math.h>
 #include <string.h>
 
 #include "model/model_internal.h"
+#include "tensor/scan.h"
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -103,21 +105,7 @@ static void task_delta(void *arg, int ith, int nth) {
             const float *q = cv + (size_t)kh * d_k, *kk = cv + (size_t)n_k * d_k + (size_t)kh * d_k;
             const float *v = cv + 2 * (size_t)n_k * d_k + (size_t)h * d_v;
             float beta = c->r_ba[(size_t)r * 2 * n_v + h], decay = expf(c->r_ba[(size_t)r * 2 * n_v + n_v + h]);
-            float *y = c->r_y + (size_t)r * DI + (size_t)h * d_v;
-            for (int j = 0; j < d_v; j++) {
-                float *row = S + (size_t)j * d_k;
-                float sk = 0.0f;
-                for (int i = 0; i < d_k; i++) {
-                    row[i] *= decay;
-                    sk += row[i] * kk[i];
-                }
-                float du = beta * (v[j] - sk), o = 0.0f;
-                for (int i = 0; i < d_k; i++) {
-                    row[i] += kk[i] * du;
-                    o += row[i] * q[i];
-                }
-                y[j] = o;
-            }
+            scan_delta_step(S, d_v, d_k, q, kk, v, beta, decay, c->r_y + (size_t)r * DI + (size_t)h * d_v);
         }
     }
 }

@@ -15,11 +15,14 @@
  * the conv and the scan run token by token in position order for each
  * sequence (model_state), so every value depends on the token's prefix only,
  * never on how the prefix was split into chunks or threads. Threads split
- * conv channels or (sequence, head) pairs, never a sum. */
+ * conv channels or (sequence, head) pairs, never a sum. The scan step of one
+ * head is tensor/scan.h's (vectorized over the state, the same bits on
+ * every ISA). */
 #include <math.h>
 #include <string.h>
 
 #include "model/model_internal.h"
+#include "tensor/scan.h"
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -95,17 +98,7 @@ static void task_scan(void *arg, int ith, int nth) {
             const float *x = xbc + (size_t)h * P, *B = xbc + DI + (size_t)gh * N, *C = xbc + DI + (size_t)G * N + (size_t)gh * N;
             float dt = softplus(c->r_in[(size_t)r * in_w + DI + W + h] + L->dt_bias[h]);
             float dA = expf(dt * L->ssm_a[h]);
-            float *y = c->r_y + (size_t)r * DI + (size_t)h * P;
-            for (int p = 0; p < P; p++) {
-                float x_dt = x[p] * dt, sum = 0.0f;
-                float *sp = s + (size_t)p * N;
-                for (int n = 0; n < N; n++) {
-                    float st = sp[n] * dA + B[n] * x_dt;
-                    sum += st * C[n];
-                    sp[n] = st;
-                }
-                y[p] = sum + x[p] * L->ssm_d[h];
-            }
+            scan_ssd_step(s, P, N, x, B, C, dt, dA, L->ssm_d[h], c->r_y + (size_t)r * DI + (size_t)h * P);
         }
     }
 }

@@ -1,0 +1,215 @@
+/* test_threadpool.c - the pool's contract (threadpool.h): every part of a
+ * task runs exactly once with the task's nth, parts are claimed by whichever
+ * thread runs (a stalled worker's share is taken by the others instead of
+ * being waited for), late workers never run a finished task's parts, and a
+ * model forward gives the same bits with 1, 2 and 3 threads. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/clock.h"
+#include "core/threadpool.h"
+#include "model/model.h"
+#include "test_util.h"
+
+enum { MAX_PARTS_TESTED = 64 };
+
+typedef struct count_task {
+    atomic_int runs[MAX_PARTS_TESTED];
+    atomic_int bad_nth;
+    int nth;
+    long *scratch; /* one slot per part: a part's own, never shared */
+} count_task;
+
+static void count_part(void *arg, int ith, int nth) {
+    count_task *t = arg;
+    if (nth != t->nth || ith < 0 || ith >= nth) {
+        atomic_fetch_add(&t->bad_nth, 1);
+        return;
+    }
+    atomic_fetch_add(&t->runs[ith], 1);
+    /* Non-atomic per-part scratch: two overlapping calls with one ith would
+     * race here (ASan/TSan builds) and break the sum check below. */
+    for (int i = 0; i < 100; i++) t->scratch[ith] += i;
+}
+
+static void test_every_part_once(void **state) {
+    (void)state;
+    long scratch[MAX_PARTS_TESTED];
+    for (int threads = 1; threads <= 4; threads++) {
+        ember_pool *pool = ember_pool_create(threads);
+        assert_non_null(pool);
+        assert_int_equal(ember_pool_size(pool), threads);
+        for (int iter = 0; iter < 300; iter++) {
+            int parts = 1 + (iter * 7) % MAX_PARTS_TESTED;
+            bool plain = iter % 5 == 0; /* ember_pool_run: nth = pool size */
+            count_task t = {.nth = plain ? threads : parts, .scratch = scratch};
+            memset(scratch, 0, sizeof scratch);
+            if (plain) ember_pool_run(pool, count_part, &t);
+            else ember_pool_run_parts(pool, count_part, &t, parts);
+            assert_int_equal(atomic_load(&t.bad_nth), 0);
+            for (int i = 0; i < MAX_PARTS_TESTED; i++) {
+                assert_int_equal(atomic_load(&t.runs[i]), i < t.nth ? 1 : 0);
+                assert_int_equal(scratch[i], i < t.nth ? 4950 : 0);
+            }
+        }
+        ember_pool_free(pool);
+    }
+    /* NULL pool: the caller alone, every part in order. */
+    count_task t = {.nth = 5, .scratch = scratch};
+    memset(scratch, 0, sizeof scratch);
+    ember_pool_run_parts(NULL, count_part, &t, 5);
+    for (int i = 0; i < 5; i++) assert_int_equal(atomic_load(&t.runs[i]), 1);
+}
+
+/* A worker that stalls inside a part (as a descheduled one does) must not
+ * hold back the others: the caller takes every other part. The stalled part
+ * waits until the caller has run all the rest, which never happens if parts
+ * are assigned to threads instead of claimed; it gives up after 10 s and
+ * the test fails. */
+typedef struct stall_task {
+    pthread_t caller;
+    int parts;
+    atomic_int caller_parts;
+    atomic_int worker_parts;
+    atomic_int timed_out;
+} stall_task;
+
+static void stall_part(void *arg, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    stall_task *t = arg;
+    if (pthread_equal(pthread_self(), t->caller)) {
+        /* Slow enough that the worker wakes up and claims a part. */
+        struct timespec ts = {0, 300000};
+        nanosleep(&ts, NULL);
+        atomic_fetch_add(&t->caller_parts, 1);
+        return;
+    }
+    atomic_fetch_add(&t->worker_parts, 1);
+    double deadline = ember_now() + 10.0;
+    while (atomic_load(&t->caller_parts) + 1 < t->parts) {
+        if (ember_now() > deadline) {
+            atomic_store(&t->timed_out, 1);
+            return;
+        }
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void test_stalled_worker_share_is_taken(void **state) {
+    (void)state;
+    ember_pool *pool = ember_pool_create(2);
+    assert_non_null(pool);
+    int worker_rounds = 0;
+    /* The worker may be too late to claim anything in a round (then the
+     * caller ran every part, also right); keep going until it took one. */
+    for (int round = 0; round < 200 && worker_rounds < 3; round++) {
+        stall_task t = {.caller = pthread_self(), .parts = 8};
+        ember_pool_run_parts(pool, stall_part, &t, t.parts);
+        assert_int_equal(atomic_load(&t.timed_out), 0);
+        assert_int_equal(atomic_load(&t.caller_parts) + atomic_load(&t.worker_parts), t.parts);
+        if (atomic_load(&t.worker_parts) > 0) {
+            assert_int_equal(atomic_load(&t.worker_parts), 1);
+            worker_rounds++;
+        }
+        /* Let the worker fall asleep sometimes, so both wake paths run. */
+        if (round % 2) {
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    assert_true(worker_rounds > 0);
+    ember_pool_free(pool);
+}
+
+/* Many tiny tasks back to back: a worker that wakes late must find its
+ * generation gone and never run a part of a finished (or the next) task with
+ * the wrong context. Each task checks its own context identity. */
+typedef struct tiny_task {
+    unsigned id;
+    unsigned *expected_id;
+    atomic_int *wrong;
+    atomic_int runs;
+} tiny_task;
+
+static void tiny_part(void *arg, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    tiny_task *t = arg;
+    if (t->id != *t->expected_id) atomic_fetch_add(t->wrong, 1);
+    atomic_fetch_add(&t->runs, 1);
+}
+
+static void test_back_to_back_tasks(void **state) {
+    (void)state;
+    ember_pool *pool = ember_pool_create(3);
+    assert_non_null(pool);
+    atomic_int wrong = 0;
+    unsigned expected = 0;
+    for (unsigned i = 0; i < 20000; i++) {
+        tiny_task t = {.id = i, .expected_id = &expected, .wrong = &wrong};
+        expected = i;
+        ember_pool_run_parts(pool, tiny_part, &t, 1 + (int)(i % 5));
+        assert_int_equal(atomic_load(&t.runs), 1 + (int)(i % 5));
+        if (i % 4096 == 0) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    assert_int_equal(atomic_load(&wrong), 0);
+    ember_pool_free(pool);
+}
+
+/* The thread count changes who computes a row, never the row: the logits of
+ * a prompt agree bit for bit with 1, 2 and 3 threads. */
+static void test_forward_same_bits_any_thread_count(void **state) {
+    (void)state;
+    REQUIRE_FIXTURE(path, "models/stories260K.gguf");
+    ember_error err;
+    model *m = model_load(path, &err);
+    assert_non_null(m);
+    int n_vocab = model_get_hparams(m)->n_vocab;
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = 1 + (i * 37) % (n_vocab - 1);
+    float *ref = malloc((size_t)n_vocab * sizeof(float)), *got = malloc((size_t)n_vocab * sizeof(float));
+    for (int threads = 1; threads <= 3; threads++) {
+        kv_pool_config cfg;
+        model_kv_config(m, 8, &cfg);
+        kv_pool *kp = kv_pool_create(&cfg, &err);
+        assert_non_null(kp);
+        model_ctx *ctx = model_ctx_create(m, kp, threads, 64, &err);
+        assert_non_null(ctx);
+        kv_seq seq;
+        kv_seq_init(&seq);
+        assert_true(model_eval(ctx, &seq, ids, 39, false, got, &err) >= 0);
+        assert_true(model_eval(ctx, &seq, ids + 39, 1, false, got, &err) >= 0);
+        if (threads == 1) memcpy(ref, got, (size_t)n_vocab * sizeof(float));
+        else assert_memory_equal(ref, got, (size_t)n_vocab * sizeof(float));
+        kv_seq_release(kp, &seq);
+        model_ctx_free(ctx);
+        kv_pool_free(kp);
+    }
+    free(ref);
+    free(got);
+    model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_part_once),
+        cmocka_unit_test(test_stalled_worker_share_is_taken),
+        cmocka_unit_test(test_back_to_back_tasks),
+        cmocka_unit_test(test_forward_same_bits_any_thread_count),
+    };
+    return test_run_group(tests, NULL, NULL);
+}
