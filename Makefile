@@ -68,18 +68,52 @@ SOAK_BUSY ?= 1
 serve-soak: build
 	sh scripts/serve_soak.sh build $(SOAK_RUNS) $(SOAK_COPIES) $(SOAK_BUSY)
 
-# Engine benchmark on the qwen3-0.6b shape (random weights) in Q8_0, Q4_K, IQ4_NL and IQ4_XS.
+# Engine benchmark (issue 15): prefill and decode tokens/s of `ember mkmodel`
+# shapes (random weights, generated here if missing), one bench_engine table
+# per row of BENCH_ROWS (preset:type). With LLAMA_BENCH=/path/to/llama-bench
+# (a llama.cpp build of your own, never committed) each table also carries
+# llama.cpp's figure on the same file, measured in the same run, and the
+# ratio ember / llama.cpp; a build that cannot load an architecture (the local
+# one knows llama, not qwen3) prints "no ratio" for that table, so ratios
+# exist for the llama-3.2-1b rows. Further tables:
+#   long prefill (8k, 16k) on BENCH_LONG_ROW: slow (minutes per length);
+#     BENCH_LONG=0 skips them, BENCH_LONG_PREFILL picks the lengths;
+#   contention on BENCH_BUSY_ROW: a busy loop pinned to core BENCH_BUSY_CORE
+#     while ember and llama.cpp run again, alternating quiet and loaded runs;
+#     the fraction of speed each keeps, and their ratio.
+# BENCH_IQ4_ROWS: the IQ4_NL / IQ4_XS rows (a llama.cpp that knows the
+# i-quants gives ratios for the llama-3.2-1b ones).
 BENCH_MODELS = build/bench-models
-# With LLAMA_BENCH=/path/to/llama-bench (a llama.cpp build of your own, never
-# committed), llama.cpp runs on the same files first: the same-run baseline.
 LLAMA_BENCH ?=
+BENCH_ROWS ?= qwen3-0.6b:q8_0 qwen3-0.6b:q4_k qwen3-0.6b:f16 qwen3-0.6b:bf16 \
+  llama-3.2-1b:q8_0 llama-3.2-1b:q4_k llama-3.2-1b:f16 llama-3.2-1b:bf16
+BENCH_IQ4_ROWS ?= qwen3-0.6b:iq4_nl qwen3-0.6b:iq4_xs llama-3.2-1b:iq4_nl llama-3.2-1b:iq4_xs
+BENCH_REPS ?= 3
+BENCH_PREFILL ?= 512,2048
+BENCH_DECODE ?= 128
+BENCH_LONG ?= 1
+BENCH_LONG_ROW ?= qwen3-0.6b:q8_0
+BENCH_LONG_PREFILL ?= 512,8192,16384
+BENCH_BUSY_ROW ?= llama-3.2-1b:q8_0
+BENCH_BUSY_CORE ?= 1
+BENCH_BUSY_ROUNDS ?= 3
+bench_model = $(BENCH_MODELS)/$(subst :,-,$(1)).gguf
 bench: build
 	mkdir -p $(BENCH_MODELS)
-	for t in q8_0 q4_k iq4_nl iq4_xs; do \
-	  [ -f $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf ] || ./build/ember mkmodel --arch qwen3 --preset qwen3-0.6b --type $$t --seed 1 --out $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf || exit 1; \
-	  if [ -n "$(LLAMA_BENCH)" ]; then $(LLAMA_BENCH) -m $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf -t 2 -p 512,2048 -n 128 -r 3 2>/dev/null || exit 1; fi; \
-	  ./build/bench_engine $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf --threads 2 --reps 3 || exit 1; \
+	for row in $(BENCH_ROWS) $(BENCH_IQ4_ROWS) $(if $(filter 1,$(BENCH_LONG)),$(BENCH_LONG_ROW)) $(BENCH_BUSY_ROW); do \
+	  f=$(BENCH_MODELS)/$$(echo $$row | tr : -).gguf; \
+	  [ -f $$f ] || ./build/ember mkmodel --preset $${row%%:*} --type $${row##*:} --seed 1 --out $$f || exit 1; \
 	done
+	for row in $(BENCH_ROWS) $(BENCH_IQ4_ROWS); do \
+	  ./build/bench_engine $(BENCH_MODELS)/$$(echo $$row | tr : -).gguf --label $$row --threads 2 --reps $(BENCH_REPS) \
+	    --prefill $(BENCH_PREFILL) --decode $(BENCH_DECODE) --llama-bench "$(LLAMA_BENCH)" || exit 1; \
+	done
+	if [ "$(BENCH_LONG)" = 1 ]; then \
+	  ./build/bench_engine $(call bench_model,$(BENCH_LONG_ROW)) --label "$(BENCH_LONG_ROW) long prefill" --threads 2 --reps 1 \
+	    --prefill $(BENCH_LONG_PREFILL) --decode 16 --llama-bench "$(LLAMA_BENCH)" || exit 1; \
+	fi
+	./build/bench_engine $(call bench_model,$(BENCH_BUSY_ROW)) --label "$(BENCH_BUSY_ROW) contention" --threads 2 --reps 1 \
+	  --prefill 512 --decode 32 --busy-core $(BENCH_BUSY_CORE) --rounds $(BENCH_BUSY_ROUNDS) --llama-bench "$(LLAMA_BENCH)"
 
 # KV formats (f32, f16, q8_0): quality against f32 KV (mean KL, top-1
 # agreement, perplexity) over bench/data/kv_text.txt (English, 5092 stories260K

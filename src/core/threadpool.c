@@ -48,16 +48,18 @@
 #define cpu_relax() ((void)0)
 #endif
 
-/* Spin budgets, in nanoseconds. Workers between tasks: long enough to cover
- * the gap between the small tasks of one decode step; the caller waiting
- * for stragglers: about one small part, after which a straggler is more
- * likely descheduled than busy. */
+/* Spin budgets, in nanoseconds. Workers between tasks: the gap between the
+ * small tasks of one decode step; a worker woken late costs little, since
+ * the running threads start on the parts at once. The caller waiting for
+ * stragglers: about one small part, after which a straggler is more likely
+ * descheduled than busy. Short spins matter on a shared machine: a thread
+ * that spins away its slice is the one preempted in the middle of a part. */
 #if defined(__SANITIZE_THREAD__)
 /* Under ThreadSanitizer every atomic load is a call into the runtime: a long
  * spin starves the threads doing the work (make test-tsan timed out). */
 enum { WORKER_SPIN_NS = 2000, CALLER_SPIN_NS = 1000 };
 #else
-enum { WORKER_SPIN_NS = 200000, CALLER_SPIN_NS = 30000 };
+enum { WORKER_SPIN_NS = 50000, CALLER_SPIN_NS = 20000 };
 #endif
 
 enum { MAX_PARTS = 0xffff };

@@ -5,7 +5,9 @@
  *    (Q8_0 / Q8_1 / Q8_K; float weights use x as is). The conversion is split
  *    over threads by activation block: blocks are independent, so the result
  *    does not depend on the split.
- *  2. Output features are split over threads in multiples of the tile height.
+ *  2. Output features are split in multiples of the tile height, into several
+ *    parts per thread that the running threads claim (a descheduled one
+ *    leaves one small part behind).
  *    n_tokens == 1 is a GEMV: each row is one quant_vec_dot, streaming the
  *    weights once. For batches the ISA's register-blocked tile (rows x tokens,
  *    quant_tile_kernel) computes full tiles; the ragged edges use the plain
@@ -29,7 +31,7 @@ typedef struct scratch_buf {
 struct matmul_scratch {
     scratch_buf act;  /* converted activations */
     scratch_buf meta; /* per activation block metadata for the panel GEMM */
-    scratch_buf pack; /* one packed weight panel per thread */
+    scratch_buf pack; /* one packed weight panel per part (compute_task ith) */
 };
 
 matmul_scratch *matmul_scratch_create(void) { return calloc(1, sizeof(matmul_scratch)); }
@@ -68,7 +70,7 @@ typedef struct matmul_task {
     quant_tile_fn tile;
     int tile_rows, tile_cols;
     int32_t *meta;          /* panel GEMM: per (token, block) {-128 * sum(qs), f32 d}; or NULL */
-    uint8_t *pack;          /* panel GEMM: per-thread packed panels, or NULL */
+    uint8_t *pack;          /* panel GEMM: one packed panel per part, or NULL */
     size_t pack_bytes;      /* per thread */
 } matmul_task;
 
@@ -119,12 +121,24 @@ static void dots_range(const matmul_task *t, int64_t o0, int64_t o1, int64_t t0,
 
 enum { ROW_GROUP_TILES = 4 }; /* weight tiles kept hot while the tokens pass */
 
+static long compute_granule(const matmul_task *t) { return t->pack ? PANEL_ROWS : t->tile ? t->tile_rows : 4; }
+
+/* Output rows go out in several parts per thread, claimed by whichever
+ * thread is running (threadpool.h): a thread slowed or descheduled by another
+ * process then holds back one small part, not half of the matrix. */
+enum { PARTS_PER_THREAD = 8 };
+static int matmul_parts(const ember_pool *pool, int64_t n_out, long granule) {
+    int threads = ember_pool_size(pool);
+    int64_t units = (n_out + granule - 1) / granule, parts = (int64_t)threads * PARTS_PER_THREAD;
+    if (threads == 1) return 1;
+    return (int)(parts < units ? parts : units > 0 ? units : 1);
+}
+
 static void compute_task(void *ctx, int ith, int nth) {
     const matmul_task *t = ctx;
     int64_t n_out = t->w->n_out, n_in = t->w->n_in;
     long begin, end;
-    long granule = t->pack ? PANEL_ROWS : t->tile ? t->tile_rows : 4;
-    ember_split_range((long)n_out, granule, ith, nth, &begin, &end);
+    ember_split_range((long)n_out, compute_granule(t), ith, nth, &begin, &end);
     if (begin >= end) return;
     if (t->pack) {
         matmul_avx512_panels(t->w->type, t->w->data, t->w->row_bytes, n_in, begin, end, t->act,
@@ -177,8 +191,8 @@ int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight
                         ? matmul_avx512_panel_bytes(w->type, w->n_in)
                         : 0;
         if (pb > 0) {
-            int nth = ember_pool_size(pool);
-            if (scratch_reserve(&scratch->pack, pb * (size_t)nth) != 0) return -1;
+            if (scratch_reserve(&scratch->pack, pb * (size_t)matmul_parts(pool, w->n_out, PANEL_ROWS)) != 0)
+                return -1;
             t.pack = scratch->pack.p;
             t.pack_bytes = pb;
             if (w->type == DT_Q8_0 || w->type == DT_IQ4_NL) {
@@ -191,6 +205,6 @@ int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight
         if (n_tokens < 4) convert_task(&t, 0, 1);
         else ember_pool_run(pool, convert_task, &t);
     }
-    ember_pool_run(pool, compute_task, &t);
+    ember_pool_run_parts(pool, compute_task, &t, matmul_parts(pool, w->n_out, compute_granule(&t)));
     return 0;
 }
