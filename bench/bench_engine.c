@@ -50,6 +50,7 @@ typedef struct bench {
     model *m;
     model_ctx *ctx;
     kv_pool *pool;
+    model_state *state; /* recurrent models (mamba2, qwen35...), else NULL */
     int32_t *ids;
     float *logits;
     ember_error err;
@@ -61,14 +62,16 @@ static double ember_once(bench *b, int n, bool decode) {
     kv_seq_init(&seq);
     double t0, t1;
     int rc = 0;
+    if (b->state) model_state_reset(b->state);
     if (decode) {
-        rc = model_eval(b->ctx, &seq, b->ids, 16, false, b->logits, &b->err);
+        rc = model_eval_state(b->ctx, &seq, b->state, b->ids, 16, false, b->logits, &b->err);
         t0 = ember_now();
-        for (int i = 0; i < n && rc >= 0; i++) rc = model_eval(b->ctx, &seq, b->ids + 16 + i, 1, false, b->logits, &b->err);
+        for (int i = 0; i < n && rc >= 0; i++)
+            rc = model_eval_state(b->ctx, &seq, b->state, b->ids + 16 + i, 1, false, b->logits, &b->err);
         t1 = ember_now();
     } else {
         t0 = ember_now();
-        rc = model_eval(b->ctx, &seq, b->ids, n, false, b->logits, &b->err);
+        rc = model_eval_state(b->ctx, &seq, b->state, b->ids, n, false, b->logits, &b->err);
         t1 = ember_now();
     }
     kv_seq_release(b->pool, &seq);
@@ -188,7 +191,8 @@ int main(int argc, char **argv) {
     model_kv_config(b.m, max_p / KV_BLOCK_TOKENS + 2, &cfg);
     b.pool = kv_pool_create(&cfg, &b.err);
     b.ctx = b.pool ? model_ctx_create(b.m, b.pool, threads, max_p, &b.err) : NULL;
-    if (b.ctx == NULL) {
+    if (b.ctx && model_has_state(b.m)) b.state = model_state_create(b.m, &b.err);
+    if (b.ctx == NULL || (model_has_state(b.m) && b.state == NULL)) {
         fprintf(stderr, "bench_engine: %s\n", b.err.msg);
         return 1;
     }
@@ -273,6 +277,7 @@ int main(int argc, char **argv) {
     free(rates);
     free(b.ids);
     free(b.logits);
+    model_state_free(b.state);
     model_ctx_free(b.ctx);
     kv_pool_free(b.pool);
     model_free(b.m);
