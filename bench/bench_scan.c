@@ -1,12 +1,13 @@
 /* bench_scan.c - the per-token scan steps of tensor/scan.h, per ISA, against
  * the plain loops the mixers ran before they were vectorized.
  *
- * Usage: bench_scan [--tokens 2000]
+ * Usage: bench_scan [--tokens 500] [--reps 30]
  *
  * Shapes: Mamba2 heads of P=64 channels with N=128 (mamba2-370m .. 2.7b) and
  * N=32 (`ember mkmodel --preset small`); gated-delta heads of 128 x 128
  * (qwen35 / qwen3next) and 32 x 32 (small). Each figure is ns per head per
- * token, best of 5 runs over --tokens tokens. "before" is the former scalar
+ * token, best of --reps runs over --tokens tokens (on a shared machine
+ * the best of many short runs is the figure least disturbed by others). "before" is the former scalar
  * loop (separate multiply and add, one running sum), kept here only as the
  * baseline. */
 #include <math.h>
@@ -60,11 +61,13 @@ static float *random_vec(size_t n, float scale) {
     return v;
 }
 
+static int g_reps = 30;
+
 static double time_ssd(scan_ssd_fn fn, int P, int N, int tokens) {
     float *s = random_vec((size_t)P * N, 0.1f), *x = random_vec((size_t)P, 1), *B = random_vec((size_t)N, 1);
     float *C = random_vec((size_t)N, 1), *y = malloc((size_t)P * sizeof(float));
     double best = 1e30;
-    for (int rep = 0; rep < 5; rep++) {
+    for (int rep = 0; rep < g_reps; rep++) {
         double t0 = ember_now();
         for (int t = 0; t < tokens; t++) fn(s, P, N, x, B, C, 0.1f, 0.95f, 0.5f, y);
         double dt = (ember_now() - t0) / tokens * 1e9;
@@ -78,7 +81,7 @@ static double time_delta(scan_delta_fn fn, int dv, int dk, int tokens) {
     float *S = random_vec((size_t)dv * dk, 0.1f), *q = random_vec((size_t)dk, 0.1f), *k = random_vec((size_t)dk, 0.1f);
     float *v = random_vec((size_t)dv, 1), *y = malloc((size_t)dv * sizeof(float));
     double best = 1e30;
-    for (int rep = 0; rep < 5; rep++) {
+    for (int rep = 0; rep < g_reps; rep++) {
         double t0 = ember_now();
         for (int t = 0; t < tokens; t++) fn(S, dv, dk, q, k, v, 0.5f, 0.97f, y);
         double dt = (ember_now() - t0) / tokens * 1e9;
@@ -89,12 +92,15 @@ static double time_delta(scan_delta_fn fn, int dv, int dk, int tokens) {
 }
 
 int main(int argc, char **argv) {
-    int tokens = 2000;
-    for (int i = 1; i + 1 < argc; i += 2)
+    int tokens = 500;
+    for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--tokens") == 0) tokens = atoi(argv[i + 1]);
+        if (strcmp(argv[i], "--reps") == 0) g_reps = atoi(argv[i + 1]);
+    }
     if (tokens < 1) tokens = 1;
+    if (g_reps < 1) g_reps = 1;
     int best = (int)quant_best_isa();
-    printf("ns per head per token (best of 5 x %d tokens)\n", tokens);
+    printf("ns per head per token (best of %d x %d tokens)\n", g_reps, tokens);
     printf("%-22s %10s", "step", "before");
     for (int isa = 0; isa <= best; isa++) printf(" %12s", quant_isa_name((quant_isa)isa));
     printf(" %10s\n", "speedup");
