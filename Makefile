@@ -80,7 +80,8 @@ serve-soak: build
 #     BENCH_LONG=0 skips them, BENCH_LONG_PREFILL picks the lengths;
 #   contention on BENCH_BUSY_ROW: a busy loop pinned to core BENCH_BUSY_CORE
 #     while ember and llama.cpp run again, alternating quiet and loaded runs;
-#     the fraction of speed each keeps, and their ratio.
+#     the fraction of speed each keeps, and their ratio (BENCH_BUSY_PREFILL,
+#     BENCH_BUSY_DECODE size the runs).
 # BENCH_IQ4_ROWS: the IQ4_NL / IQ4_XS rows (a llama.cpp that knows the
 # i-quants gives ratios for the llama-3.2-1b ones).
 BENCH_MODELS = build/bench-models
@@ -97,6 +98,8 @@ BENCH_LONG_PREFILL ?= 512,8192,16384
 BENCH_BUSY_ROW ?= llama-3.2-1b:q8_0
 BENCH_BUSY_CORE ?= 1
 BENCH_BUSY_ROUNDS ?= 3
+BENCH_BUSY_PREFILL ?= 512
+BENCH_BUSY_DECODE ?= 32
 bench_model = $(BENCH_MODELS)/$(subst :,-,$(1)).gguf
 bench: build
 	mkdir -p $(BENCH_MODELS)
@@ -113,7 +116,7 @@ bench: build
 	    --prefill $(BENCH_LONG_PREFILL) --decode 16 --llama-bench "$(LLAMA_BENCH)" || exit 1; \
 	fi
 	./build/bench_engine $(call bench_model,$(BENCH_BUSY_ROW)) --label "$(BENCH_BUSY_ROW) contention" --threads 2 --reps 1 \
-	  --prefill 512 --decode 32 --busy-core $(BENCH_BUSY_CORE) --rounds $(BENCH_BUSY_ROUNDS) --llama-bench "$(LLAMA_BENCH)"
+	  --prefill $(BENCH_BUSY_PREFILL) --decode $(BENCH_BUSY_DECODE) --busy-core $(BENCH_BUSY_CORE) --rounds $(BENCH_BUSY_ROUNDS) --llama-bench "$(LLAMA_BENCH)"
 
 # KV formats (f32, f16, q8_0): quality against f32 KV (mean KL, top-1
 # agreement, perplexity) over bench/data/kv_text.txt (English, 5092 stories260K

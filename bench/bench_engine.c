@@ -18,8 +18,10 @@
  * --busy-core C adds the contention rows: a child process spins pinned to
  * core C while the first prefill length and the decode test run again, for
  * ember and llama.cpp alike, alternating quiet and loaded runs for --rounds
- * rounds. Each row gives the loaded/quiet fraction kept (median over rounds)
- * for both, so a noisy machine shifts both runs of a pair the same way. */
+ * rounds (llama.cpp with flash attention off in these pairs: one setting is
+ * enough for a fraction). Each row gives the loaded/quiet fraction kept
+ * (median over rounds) for both, so a noisy machine shifts both runs of a
+ * pair the same way. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <signal.h>
@@ -83,14 +85,15 @@ static double ember_once(bench *b, int n, bool decode) {
 }
 
 /* llama-bench on the same file: fills rate[i] for prompts[i] (and rate[n_prompts]
- * for the decode test) with the faster of flash attention off/on. Returns the
+ * for the decode test) with the fastest over the flash-attention settings fa
+ * ("0,1": off and on). Returns the
  * number of figures found (0: llama.cpp could not run this file). */
-static int llama_run(const char *exe, const char *model_path, int threads, int reps, const int *prompts, int n_prompts,
-                     int decode_n, double *rate) {
+static int llama_run(const char *exe, const char *model_path, const char *fa, int threads, int reps,
+                     const int *prompts, int n_prompts, int decode_n, double *rate) {
     char cmd[4096], list[256] = "";
     for (int i = 0; i < n_prompts; i++)
         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "", prompts[i]);
-    int len = snprintf(cmd, sizeof cmd, "'%s' -m '%s' -t %d -r %d -fa 0,1 -o csv", exe, model_path, threads, reps);
+    int len = snprintf(cmd, sizeof cmd, "'%s' -m '%s' -t %d -r %d -fa %s -o csv", exe, model_path, threads, reps, fa);
     if (n_prompts > 0) len += snprintf(cmd + len, sizeof cmd - (size_t)len, " -p %s", list);
     else len += snprintf(cmd + len, sizeof cmd - (size_t)len, " -p 0");
     snprintf(cmd + len, sizeof cmd - (size_t)len, " -n %d 2>/dev/null", decode_n);
@@ -213,7 +216,7 @@ int main(int argc, char **argv) {
     double ref[MAX_TESTS] = {0};
     int have_ref = 0;
     if (llama_bench) {
-        have_ref = llama_run(llama_bench, path, threads, reps, prefill, n_prefill, decode_n, ref);
+        have_ref = llama_run(llama_bench, path, "0,1", threads, reps, prefill, n_prefill, decode_n, ref);
         if (have_ref == 0)
             printf("llama.cpp (%s) could not run this file (its build may not know arch %s): no ratio\n", llama_bench,
                    hp->arch_name);
@@ -250,9 +253,9 @@ int main(int argc, char **argv) {
                    q_pp, l_pp, decode_n, q_tg, l_tg);
             if (llama_ok) {
                 double q[2], l[2];
-                llama_run(llama_bench, path, threads, 1, &pp, 1, decode_n, q);
+                llama_run(llama_bench, path, "0", threads, 1, &pp, 1, decode_n, q);
                 busy = busy_start(busy_core);
-                llama_run(llama_bench, path, threads, 1, &pp, 1, decode_n, l);
+                llama_run(llama_bench, path, "0", threads, 1, &pp, 1, decode_n, l);
                 busy_stop(busy);
                 keep[1][0][r] = q[0] > 0 ? l[0] / q[0] : 0;
                 keep[1][1][r] = q[1] > 0 ? l[1] / q[1] : 0;

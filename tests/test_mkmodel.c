@@ -397,6 +397,7 @@ static void test_bad_arguments(void **state) {
         "--arch llama --out",                                /* missing value */
         "--arch llama --frobnicate --out /tmp/x.gguf",       /* unknown option */
         "--arch llama --preset qwen3-0.6b --out /tmp/x.gguf", /* preset of another arch */
+        "--arch qwen3 --preset llama-3.2-1b --out /tmp/x.gguf", /* likewise */
         "--arch llama --vocab a.gguf --tokenizer-dir d --out /tmp/x.gguf",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
