@@ -1,12 +1,20 @@
 /* bench_engine.c - prefill and decode throughput of the engine, beside llama.cpp.
  *
  * Usage: bench_engine MODEL [--threads 2] [--reps 3] [--prefill 512,2048] [--decode 128]
+ *                     [--kv f16] [--chunk 0] [--then-decode 0] [--clock wall|cpu]
  *                     [--llama-bench PATH] [--busy-core C] [--rounds 3] [--label NAME]
  *
  * For each prefill length P: a fresh sequence forwards P tokens in one batch
- * (as llama-bench's pp test does). Decode: after a 16-token prompt, D
- * single-token steps (llama-bench's tg test). Each figure is the median of
- * --reps runs with the spread (min..max).
+ * (as llama-bench's pp test does), or in grid chunks of --chunk tokens (as
+ * the engine prefills, 512 by default there). Decode: after a 16-token
+ * prompt, D single-token steps (llama-bench's tg test). --then-decode N also
+ * times N decode steps after each prefill (row "decode@P": decode at P
+ * tokens of context, without a second long prefill). K/V rows are stored as
+ * --kv says (f16 by default, as `ember serve` stores them). --clock cpu
+ * times by the process's CPU clock instead of the wall: with --threads 1
+ * that is the figure a quiet machine would show, whatever else runs on a
+ * shared one (with more threads it also counts the pool's spinning). Each
+ * figure is the median of --reps runs with the spread (min..max).
  *
  * --llama-bench PATH runs that llama-bench on the same file in the same run
  * (flash attention off and on, the faster counts, as the issue's targets
@@ -30,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/clock.h"
@@ -41,6 +50,15 @@ enum { MAX_TESTS = 8 };
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+static bool cpu_clock;
+
+static double now(void) {
+    if (!cpu_clock) return ember_now();
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static double median(double *v, int n) {
@@ -55,6 +73,9 @@ typedef struct bench {
     model_state *state; /* recurrent models (mamba2, qwen35...), else NULL */
     int32_t *ids;
     float *logits;
+    int chunk;       /* prefill in grid chunks of this many tokens; 0: one batch */
+    int then_decode; /* decode steps timed after each prefill (decode@P) */
+    double after;    /* their tokens/s, from the last prefill */
     ember_error err;
 } bench;
 
@@ -67,14 +88,23 @@ static double ember_once(bench *b, int n, bool decode) {
     if (b->state) model_state_reset(b->state);
     if (decode) {
         rc = model_eval_state(b->ctx, &seq, b->state, b->ids, 16, false, b->logits, &b->err);
-        t0 = ember_now();
+        t0 = now();
         for (int i = 0; i < n && rc >= 0; i++)
             rc = model_eval_state(b->ctx, &seq, b->state, b->ids + 16 + i, 1, false, b->logits, &b->err);
-        t1 = ember_now();
+        t1 = now();
     } else {
-        t0 = ember_now();
-        rc = model_eval_state(b->ctx, &seq, b->state, b->ids, n, false, b->logits, &b->err);
-        t1 = ember_now();
+        int step = b->chunk > 0 ? b->chunk : n;
+        t0 = now();
+        for (int i = 0; i < n && rc >= 0; i += step)
+            rc = model_eval_state(b->ctx, &seq, b->state, b->ids + i, n - i < step ? n - i : step, false, b->logits,
+                                  &b->err);
+        t1 = now();
+        if (b->then_decode > 0 && rc >= 0) {
+            double d0 = now();
+            for (int i = 0; i < b->then_decode && rc >= 0; i++)
+                rc = model_eval_state(b->ctx, &seq, b->state, b->ids + n + i, 1, false, b->logits, &b->err);
+            b->after = b->then_decode / (now() - d0);
+        }
     }
     kv_seq_release(b->pool, &seq);
     if (rc < 0) {
@@ -158,10 +188,20 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *path = argv[1], *llama_bench = NULL, *label = NULL;
-    int threads = 2, reps = 3, decode_n = 128, busy_core = -1, rounds = 3;
+    int threads = 2, reps = 3, decode_n = 128, busy_core = -1, rounds = 3, chunk = 0, then_decode = 0;
     int prefill[MAX_TESTS] = {512, 2048}, n_prefill = 2;
+    kv_format kv_fmt = {KV_FORMAT_F16};
     for (int i = 2; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--threads") == 0) threads = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--chunk") == 0) chunk = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--then-decode") == 0) then_decode = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--clock") == 0) cpu_clock = strcmp(argv[i + 1], "cpu") == 0;
+        else if (strcmp(argv[i], "--kv") == 0) {
+            if (kv_format_parse(argv[i + 1], &kv_fmt) < 0) {
+                fprintf(stderr, "bench_engine: --kv %s is not one of %s\n", argv[i + 1], KV_FORMAT_CHOICES);
+                return 2;
+            }
+        }
         else if (strcmp(argv[i], "--reps") == 0) reps = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--decode") == 0) decode_n = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--llama-bench") == 0) llama_bench = *argv[i + 1] ? argv[i + 1] : NULL;
@@ -189,11 +229,15 @@ int main(int argc, char **argv) {
     const model_hparams *hp = model_get_hparams(b.m);
     int max_p = decode_n + 16;
     for (int i = 0; i < n_prefill; i++)
-        if (prefill[i] > max_p) max_p = prefill[i];
+        if (prefill[i] + then_decode > max_p) max_p = prefill[i] + then_decode;
     kv_pool_config cfg;
     model_kv_config(b.m, max_p / KV_BLOCK_TOKENS + 2, &cfg);
+    cfg.format = kv_fmt;
+    b.chunk = chunk;
+    b.then_decode = then_decode;
     b.pool = kv_pool_create(&cfg, &b.err);
-    b.ctx = b.pool ? model_ctx_create(b.m, b.pool, threads, max_p, &b.err) : NULL;
+    int max_batch = chunk > 0 && chunk < max_p ? chunk : max_p;
+    b.ctx = b.pool ? model_ctx_create(b.m, b.pool, threads, max_batch, &b.err) : NULL;
     if (b.ctx && model_has_state(b.m)) b.state = model_state_create(b.m, &b.err);
     if (b.ctx == NULL || (model_has_state(b.m) && b.state == NULL)) {
         fprintf(stderr, "bench_engine: %s\n", b.err.msg);
@@ -211,8 +255,9 @@ int main(int argc, char **argv) {
     if (probe == NULL) probe = gguf_find_tensor(f, "blk.0.ssm_in.weight");
     if (probe) wtype = dtype_info_of(probe->type)->name;
 
-    printf("model %s: %s, %d layers, n_embd %d, weights %s, %d threads, %d reps\n", label ? label : path,
-           hp->arch_name, hp->n_layer, hp->n_embd, wtype, threads, reps);
+    printf("model %s: %s, %d layers, n_embd %d, weights %s, KV %s, %d threads, %d reps, prefill %s%s\n",
+           label ? label : path, hp->arch_name, hp->n_layer, hp->n_embd, wtype, kv_format_name(kv_fmt), threads, reps,
+           chunk > 0 ? "in chunks" : "in one batch", cpu_clock ? ", tokens per CPU second" : "");
     double ref[MAX_TESTS] = {0};
     int have_ref = 0;
     if (llama_bench) {
@@ -223,18 +268,29 @@ int main(int argc, char **argv) {
     }
     printf("%-16s %12s %22s %12s %8s\n", "test", "tok/s (med)", "spread (min..max)", "llama.cpp", "ratio");
     double *rates = malloc((size_t)(reps > rounds ? reps : rounds) * sizeof(double));
+    double *after = malloc((size_t)reps * sizeof(double));
     for (int t = 0; t < n_prefill + 1; t++) {
         bool is_decode = t == n_prefill;
         int n = is_decode ? decode_n : prefill[t];
-        for (int r = 0; r < reps; r++) rates[r] = ember_once(&b, n, is_decode);
+        for (int r = 0; r < reps; r++) {
+            rates[r] = ember_once(&b, n, is_decode);
+            after[r] = b.after;
+        }
         double med = median(rates, reps);
         char name[32], spread[48];
         snprintf(name, sizeof name, "%s%d", is_decode ? "decode " : "prefill ", n);
         snprintf(spread, sizeof spread, "%.1f..%.1f", rates[0], rates[reps - 1]);
         if (ref[t] > 0) printf("%-16s %12.1f %22s %12.1f %7.2fx\n", name, med, spread, ref[t], med / ref[t]);
         else printf("%-16s %12.1f %22s %12s %8s\n", name, med, spread, "-", "-");
+        if (!is_decode && then_decode > 0) {
+            double amed = median(after, reps);
+            snprintf(name, sizeof name, "decode@%d", n);
+            snprintf(spread, sizeof spread, "%.1f..%.1f", after[0], after[reps - 1]);
+            printf("%-16s %12.1f %22s %12s %8s\n", name, amed, spread, "-", "-");
+        }
         fflush(stdout);
     }
+    free(after);
 
     if (busy_core >= 0) {
         /* Pairs of (quiet, loaded) runs, alternating; fractions kept per round. */
