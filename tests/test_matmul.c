@@ -1,5 +1,6 @@
 /* test_matmul.c - tensor_matmul is bit-identical to quant_vec_dot row by row
- * for every type, batch size (1, 3, 7, 64, 100), thread count (1, 2) and
+ * for every type, batch size (every size 1..9 of the small-batch strips and
+ * their edge, then 64 and 100 for tiles and panels), thread count (1, 2) and
  * available ISA: the batch-invariance invariant the engine relies on. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -29,8 +30,8 @@ static const ember_dtype tm_types[] = {DT_F32,  DT_F16,  DT_BF16, DT_Q4_0, DT_Q4
                                        DT_IQ4_XS};
 
 static void check_type(ember_dtype type, int64_t n_in, ember_pool *pool, matmul_scratch *scratch) {
-    const int64_t n_out = 37; /* ragged against a 4-row tile */
-    const int64_t token_counts[] = {1, 3, 7, 64, 100};
+    const int64_t n_out = 37; /* ragged against every tile and strip height (4, 16, 8, 5, 3, 2) */
+    const int64_t token_counts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 64, 100};
     const int64_t max_tokens = 100;
     size_t row_bytes = dtype_row_bytes(type, n_in);
     uint8_t *wdata = malloc(row_bytes * n_out);
@@ -120,9 +121,34 @@ static void test_isa_agreement(void **state) {
     }
 }
 
+/* The small-batch strips exist for the types decode and verification use
+ * most, on both SIMD ISAs (otherwise test_bit_identity would prove nothing
+ * about them), and never for more tokens than they are built for. */
+static void test_strips_cover_types(void **state) {
+    (void)state;
+    const ember_dtype types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, DT_F16, DT_BF16, DT_F32};
+    quant_isa best = quant_best_isa();
+    for (int isa = QUANT_ISA_AVX2; isa <= (int)best; isa++) {
+        assert_true(quant_set_isa((quant_isa)isa));
+        for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+            for (int c = 1; c <= QUANT_STRIP_TOKENS; c++) {
+                int rows = 0;
+                if (quant_strip_kernel(types[k], c, &rows) == NULL)
+                    fail_msg("%s isa=%s: no strip for %d tokens", dtype_info_of(types[k])->name,
+                             quant_isa_name((quant_isa)isa), c);
+                assert_in_range(rows, 1, 16);
+            }
+            int rows = 0;
+            assert_null(quant_strip_kernel(types[k], QUANT_STRIP_TOKENS + 1, &rows));
+        }
+    }
+    quant_set_isa(best);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bit_identity),
+        cmocka_unit_test(test_strips_cover_types),
         cmocka_unit_test(test_isa_agreement),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -69,6 +69,8 @@ typedef struct matmul_task {
     quant_dot_fn dot;
     quant_tile_fn tile;
     int tile_rows, tile_cols;
+    quant_strip_fn strip;   /* small batches: one pass over the weights, or NULL */
+    int strip_rows;
     int32_t *meta;          /* panel GEMM: per (token, block) {-128 * sum(qs), f32 d}; or NULL */
     uint8_t *pack;          /* panel GEMM: one packed panel per part, or NULL */
     size_t pack_bytes;      /* per thread */
@@ -121,7 +123,9 @@ static void dots_range(const matmul_task *t, int64_t o0, int64_t o1, int64_t t0,
 
 enum { ROW_GROUP_TILES = 4 }; /* weight tiles kept hot while the tokens pass */
 
-static long compute_granule(const matmul_task *t) { return t->pack ? PANEL_ROWS : t->tile ? t->tile_rows : 4; }
+static long compute_granule(const matmul_task *t) {
+    return t->strip ? t->strip_rows : t->pack ? PANEL_ROWS : t->tile ? t->tile_rows : 4;
+}
 
 /* Output rows go out in several parts per thread, claimed by whichever
  * thread is running (threadpool.h): a thread slowed or descheduled by another
@@ -140,6 +144,14 @@ static void compute_task(void *ctx, int ith, int nth) {
     long begin, end;
     ember_split_range((long)n_out, compute_granule(t), ith, nth, &begin, &end);
     if (begin >= end) return;
+    if (t->strip) {
+        const int R = t->strip_rows;
+        for (int64_t o = begin; o < end; o += R)
+            t->strip(n_in, (const uint8_t *)t->w->data + (size_t)o * t->w->row_bytes, t->w->row_bytes,
+                     end - o < R ? (int)(end - o) : R, t->act, t->act_row_bytes, t->meta, t->y + o,
+                     (size_t)n_out);
+        return;
+    }
     if (t->pack) {
         matmul_avx512_panels(t->w->type, t->w->data, t->w->row_bytes, n_in, begin, end, t->act,
                              t->act_row_bytes, t->meta, t->n_tokens, t->y, n_out,
@@ -177,6 +189,7 @@ int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight
         .dot = quant_dot_kernel(w->type),
     };
     t.tile = quant_tile_kernel(w->type, &t.tile_rows, &t.tile_cols);
+    t.strip = quant_strip_kernel(w->type, (int)(n_tokens < INT32_MAX ? n_tokens : 0), &t.strip_rows);
     if (t.act_type == DT_F32) {
         t.act = (const uint8_t *)x;
         t.act_row_bytes = (size_t)w->n_in * sizeof(float);
@@ -187,7 +200,7 @@ int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight
         t.act_row_bytes = dtype_row_bytes(t.act_type, w->n_in);
         if (scratch_reserve(&scratch->act, t.act_row_bytes * (size_t)n_tokens) != 0) return -1;
         t.act = scratch->act.p;
-        size_t pb = quant_get_isa() == QUANT_ISA_AVX512 && n_tokens >= PANEL_MIN_TOKENS
+        size_t pb = quant_get_isa() == QUANT_ISA_AVX512 && n_tokens >= PANEL_MIN_TOKENS && !t.strip
                         ? matmul_avx512_panel_bytes(w->type, w->n_in)
                         : 0;
         if (pb > 0) {
@@ -195,11 +208,12 @@ int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight
                 return -1;
             t.pack = scratch->pack.p;
             t.pack_bytes = pb;
-            if (w->type == DT_Q8_0 || w->type == DT_IQ4_NL) {
-                size_t mb = (size_t)(w->n_in / 32) * (size_t)n_tokens * 2 * sizeof(int32_t);
-                if (scratch_reserve(&scratch->meta, mb) != 0) return -1;
-                t.meta = scratch->meta.p;
-            }
+        }
+        /* Panel and strip kernels over Q8_0 activations start from their block sums. */
+        if ((pb > 0 && (w->type == DT_Q8_0 || w->type == DT_IQ4_NL)) || (t.strip && t.act_type == DT_Q8_0)) {
+            size_t mb = (size_t)(w->n_in / 32) * (size_t)n_tokens * 2 * sizeof(int32_t);
+            if (scratch_reserve(&scratch->meta, mb) != 0) return -1;
+            t.meta = scratch->meta.p;
         }
         /* A few rows convert faster than a dispatch and barrier cost. */
         if (n_tokens < 4) convert_task(&t, 0, 1);

@@ -1111,6 +1111,8 @@ typedef struct kernel_table {
     quant_dot_fn dots[DT_COUNT];
     quant_tile_fn tiles[DT_COUNT];
     int tile_rows, tile_cols;
+    quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1];
+    int strip_rows[DT_COUNT][QUANT_STRIP_TOKENS + 1];
 } kernel_table;
 
 static kernel_table tables[3];
@@ -1121,9 +1123,14 @@ static void build_tables(void) {
     for (int isa = 0; isa < 3; isa++) {
         kernel_table *t = &tables[isa];
         memset(t, 0, sizeof *t);
-        if (isa == QUANT_ISA_AVX2) quant_avx2_kernels(t->dots);
-        if (isa == QUANT_ISA_AVX512)
+        if (isa == QUANT_ISA_AVX2) {
+            quant_avx2_kernels(t->dots);
+            quant_avx2_strips(t->strips, t->strip_rows);
+        }
+        if (isa == QUANT_ISA_AVX512) {
             quant_avx512_kernels(t->dots, t->tiles, &t->tile_rows, &t->tile_cols);
+            quant_avx512_strips(t->strips, t->strip_rows);
+        }
         quant_dot_fn iq4_scalar[DT_COUNT] = {0};
         quant_iq4_scalar_kernels(iq4_scalar);
         for (int ty = 0; ty < DT_COUNT; ty++)
@@ -1191,6 +1198,13 @@ quant_tile_fn quant_tile_kernel(ember_dtype type, int *rows, int *cols) {
     *rows = t->tile_rows;
     *cols = t->tile_cols;
     return t->tiles[type];
+}
+
+quant_strip_fn quant_strip_kernel(ember_dtype type, int n_tokens, int *rows) {
+    if ((unsigned)type >= DT_COUNT || n_tokens < 1 || n_tokens > QUANT_STRIP_TOKENS) return NULL;
+    const kernel_table *t = &tables[quant_get_isa()];
+    *rows = t->strip_rows[type][n_tokens];
+    return t->strips[type][n_tokens];
 }
 
 float quant_vec_dot(ember_dtype type, int64_t n, const void *w_row, const void *act_row) {

@@ -144,15 +144,34 @@ typedef float (*quant_dot_fn)(int64_t n, const void *w_row, const void *act_row)
 typedef void (*quant_tile_fn)(int64_t n, const void *w, size_t w_stride, const void *a,
                               size_t a_stride, float *y, size_t y_stride);
 
+/* A small-batch strip computes y[c * y_stride + r] = quant_vec_dot(type, n,
+ * w + r*w_stride, a + c*a_stride) for r < rows (at most the strip's height),
+ * c < its token count, bit for bit, loading each weight block once for all
+ * tokens (matmul.c uses strips for batches of 1..QUANT_STRIP_TOKENS). meta:
+ * for weights dotted with Q8_0 activations, per token (2 * n/32 int32 each,
+ * tokens contiguous) and block {-128 * sum(qs), f32 bits of d}, as
+ * matmul_avx512_panels takes it; other types ignore it. */
+enum { QUANT_STRIP_TOKENS = 8 };
+typedef void (*quant_strip_fn)(int64_t n, const void *w, size_t w_stride, int rows, const void *a,
+                               size_t a_stride, const int32_t *meta, float *y, size_t y_stride);
+
 /* The dot kernel of the ISA in use (never NULL for a type with a dot). */
 quant_dot_fn quant_dot_kernel(ember_dtype type);
 /* The register-blocked tile of the ISA in use, or NULL; *rows x *cols is its shape. */
 quant_tile_fn quant_tile_kernel(ember_dtype type, int *rows, int *cols);
 
+/* The strip of the ISA in use for n_tokens (1..QUANT_STRIP_TOKENS), or NULL;
+ * *rows is its height. */
+quant_strip_fn quant_strip_kernel(ember_dtype type, int n_tokens, int *rows);
+
 /* Per-ISA tables (NULL entries fall back to the scalar kernel). */
 void quant_avx2_kernels(quant_dot_fn dots[DT_COUNT]);
 void quant_avx512_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[DT_COUNT],
                           int *tile_rows, int *tile_cols);
+void quant_avx2_strips(quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1],
+                       int heights[DT_COUNT][QUANT_STRIP_TOKENS + 1]);
+void quant_avx512_strips(quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1],
+                         int heights[DT_COUNT][QUANT_STRIP_TOKENS + 1]);
 
 /* AVX-512 activation quantizers, byte-identical to the scalar ones
  * (quant_quantize_row uses them when the ISA in use is AVX-512). */

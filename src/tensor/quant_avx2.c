@@ -186,3 +186,9 @@ void quant_avx2_kernels(quant_dot_fn dots[DT_COUNT]) {
     dots[DT_Q4_K] = dot_q4_K;
     dots[DT_Q6_K] = dot_q6_K;
 }
+
+void quant_avx2_strips(quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1],
+                       int heights[DT_COUNT][QUANT_STRIP_TOKENS + 1]) {
+    (void)strips;
+    (void)heights;
+}

@@ -40,6 +40,12 @@ ALWAYS_INLINE float load_f16(const void *p) {
     return _cvtsh_ss(h);
 }
 
+ALWAYS_INLINE int32_t load_i32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
 ALWAYS_INLINE int32_t hsum256_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
@@ -643,6 +649,400 @@ FLOAT_DOT(bf16, LOAD_BF16)
 FLOAT_TILE(f32, LOAD_F32)
 FLOAT_TILE(f16, LOAD_F16)
 FLOAT_TILE(bf16, LOAD_BF16)
+
+/* ------------------------------------------------ small-batch strips */
+
+/* A strip is R weight rows x C tokens (C = 1..8) that share each weight
+ * block: the block is loaded and unpacked once and dotted against the C
+ * activation blocks (which stay in L1). Per (row, token) the integer work is
+ * that of the single dot and the per-block fold is quant_fold* on one lane of
+ * a 16-lane vector (pair p = r * C + c: row p / C, token p % C); the pair
+ * vectors are reduced together by the transpose trees above, so a strip
+ * costs one dpbusd per pair and block plus a shared reduction, instead of a
+ * dot's horizontal sum and scalar fold. Rows past `rows` (the ragged end of
+ * a range) repeat the last row, so no load leaves the matrix, and are not
+ * stored. The next strip's rows are prefetched one strip ahead. */
+
+/* Lane p of pair_index(C, 1) is p / C (its row), of pair_index(C, 0) p % C. */
+ALWAYS_INLINE __m512i pair_index(const int C, int row) {
+    int32_t v[16];
+    UNROLL
+    for (int p = 0; p < 16; p++) v[p] = row ? p / C : p % C;
+    return _mm512_loadu_si512(v);
+}
+
+/* Reduces the first P (<= 16) of t to one vector of P sums (unused lanes: garbage). */
+ALWAYS_INLINE __m512i reduce_pairs_256(const int P, __m256i t[16]) {
+    UNROLL
+    for (int p = P; p < 16; p++) t[p] = _mm256_setzero_si256();
+    __m256i out[2];
+    reduce16_256(t, out);
+    if (P <= 8) return _mm512_zextsi256_si512(out[0]);
+    return join256(out[0], out[1]);
+}
+
+ALWAYS_INLINE void strip_store(const int R, const int C, int rows, __m512 acc, float *y, size_t ys) {
+    float out[16];
+    _mm512_storeu_ps(out, acc);
+    UNROLL
+    for (int r = 0; r < R; r++)
+        if (r < rows)
+            UNROLL
+            for (int c = 0; c < C; c++) y[c * ys + r] = out[r * C + c];
+}
+
+ALWAYS_INLINE void strip_rows(const int R, const uint8_t *w, size_t ws, int rows, const uint8_t *wr[16]) {
+    UNROLL
+    for (int r = 0; r < R; r++) wr[r] = w + (size_t)(r < rows ? r : rows - 1) * ws;
+}
+
+/* Scales are converted to f32 in a pass over a chunk of blocks before the
+ * products (one f32 per row or token and block, laid out to be loaded as a
+ * vector): building the vectors from scalar stores inside the block loop
+ * would stall every block on store forwarding. The pass over the rows'
+ * block headers also pulls their lines in ahead of the products. */
+enum { STRIP_CHUNK = 64 }; /* blocks per scale pass */
+
+#define LEGACY_STRIP(NAME, WB, AB, AQ, OFF, MIN)                                                   \
+    ALWAYS_INLINE void strip_##NAME(const int R, const int C, int64_t n, const void *w, size_t ws,  \
+                                    int rows, const void *a, size_t as, float *yout, size_t ys) {  \
+        const uint8_t *wr[16], *y = a;                                                             \
+        strip_rows(R, w, ws, rows, wr);                                                            \
+        const size_t ahead = (size_t)R * ws;                                                       \
+        const __m256i offv = _mm256_set1_epi8((char)(OFF));                                        \
+        const __m512i row_of = pair_index(C, 1), tok_of = pair_index(C, 0);                        \
+        float dwf[STRIP_CHUNK][16], mwf[MIN ? STRIP_CHUNK : 1][16];                                \
+        float daf[STRIP_CHUNK][16], saf[MIN ? STRIP_CHUNK : 1][16];                                \
+        __m512 acc = _mm512_setzero_ps();                                                          \
+        const int64_t nb = n / 32;                                                                 \
+        for (int64_t i0 = 0; i0 < nb; i0 += STRIP_CHUNK) {                                         \
+            const int64_t i1 = nb - i0 < STRIP_CHUNK ? nb : i0 + STRIP_CHUNK;                      \
+            UNROLL                                                                                 \
+            for (int r = 0; r < R; r++)                                                            \
+                for (int64_t i = i0; i < i1; i++) {                                                \
+                    dwf[i - i0][r] = load_f16(wr[r] + i * (WB));                                   \
+                    if (MIN) mwf[MIN ? i - i0 : 0][r] = load_f16(wr[r] + i * (WB) + 2);            \
+                }                                                                                  \
+            UNROLL                                                                                 \
+            for (int c = 0; c < C; c++)                                                            \
+                for (int64_t i = i0; i < i1; i++) {                                                \
+                    daf[i - i0][c] = load_f16(y + c * as + i * (AB));                              \
+                    if (MIN) saf[MIN ? i - i0 : 0][c] = load_f16(y + c * as + i * (AB) + 2);       \
+                }                                                                                  \
+            for (int64_t i = i0; i < i1; i++) {                                                    \
+                __m256i t[16], neg[8];                                                             \
+                UNROLL                                                                             \
+                for (int c = 0; c < C; c++) {                                                      \
+                    neg[c] = _mm256_setzero_si256();                                               \
+                    if (OFF)                                                                       \
+                        neg[c] = _mm256_sub_epi32(                                                 \
+                            neg[c], _mm256_dpbusd_epi32(_mm256_setzero_si256(), offv,              \
+                                                        _mm256_loadu_si256((const __m256i *)(y + c * as + i * (AB) + (AQ))))); \
+                }                                                                                  \
+                UNROLL                                                                             \
+                for (int r = 0; r < R; r++) {                                                      \
+                    const uint8_t *b = wr[r] + i * (WB);                                           \
+                    _mm_prefetch((const char *)b + ahead, _MM_HINT_T0);                            \
+                    __m256i u = unpack_##NAME(b);                                                  \
+                    UNROLL                                                                         \
+                    for (int c = 0; c < C; c++)                                                    \
+                        t[r * C + c] = _mm256_dpbusd_epi32(                                        \
+                            neg[c], u, _mm256_loadu_si256((const __m256i *)(y + c * as + i * (AB) + (AQ)))); \
+                }                                                                                  \
+                __m512i isum = reduce_pairs_256(R * C, t);                                         \
+                __m512 dw = _mm512_permutexvar_ps(row_of, _mm512_loadu_ps(dwf[i - i0]));           \
+                __m512 da = _mm512_permutexvar_ps(tok_of, _mm512_loadu_ps(daf[i - i0]));           \
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, da), acc);       \
+                if (MIN) {                                                                         \
+                    __m512 mw = _mm512_permutexvar_ps(row_of, _mm512_loadu_ps(mwf[MIN ? i - i0 : 0])); \
+                    __m512 sa = _mm512_permutexvar_ps(tok_of, _mm512_loadu_ps(saf[MIN ? i - i0 : 0])); \
+                    acc = _mm512_fmadd_ps(mw, sa, acc);                                            \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        strip_store(R, C, rows, acc, yout, ys);                                                    \
+    }
+
+LEGACY_STRIP(q4_0, 18, 34, 2, 8, 0)
+LEGACY_STRIP(q4_1, 20, 36, 4, 0, 1)
+LEGACY_STRIP(q5_0, 22, 34, 2, 16, 0)
+LEGACY_STRIP(q5_1, 24, 36, 4, 0, 1)
+LEGACY_STRIP(q8_0, 34, 34, 2, 128, 0)
+
+#define K_STRIP(NAME, HAS_MIN)                                                                     \
+    ALWAYS_INLINE void strip_##NAME(const int R, const int C, int64_t n, const void *w, size_t ws,  \
+                                    int rows, const void *a, size_t as, float *yout, size_t ys) {  \
+        const uint8_t *wr[16], *y = a;                                                             \
+        strip_rows(R, w, ws, rows, wr);                                                            \
+        const size_t ahead = (size_t)R * ws;                                                       \
+        const __m512i row_of = pair_index(C, 1), tok_of = pair_index(C, 0);                        \
+        float dw[16] = {0}, dmw[16] = {0}, da[16] = {0};                                           \
+        __m256i coef[16];                                                                          \
+        __m512 acc = _mm512_setzero_ps();                                                          \
+        for (int64_t i = 0; i < n / 256; i++) {                                                    \
+            __m512i t[16];                                                                         \
+            UNROLL                                                                                 \
+            for (int r = 0; r < R; r++) {                                                          \
+                const uint8_t *b = wr[r] + i * sizeof(block_##NAME);                               \
+                for (size_t off = 0; off < sizeof(block_##NAME); off += 64)                        \
+                    _mm_prefetch((const char *)b + ahead + off, _MM_HINT_T0);                      \
+                kblock kb;                                                                         \
+                unpack_##NAME(b, &kb);                                                             \
+                dw[r] = kb.d;                                                                      \
+                dmw[r] = kb.dmin;                                                                  \
+                coef[r] = kb.coef;                                                                 \
+                UNROLL                                                                             \
+                for (int c = 0; c < C; c++)                                                        \
+                    t[r * C + c] = kdot_lanes(&kb, ((const block_q8_K *)(y + c * as) + i)->qs);    \
+            }                                                                                      \
+            UNROLL                                                                                 \
+            for (int p = R * C; p < 16; p++) t[p] = _mm512_setzero_si512();                        \
+            __m512i isum = reduce16_512(t);                                                        \
+            __m256i m[16];                                                                         \
+            UNROLL                                                                                 \
+            for (int c = 0; c < C; c++) {                                                          \
+                const block_q8_K *yb = (const block_q8_K *)(y + c * as) + i;                       \
+                da[c] = yb->d;                                                                     \
+                __m256i bs = _mm256_loadu_si256((const __m256i *)yb->bsums);                       \
+                UNROLL                                                                             \
+                for (int r = 0; r < R; r++) m[r * C + c] = _mm256_madd_epi16(coef[r], bs);         \
+            }                                                                                      \
+            __m512i csum = reduce_pairs_256(R * C, m);                                             \
+            __m512 dw16 = _mm512_permutexvar_ps(row_of, _mm512_loadu_ps(dw));                      \
+            __m512 da16 = _mm512_permutexvar_ps(tok_of, _mm512_loadu_ps(da));                      \
+            if (HAS_MIN) {                                                                         \
+                __m512 dm16 = _mm512_permutexvar_ps(row_of, _mm512_loadu_ps(dmw));                 \
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw16, da16), acc);   \
+                __m512 negm = _mm512_castsi512_ps(_mm512_xor_si512(                                 \
+                    _mm512_castps_si512(_mm512_cvtepi32_ps(csum)), _mm512_set1_epi32((int)0x80000000u))); \
+                acc = _mm512_fmadd_ps(negm, _mm512_mul_ps(dm16, da16), acc);                       \
+            } else {                                                                               \
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum, csum)),             \
+                                      _mm512_mul_ps(dw16, da16), acc);                             \
+            }                                                                                      \
+        }                                                                                          \
+        strip_store(R, C, rows, acc, yout, ys);                                                    \
+    }
+
+K_STRIP(q2_K, 1)
+K_STRIP(q3_K, 0)
+K_STRIP(q4_K, 1)
+K_STRIP(q5_K, 1)
+K_STRIP(q6_K, 0)
+
+/* Float rows: per pair FLOAT_DOT's two accumulators, chunk order and masked
+ * tail, hence its bits; at most 8 pairs (16 accumulators). */
+#define FLOAT_STRIP(NAME, LOADW, ES)                                                               \
+    ALWAYS_INLINE void strip_##NAME(const int R, const int C, int64_t n, const void *w, size_t ws,  \
+                                    int rows, const void *act, size_t as, float *y, size_t ys) {   \
+        const uint8_t *wr[16];                                                                     \
+        const float *a = act;                                                                      \
+        const size_t ahead = (size_t)R * ws, fs = as / sizeof(float);                              \
+        strip_rows(R, w, ws, rows, wr);                                                            \
+        __m512 acc0[8], acc1[8];                                                                   \
+        UNROLL                                                                                     \
+        for (int p = 0; p < R * C; p++) acc0[p] = acc1[p] = _mm512_setzero_ps();                   \
+        int64_t i = 0;                                                                             \
+        for (; i + 32 <= n; i += 32) {                                                             \
+            UNROLL                                                                                 \
+            for (int r = 0; r < R; r++) {                                                          \
+                for (int off = 0; off < 32 * (ES); off += 64)                                      \
+                    _mm_prefetch((const char *)wr[r] + (ES) * i + ahead + off, _MM_HINT_T0);       \
+                __m512 w0 = LOADW(wr[r], i), w1 = LOADW(wr[r], i + 16);                            \
+                UNROLL                                                                             \
+                for (int c = 0; c < C; c++) {                                                      \
+                    acc0[r * C + c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a + c * fs + i), acc0[r * C + c]); \
+                    acc1[r * C + c] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(a + c * fs + i + 16), acc1[r * C + c]); \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        for (; i + 16 <= n; i += 16)                                                               \
+            UNROLL                                                                                 \
+            for (int r = 0; r < R; r++) {                                                          \
+                __m512 wv = LOADW(wr[r], i);                                                       \
+                UNROLL                                                                             \
+                for (int c = 0; c < C; c++)                                                        \
+                    acc0[r * C + c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(a + c * fs + i), acc0[r * C + c]); \
+            }                                                                                      \
+        if (i < n) {                                                                               \
+            __mmask16 m = (__mmask16)((1u << (n - i)) - 1);                                        \
+            UNROLL                                                                                 \
+            for (int r = 0; r < R; r++) {                                                          \
+                __m512 wv = LOADW##_MASKED(wr[r], i, m);                                           \
+                UNROLL                                                                             \
+                for (int c = 0; c < C; c++)                                                        \
+                    acc1[r * C + c] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, a + c * fs + i), acc1[r * C + c]); \
+            }                                                                                      \
+        }                                                                                          \
+        UNROLL                                                                                     \
+        for (int r = 0; r < R; r++)                                                                \
+            if (r < rows)                                                                          \
+                UNROLL                                                                             \
+                for (int c = 0; c < C; c++)                                                        \
+                    y[c * ys + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r * C + c], acc1[r * C + c])); \
+    }
+
+FLOAT_STRIP(f32, LOAD_F32, 4)
+FLOAT_STRIP(f16, LOAD_F16, 2)
+FLOAT_STRIP(bf16, LOAD_BF16, 2)
+
+/* Weights dotted with Q8_0 activations (Q4_0, Q5_0, Q8_0), any token count:
+ * 16 rows in the 16 lanes, as in matmul_avx512.c's panels but transposed in
+ * registers instead of packed in memory. Per block the 16 rows' unsigned
+ * 32-byte forms are transposed (8 zmm; zmm j lane l = bytes 4j..4j+3 of row
+ * LANE_ROW(l)) once, then each token adds 8 vpdpbusd with its 4-byte groups
+ * broadcast, starting from meta's -OFF * sum(a): each lane is its row's
+ * exact block dot, with no horizontal reduction, folded on 16 lanes with
+ * quant_fold's cvt, dw * da, fma. SHIFT turns meta's -128 * sum(a) into
+ * -OFF * sum(a) (an exact shift: the value is a multiple of 128). */
+
+/* The transpose leaves the rows in the order 0-3, 8-11, 4-7, 12-15. */
+#define LANE_ROW(l) ((l) < 4 || (l) >= 12 ? (l) : (l) < 8 ? (l) + 4 : (l) - 4)
+
+/* z[k] = [row k | row k + 8] (8 dwords each) -> out[j] = dword j of every row. */
+ALWAYS_INLINE void transpose_rows16(const __m512i z[8], __m512i out[8]) {
+    __m512i a[8], b[8];
+    UNROLL
+    for (int k = 0; k < 4; k++) {
+        a[2 * k] = _mm512_unpacklo_epi32(z[2 * k], z[2 * k + 1]);
+        a[2 * k + 1] = _mm512_unpackhi_epi32(z[2 * k], z[2 * k + 1]);
+    }
+    /* b[4g + e]: quarter q holds dword e (q even) or 4 + e (q odd) of rows 4g..4g+3 (q < 2) or +8 */
+    UNROLL
+    for (int g = 0; g < 2; g++) {
+        b[4 * g + 0] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
+        b[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
+        b[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
+        b[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
+    }
+    UNROLL
+    for (int e = 0; e < 4; e++) {
+        out[e] = _mm512_shuffle_i32x4(b[e], b[4 + e], 0x88);
+        out[4 + e] = _mm512_shuffle_i32x4(b[e], b[4 + e], 0xdd);
+    }
+}
+
+#define LANE_STRIP(NAME, WB, SHIFT)                                                                \
+    ALWAYS_INLINE void lanes_##NAME(const int C, int64_t n, const void *w, size_t ws, int rows,    \
+                                    const void *a, size_t as, const int32_t *meta, float *yout,    \
+                                    size_t ys) {                                                   \
+        const uint8_t *wr[16], *act = a;                                                           \
+        strip_rows(16, w, ws, rows, wr);                                                           \
+        int32_t off[16];                                                                           \
+        UNROLL                                                                                     \
+        for (int l = 0; l < 16; l++) off[l] = (int32_t)(wr[LANE_ROW(l)] - wr[0]);                  \
+        const __m512i d_idx = _mm512_loadu_si512(off);                                             \
+        const size_t ahead = 16 * ws;                                                              \
+        const int64_t nb = n / 32;                                                                 \
+        const size_t ms = 2 * (size_t)nb;                                                          \
+        __m512 facc[8];                                                                            \
+        UNROLL                                                                                     \
+        for (int c = 0; c < C; c++) facc[c] = _mm512_setzero_ps();                                 \
+        for (int64_t i = 0; i < nb; i++) {                                                         \
+            __m512i z[8], wt[8];                                                                   \
+            UNROLL                                                                                 \
+            for (int k = 0; k < 8; k++) {                                                          \
+                const uint8_t *b0 = wr[k] + i * (WB), *b1 = wr[k + 8] + i * (WB);                  \
+                _mm_prefetch((const char *)b0 + ahead, _MM_HINT_T0);                               \
+                _mm_prefetch((const char *)b1 + ahead, _MM_HINT_T0);                               \
+                z[k] = join256(unpack_##NAME(b0), unpack_##NAME(b1));                              \
+            }                                                                                      \
+            transpose_rows16(z, wt);                                                               \
+            __m512i dbits = _mm512_i32gather_epi32(d_idx, (const void *)(wr[0] + i * (WB)), 1);    \
+            __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dbits));                             \
+            UNROLL                                                                                 \
+            for (int c = 0; c < C; c++) {                                                          \
+                const uint8_t *q = act + c * as + i * 34 + 2;                                      \
+                const int32_t *m = meta + c * ms + 2 * i;                                          \
+                __m512i acc0 = _mm512_set1_epi32(m[0] >> (SHIFT)), acc1 = _mm512_setzero_si512();   \
+                UNROLL                                                                             \
+                for (int j = 0; j < 8; j += 2) {                                                   \
+                    acc0 = _mm512_dpbusd_epi32(acc0, wt[j], _mm512_set1_epi32(load_i32(q + 4 * j))); \
+                    acc1 = _mm512_dpbusd_epi32(acc1, wt[j + 1], _mm512_set1_epi32(load_i32(q + 4 * j + 4))); \
+                }                                                                                  \
+                float da;                                                                          \
+                memcpy(&da, m + 1, 4);                                                             \
+                facc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc0, acc1)),         \
+                                          _mm512_mul_ps(dw, _mm512_set1_ps(da)), facc[c]);         \
+            }                                                                                      \
+        }                                                                                          \
+        UNROLL                                                                                     \
+        for (int c = 0; c < C; c++) {                                                              \
+            float out[16];                                                                         \
+            _mm512_storeu_ps(out, facc[c]);                                                        \
+            UNROLL                                                                                 \
+            for (int l = 0; l < 16; l++)                                                           \
+                if (LANE_ROW(l) < rows) yout[c * ys + LANE_ROW(l)] = out[l];                       \
+        }                                                                                          \
+    }
+
+LANE_STRIP(q4_0, 18, 4)
+LANE_STRIP(q5_0, 22, 3)
+LANE_STRIP(q8_0, 34, 0)
+
+/* Strip heights per token count: 16 pairs for the integer types (the
+ * reduction trees' width), 8 for the float ones (their accumulators). */
+#define QUANT_H(C) ((C) == 1 ? 16 : (C) == 2 ? 8 : (C) == 3 ? 5 : (C) == 4 ? 4 : (C) == 5 ? 3 : 2)
+#define FLOAT_H(C) ((C) == 1 ? 8 : (C) == 2 ? 4 : (C) <= 4 ? 2 : 1)
+
+#define STRIP_FN(NAME, H, C)                                                                       \
+    static void strip_##NAME##_##C(int64_t n, const void *w, size_t ws, int rows, const void *a,   \
+                                   size_t as, const int32_t *meta, float *y, size_t ys) {          \
+        (void)meta;                                                                                \
+        strip_##NAME(H(C), C, n, w, ws, rows, a, as, y, ys);                                       \
+    }
+#define LANE_FN(NAME, H, C)                                                                        \
+    static void strip_##NAME##_##C(int64_t n, const void *w, size_t ws, int rows, const void *a,   \
+                                   size_t as, const int32_t *meta, float *y, size_t ys) {          \
+        lanes_##NAME(C, n, w, ws, rows, a, as, meta, y, ys);                                       \
+    }
+#define STRIPS(NAME, H) STRIPS_OF(NAME, H, STRIP_FN)
+#define STRIPS_OF(NAME, H, FN)                                                                     \
+    FN(NAME, H, 1) FN(NAME, H, 2) FN(NAME, H, 3) FN(NAME, H, 4)                                    \
+    FN(NAME, H, 5) FN(NAME, H, 6) FN(NAME, H, 7) FN(NAME, H, 8)                                    \
+    static void set_strips_##NAME(quant_strip_fn *fns, int *heights) {                             \
+        const quant_strip_fn f[QUANT_STRIP_TOKENS] = {strip_##NAME##_1, strip_##NAME##_2, strip_##NAME##_3, \
+                                                      strip_##NAME##_4, strip_##NAME##_5, strip_##NAME##_6, \
+                                                      strip_##NAME##_7, strip_##NAME##_8};         \
+        for (int c = 1; c <= QUANT_STRIP_TOKENS; c++) {                                            \
+            fns[c] = f[c - 1];                                                                     \
+            heights[c] = H(c);                                                                     \
+        }                                                                                          \
+    }
+
+#define LANE_H(C) 16
+STRIPS_OF(q4_0, LANE_H, LANE_FN)
+STRIPS(q4_1, QUANT_H)
+STRIPS_OF(q5_0, LANE_H, LANE_FN)
+STRIPS(q5_1, QUANT_H)
+STRIPS_OF(q8_0, LANE_H, LANE_FN)
+STRIPS(q2_K, QUANT_H)
+STRIPS(q3_K, QUANT_H)
+STRIPS(q4_K, QUANT_H)
+STRIPS(q5_K, QUANT_H)
+STRIPS(q6_K, QUANT_H)
+STRIPS(f32, FLOAT_H)
+STRIPS(f16, FLOAT_H)
+STRIPS(bf16, FLOAT_H)
+
+void quant_avx512_strips(quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1],
+                         int heights[DT_COUNT][QUANT_STRIP_TOKENS + 1]) {
+#define SET(T, NAME) set_strips_##NAME(strips[T], heights[T])
+    SET(DT_Q4_0, q4_0);
+    SET(DT_Q4_1, q4_1);
+    SET(DT_Q5_0, q5_0);
+    SET(DT_Q5_1, q5_1);
+    SET(DT_Q8_0, q8_0);
+    SET(DT_Q2_K, q2_K);
+    SET(DT_Q3_K, q3_K);
+    SET(DT_Q4_K, q4_K);
+    SET(DT_Q5_K, q5_K);
+    SET(DT_Q6_K, q6_K);
+    SET(DT_F32, f32);
+    SET(DT_F16, f16);
+    SET(DT_BF16, bf16);
+#undef SET
+}
 
 void quant_avx512_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[DT_COUNT],
                           int *tile_rows, int *tile_cols) {
