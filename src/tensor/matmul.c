@@ -70,6 +70,7 @@ typedef struct matmul_task {
     quant_tile_fn tile;
     int tile_rows, tile_cols;
     quant_strip_fn strip;   /* small batches: one pass over the weights, or NULL */
+    quant_strip_fn strip_rest; /* the last, shorter token chunk of a batch over 8 */
     int strip_rows;
     int32_t *meta;          /* panel GEMM: per (token, block) {-128 * sum(qs), f32 d}; or NULL */
     uint8_t *pack;          /* panel GEMM: one packed panel per part, or NULL */
@@ -145,11 +146,19 @@ static void compute_task(void *ctx, int ith, int nth) {
     ember_split_range((long)n_out, compute_granule(t), ith, nth, &begin, &end);
     if (begin >= end) return;
     if (t->strip) {
-        const int R = t->strip_rows;
-        for (int64_t o = begin; o < end; o += R)
-            t->strip(n_in, (const uint8_t *)t->w->data + (size_t)o * t->w->row_bytes, t->w->row_bytes,
-                     end - o < R ? (int)(end - o) : R, t->act, t->act_row_bytes, t->meta, t->y + o,
-                     (size_t)n_out);
+        /* Token chunks of QUANT_STRIP_TOKENS pass over a strip's rows while
+         * they are in L1 (one weight pass from memory for the batch). */
+        const int R = t->strip_rows, C = QUANT_STRIP_TOKENS;
+        const size_t meta_stride = 2 * (size_t)(n_in / 32);
+        for (int64_t o = begin; o < end; o += R) {
+            const uint8_t *wrow = (const uint8_t *)t->w->data + (size_t)o * t->w->row_bytes;
+            int rows = end - o < R ? (int)(end - o) : R;
+            for (int64_t tok = 0; tok < t->n_tokens; tok += C) {
+                quant_strip_fn fn = t->n_tokens - tok < C ? t->strip_rest : t->strip;
+                fn(n_in, wrow, t->w->row_bytes, rows, t->act + (size_t)tok * t->act_row_bytes, t->act_row_bytes,
+                   t->meta ? t->meta + (size_t)tok * meta_stride : NULL, t->y + tok * n_out + o, (size_t)n_out);
+            }
+        }
         return;
     }
     if (t->pack) {
@@ -180,6 +189,30 @@ static void compute_task(void *ctx, int ith, int nth) {
     if (full_rows_end < end) dots_range(t, full_rows_end, end, 0, t->n_tokens);
 }
 
+/* Strips for batches of up to STRIP_MAX_TOKENS: one kernel when it fits
+ * QUANT_STRIP_TOKENS, else full chunks plus a shorter last one, where both
+ * kernels have the same height (the 16-lane kernels; the others change
+ * height with the token count and stop at QUANT_STRIP_TOKENS). Beyond that
+ * the panels (or tiles), which pack or reuse each weight block for more
+ * tokens, cost less. */
+enum { STRIP_MAX_TOKENS = 16 };
+
+static void choose_strips(matmul_task *t) {
+    t->strip = t->strip_rest = NULL;
+    if (t->n_tokens > STRIP_MAX_TOKENS) return;
+    if (t->n_tokens <= QUANT_STRIP_TOKENS) {
+        t->strip = t->strip_rest = quant_strip_kernel(t->w->type, (int)t->n_tokens, &t->strip_rows);
+        return;
+    }
+    int rows = 0, rest_rows = 0, rest = (int)(t->n_tokens % QUANT_STRIP_TOKENS);
+    quant_strip_fn full = quant_strip_kernel(t->w->type, QUANT_STRIP_TOKENS, &rows);
+    quant_strip_fn last = rest ? quant_strip_kernel(t->w->type, rest, &rest_rows) : full;
+    if (full == NULL || last == NULL || (rest && rest_rows != rows)) return;
+    t->strip = full;
+    t->strip_rest = last;
+    t->strip_rows = rows;
+}
+
 int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight *w,
                   const float *x, int64_t n_tokens, float *y) {
     const dtype_info *info = dtype_info_of((uint32_t)w->type);
@@ -189,7 +222,7 @@ int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight
         .dot = quant_dot_kernel(w->type),
     };
     t.tile = quant_tile_kernel(w->type, &t.tile_rows, &t.tile_cols);
-    t.strip = quant_strip_kernel(w->type, (int)(n_tokens < INT32_MAX ? n_tokens : 0), &t.strip_rows);
+    choose_strips(&t);
     if (t.act_type == DT_F32) {
         t.act = (const uint8_t *)x;
         t.act_row_bytes = (size_t)w->n_in * sizeof(float);

@@ -1042,6 +1042,9 @@ void quant_avx512_strips(quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1]
     SET(DT_F16, f16);
     SET(DT_BF16, bf16);
 #undef SET
+    /* A lone token: these types' GEMV dots are faster than a 16- or 8-row strip. */
+    strips[DT_Q4_K][1] = NULL;
+    strips[DT_F32][1] = NULL;
 }
 
 void quant_avx512_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[DT_COUNT],
