@@ -12,7 +12,8 @@
  *    the 16-bit sub-block scales; mins / the Q6_K offset through bsums.
  * Types not listed here use the scalar kernels (identical results). The
  * float row dots (f32/f16/bf16) use 8-lane accumulators: deterministic for
- * this ISA. */
+ * this ISA. Small batches (1..8 tokens) have strips of rows x tokens that
+ * load each weight block once (see the strips section). */
 #include <immintrin.h>
 #include <string.h>
 
@@ -187,8 +188,334 @@ void quant_avx2_kernels(quant_dot_fn dots[DT_COUNT]) {
     dots[DT_Q6_K] = dot_q6_K;
 }
 
+/* ------------------------------------------------ small-batch strips */
+
+/* R weight rows x C tokens (quant.h: quant_strip_fn), each weight block
+ * loaded once for the C tokens. Pair p = r * C + c (at most 8: the 8 lanes
+ * and 16 registers of AVX2) keeps the dot's integer lanes; the 8 pair
+ * vectors are reduced together by one transpose-and-add tree instead of 8
+ * horizontal sums, and the fold runs on 8 lanes with quant_fold's
+ * operations (cvt, dw * da, fma): the same exact integers and bits as the
+ * dots above. Rows past `rows` repeat the last row and are not stored. */
+
+#define UNROLL _Pragma("GCC unroll 16")
+
+/* 8 vectors of 8 lanes -> one vector of their 8 sums, in order. */
+ALWAYS_INLINE __m256i reduce8(const __m256i t[8]) {
+    __m256i u[4], w[2];
+    UNROLL
+    for (int k = 0; k < 4; k++)
+        u[k] = _mm256_add_epi32(_mm256_unpacklo_epi32(t[2 * k], t[2 * k + 1]),
+                                _mm256_unpackhi_epi32(t[2 * k], t[2 * k + 1]));
+    UNROLL
+    for (int k = 0; k < 2; k++)
+        w[k] = _mm256_add_epi32(_mm256_unpacklo_epi64(u[2 * k], u[2 * k + 1]),
+                                _mm256_unpackhi_epi64(u[2 * k], u[2 * k + 1]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(w[0], w[1], 0x20),
+                            _mm256_permute2x128_si256(w[0], w[1], 0x31));
+}
+
+/* Lane p of a per-row (per-token) value: v[p / C] (v[p % C]); lanes past the strip repeat a row. */
+#define ROW_OF(p) ((p) / C < R ? (p) / C : R - 1)
+ALWAYS_INLINE __m256 by_row(const int R, const int C, const float *v) {
+    return _mm256_setr_ps(v[ROW_OF(0)], v[ROW_OF(1)], v[ROW_OF(2)], v[ROW_OF(3)], v[ROW_OF(4)], v[ROW_OF(5)],
+                          v[ROW_OF(6)], v[ROW_OF(7)]);
+}
+#undef ROW_OF
+ALWAYS_INLINE __m256 by_tok(const int C, const float *v) {
+    return _mm256_setr_ps(v[0 % C], v[1 % C], v[2 % C], v[3 % C], v[4 % C], v[5 % C], v[6 % C], v[7 % C]);
+}
+ALWAYS_INLINE __m256i tok_index(const int C) {
+    return _mm256_setr_epi32(0 % C, 1 % C, 2 % C, 3 % C, 4 % C, 5 % C, 6 % C, 7 % C);
+}
+
+ALWAYS_INLINE void rows_of(const int R, const void *w, size_t ws, int rows, const uint8_t *wr[8]) {
+    UNROLL
+    for (int r = 0; r < R; r++) wr[r] = (const uint8_t *)w + (size_t)(r < rows ? r : rows - 1) * ws;
+}
+
+ALWAYS_INLINE void store_pairs(const int R, const int C, int rows, __m256 acc, float *y, size_t ys) {
+    float out[8];
+    _mm256_storeu_ps(out, acc);
+    UNROLL
+    for (int r = 0; r < R; r++)
+        if (r < rows)
+            UNROLL
+            for (int c = 0; c < C; c++) y[c * ys + r] = out[r * C + c];
+}
+
+ALWAYS_INLINE void strip_q8_0(const int R, const int C, int64_t n, const void *w, size_t ws, int rows,
+                              const void *a, size_t as, float *yout, size_t ys) {
+    const uint8_t *wr[8], *act = a;
+    rows_of(R, w, ws, rows, wr);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / 32; i++) {
+        __m256i t[8];
+        float dw[8], da[8];
+        UNROLL
+        for (int c = 0; c < C; c++) da[c] = load_f16(act + c * as + i * 34);
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b = wr[r] + i * 34;
+            dw[r] = load_f16(b);
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(b + 2)), wabs = _mm256_sign_epi8(wv, wv);
+            UNROLL
+            for (int c = 0; c < C; c++) {
+                __m256i av = _mm256_loadu_si256((const __m256i *)(act + c * as + i * 34 + 2));
+                t[r * C + c] = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(av, wv)), ones);
+            }
+        }
+        UNROLL
+        for (int p = R * C; p < 8; p++) t[p] = _mm256_setzero_si256();
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(t)), _mm256_mul_ps(by_row(R, C, dw), by_tok(C, da)), acc);
+    }
+    store_pairs(R, C, rows, acc, yout, ys);
+}
+
+ALWAYS_INLINE void strip_q4_0(const int R, const int C, int64_t n, const void *w, size_t ws, int rows,
+                              const void *a, size_t as, float *yout, size_t ys) {
+    const uint8_t *wr[8], *act = a;
+    rows_of(R, w, ws, rows, wr);
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8);
+    const __m256i tok = tok_index(C);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / 32; i++) {
+        __m256i t[8], off[8];
+        float dw[8], da[8];
+        /* 8 * sum(a) per token, reduced with the pairs' tree and spread to pairs */
+        UNROLL
+        for (int c = 0; c < 8; c++) {
+            off[c] = _mm256_setzero_si256();
+            if (c < C) {
+                const uint8_t *b = act + c * as + i * 34;
+                da[c] = load_f16(b);
+                off[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, _mm256_loadu_si256((const __m256i *)(b + 2))), ones);
+            }
+        }
+        __m256i offs = _mm256_permutevar8x32_epi32(reduce8(off), tok);
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            const uint8_t *b = wr[r] + i * 18;
+            dw[r] = load_f16(b);
+            __m128i q = _mm_loadu_si128((const __m128i *)(b + 2));
+            __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
+            UNROLL
+            for (int c = 0; c < C; c++) {
+                __m256i av = _mm256_loadu_si256((const __m256i *)(act + c * as + i * 34 + 2));
+                t[r * C + c] = _mm256_madd_epi16(_mm256_maddubs_epi16(u, av), ones);
+            }
+        }
+        UNROLL
+        for (int p = R * C; p < 8; p++) t[p] = _mm256_setzero_si256();
+        __m256i isum = _mm256_sub_epi32(reduce8(t), offs);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(by_row(R, C, dw), by_tok(C, da)), acc);
+    }
+    store_pairs(R, C, rows, acc, yout, ys);
+}
+
+/* Q4_K: per row the 6-bit scales and mins once, then every token; the mins
+ * term (msum) of each pair goes through a second tree. */
+ALWAYS_INLINE void strip_q4_K(const int R, const int C, int64_t n, const void *w, size_t ws, int rows,
+                              const void *a, size_t as, float *yout, size_t ys) {
+    const uint8_t *wr[8], *act = a;
+    rows_of(R, w, ws, rows, wr);
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / 256; i++) {
+        __m256i t[8], m[8];
+        float dw[8], dmw[8], da[8];
+        UNROLL
+        for (int c = 0; c < C; c++) da[c] = ((const block_q8_K *)(act + c * as) + i)->d;
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            const block_q4_K *x = (const block_q4_K *)wr[r] + i;
+            int16_t scales[16], mins[16];
+            for (int j = 0; j < 8; j++) {
+                uint8_t sc, mn;
+                quant_k4_scale_min(j, x->scales, &sc, &mn);
+                scales[2 * j] = scales[2 * j + 1] = sc;
+                mins[2 * j] = mins[2 * j + 1] = mn;
+            }
+            dw[r] = load_f16(&x->d);
+            dmw[r] = load_f16(&x->dmin);
+            __m256i mins16 = _mm256_loadu_si256((const __m256i *)mins);
+            UNROLL
+            for (int c = 0; c < C; c++) {
+                t[r * C + c] = _mm256_setzero_si256();
+                m[r * C + c] = _mm256_madd_epi16(mins16, _mm256_loadu_si256((const __m256i *)((const block_q8_K *)(act + c * as) + i)->bsums));
+            }
+            for (int g = 0; g < 4; g++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * g));
+                __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                __m256i s0 = chunk_scales(scales, 2 * g), s1 = chunk_scales(scales, 2 * g + 1);
+                UNROLL
+                for (int c = 0; c < C; c++) {
+                    const int8_t *aq = ((const block_q8_K *)(act + c * as) + i)->qs + 64 * g;
+                    __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)aq)), s0);
+                    __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(aq + 32))), s1);
+                    t[r * C + c] = _mm256_add_epi32(t[r * C + c], _mm256_add_epi32(p0, p1));
+                }
+            }
+        }
+        UNROLL
+        for (int p = R * C; p < 8; p++) t[p] = m[p] = _mm256_setzero_si256();
+        __m256 da8 = by_tok(C, da);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(t)), _mm256_mul_ps(by_row(R, C, dw), da8), acc);
+        acc = _mm256_fmadd_ps(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtepi32_ps(reduce8(m))),
+                              _mm256_mul_ps(by_row(R, C, dmw), da8), acc);
+    }
+    store_pairs(R, C, rows, acc, yout, ys);
+}
+
+ALWAYS_INLINE void strip_q6_K(const int R, const int C, int64_t n, const void *w, size_t ws, int rows,
+                              const void *a, size_t as, float *yout, size_t ys) {
+    const uint8_t *wr[8], *act = a;
+    rows_of(R, w, ws, rows, wr);
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / 256; i++) {
+        __m256i t[8], m[8];
+        float dw[8], da[8];
+        UNROLL
+        for (int c = 0; c < C; c++) da[c] = ((const block_q8_K *)(act + c * as) + i)->d;
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            const block_q6_K *x = (const block_q6_K *)wr[r] + i;
+            int16_t scales[16];
+            for (int k = 0; k < 16; k++) scales[k] = x->scales[k];
+            dw[r] = load_f16(&x->d);
+            __m256i sc16 = _mm256_slli_epi16(_mm256_loadu_si256((const __m256i *)scales), 5);
+            UNROLL
+            for (int c = 0; c < C; c++) {
+                t[r * C + c] = _mm256_setzero_si256();
+                m[r * C + c] = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)((const block_q8_K *)(act + c * as) + i)->bsums));
+            }
+            for (int h = 0; h < 2; h++) {
+                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
+                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+                __m256i u[4] = {
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4)),
+                };
+                for (int k = 0; k < 4; k++) {
+                    __m256i sk = chunk_scales(scales, 4 * h + k);
+                    UNROLL
+                    for (int c = 0; c < C; c++) {
+                        const int8_t *aq = ((const block_q8_K *)(act + c * as) + i)->qs + 128 * h + 32 * k;
+                        t[r * C + c] = _mm256_add_epi32(
+                            t[r * C + c], _mm256_madd_epi16(_mm256_maddubs_epi16(u[k], _mm256_loadu_si256((const __m256i *)aq)), sk));
+                    }
+                }
+            }
+        }
+        UNROLL
+        for (int p = R * C; p < 8; p++) t[p] = m[p] = _mm256_setzero_si256();
+        __m256i isum = _mm256_sub_epi32(reduce8(t), reduce8(m));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(by_row(R, C, dw), by_tok(C, da)), acc);
+    }
+    store_pairs(R, C, rows, acc, yout, ys);
+}
+
+/* Float rows: FLOAT_DOT's two 8-lane accumulators per pair, its 16-chunk
+ * order, horizontal sum and in-order scalar tail, for at most 4 pairs at a
+ * time (8 accumulators); 5..8 tokens take two passes over a row still in L1. */
+#define FLOAT_STRIP(NAME, LOADW)                                                                   \
+    ALWAYS_INLINE void pass_##NAME(const int R, const int C, int64_t n, const uint8_t *const *wr,  \
+                                   int rows, const float *a, size_t fs, float *y, size_t ys) {     \
+        __m256 acc0[4], acc1[4];                                                                   \
+        UNROLL                                                                                     \
+        for (int p = 0; p < R * C; p++) acc0[p] = acc1[p] = _mm256_setzero_ps();                   \
+        int64_t i = 0;                                                                             \
+        for (; i + 16 <= n; i += 16)                                                               \
+            UNROLL                                                                                 \
+            for (int r = 0; r < R; r++) {                                                          \
+                __m256 w0 = LOADW(wr[r], i), w1 = LOADW(wr[r], i + 8);                             \
+                UNROLL                                                                             \
+                for (int c = 0; c < C; c++) {                                                      \
+                    acc0[r * C + c] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(a + c * fs + i), acc0[r * C + c]); \
+                    acc1[r * C + c] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(a + c * fs + i + 8), acc1[r * C + c]); \
+                }                                                                                  \
+            }                                                                                      \
+        UNROLL                                                                                     \
+        for (int r = 0; r < R; r++)                                                                \
+            UNROLL                                                                                 \
+            for (int c = 0; c < C; c++) {                                                          \
+                __m256 v = _mm256_add_ps(acc0[r * C + c], acc1[r * C + c]);                        \
+                __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));     \
+                s = _mm_add_ps(s, _mm_movehl_ps(s, s));                                            \
+                s = _mm_add_ss(s, _mm_movehdup_ps(s));                                             \
+                float sum = _mm_cvtss_f32(s);                                                      \
+                for (int64_t k = i; k < n; k++) {                                                  \
+                    float wk;                                                                      \
+                    LOADW##_ONE(wr[r], k, wk);                                                     \
+                    sum = __builtin_fmaf(wk, a[c * fs + k], sum);                                  \
+                }                                                                                  \
+                if (r < rows) y[c * ys + r] = sum;                                                 \
+            }                                                                                      \
+    }                                                                                              \
+    ALWAYS_INLINE void strip_##NAME(const int R, const int C, int64_t n, const void *w, size_t ws, \
+                                    int rows, const void *a, size_t as, float *y, size_t ys) {     \
+        const uint8_t *wr[8];                                                                      \
+        rows_of(R, w, ws, rows, wr);                                                               \
+        const size_t fs = as / sizeof(float);                                                      \
+        if (C <= 4) {                                                                              \
+            pass_##NAME(R, C, n, wr, rows, a, fs, y, ys);                                          \
+        } else {                                                                                   \
+            pass_##NAME(R, 4, n, wr, rows, a, fs, y, ys);                                          \
+            pass_##NAME(R, C - 4, n, wr, rows, (const float *)a + 4 * fs, fs, y + 4 * ys, ys);     \
+        }                                                                                          \
+    }
+
+FLOAT_STRIP(f32, LOAD_F32)
+FLOAT_STRIP(f16, LOAD_F16)
+FLOAT_STRIP(bf16, LOAD_BF16)
+
+/* Heights: 8 pairs for the integer types, 4 for the float ones (per pass). */
+#define INT_H(C) ((C) == 1 ? 8 : (C) == 2 ? 4 : (C) <= 4 ? 2 : 1)
+#define FLT_H(C) ((C) == 1 ? 4 : (C) == 2 ? 2 : 1)
+
+#define STRIP_FN(NAME, H, C)                                                                       \
+    static void strip_##NAME##_##C(int64_t n, const void *w, size_t ws, int rows, const void *a,   \
+                                   size_t as, const int32_t *meta, float *y, size_t ys) {          \
+        (void)meta;                                                                                \
+        strip_##NAME(H(C), C, n, w, ws, rows, a, as, y, ys);                                       \
+    }
+#define STRIPS(NAME, H)                                                                            \
+    STRIP_FN(NAME, H, 1) STRIP_FN(NAME, H, 2) STRIP_FN(NAME, H, 3) STRIP_FN(NAME, H, 4)            \
+    STRIP_FN(NAME, H, 5) STRIP_FN(NAME, H, 6) STRIP_FN(NAME, H, 7) STRIP_FN(NAME, H, 8)            \
+    static void set_strips_##NAME(quant_strip_fn *fns, int *heights) {                             \
+        const quant_strip_fn f[QUANT_STRIP_TOKENS] = {strip_##NAME##_1, strip_##NAME##_2, strip_##NAME##_3, \
+                                                      strip_##NAME##_4, strip_##NAME##_5, strip_##NAME##_6, \
+                                                      strip_##NAME##_7, strip_##NAME##_8};         \
+        for (int c = 1; c <= QUANT_STRIP_TOKENS; c++) {                                            \
+            fns[c] = f[c - 1];                                                                     \
+            heights[c] = H(c);                                                                     \
+        }                                                                                          \
+    }
+
+STRIPS(q8_0, INT_H)
+STRIPS(q4_0, INT_H)
+STRIPS(q4_K, INT_H)
+STRIPS(q6_K, INT_H)
+STRIPS(f32, FLT_H)
+STRIPS(f16, FLT_H)
+STRIPS(bf16, FLT_H)
+
 void quant_avx2_strips(quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1],
                        int heights[DT_COUNT][QUANT_STRIP_TOKENS + 1]) {
-    (void)strips;
-    (void)heights;
+    set_strips_q8_0(strips[DT_Q8_0], heights[DT_Q8_0]);
+    set_strips_q4_0(strips[DT_Q4_0], heights[DT_Q4_0]);
+    set_strips_q4_K(strips[DT_Q4_K], heights[DT_Q4_K]);
+    set_strips_q6_K(strips[DT_Q6_K], heights[DT_Q6_K]);
+    set_strips_f32(strips[DT_F32], heights[DT_F32]);
+    set_strips_f16(strips[DT_F16], heights[DT_F16]);
+    set_strips_bf16(strips[DT_BF16], heights[DT_BF16]);
+    strips[DT_F32][1] = NULL; /* a lone f32 token: the GEMV dot is faster */
 }
