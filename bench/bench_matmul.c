@@ -11,7 +11,10 @@
  * bench_matmul --batch [threads] [isa]: small batches out of cache, what a
  * speculative verification step pays: 1024 x 3072 matrices, enough of them
  * to hold 4x the last-level cache, one pass over all at n_tokens 1..9; prints
- * ms per pass, the weight bandwidth and the cost relative to n_tokens 1. */
+ * ms per pass, the weight bandwidth and the cost relative to n_tokens 1
+ * (wall time, best of 9, and CPU time, which a busy machine disturbs less).
+ * BENCH_TYPE=q8_0 limits it to one type; BENCH_HOT=1 uses one matrix that
+ * stays in cache (the kernels' compute cost alone). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,7 +128,9 @@ int main(int argc, char **argv) {
         printf("threads %d, isa %s\n", threads, quant_isa_name(quant_get_isa()));
         ember_pool *pool = ember_pool_create(threads);
         const ember_dtype types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, DT_F16, DT_BF16, DT_F32};
-        for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) bench_batch(pool, types[t]);
+        const char *only = getenv("BENCH_TYPE"); /* e.g. q8_0: that type alone */
+        for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+            if (only == NULL || strcmp(only, dtype_info_of(types[t])->name) == 0) bench_batch(pool, types[t]);
         ember_pool_free(pool);
         return 0;
     }

@@ -897,6 +897,10 @@ FLOAT_STRIP(bf16, LOAD_BF16, 2)
  * -OFF * sum(a) (an exact shift: the value is a multiple of 128). */
 
 /* The transpose leaves the rows in the order 0-3, 8-11, 4-7, 12-15. */
+
+
+
+#define LANE_AHEAD 1
 #define LANE_ROW(l) ((l) < 4 || (l) >= 12 ? (l) : (l) < 8 ? (l) + 4 : (l) - 4)
 
 /* z[k] = [row k | row k + 8] (8 dwords each) -> out[j] = dword j of every row. */
@@ -922,17 +926,26 @@ ALWAYS_INLINE void transpose_rows16(const __m512i z[8], __m512i out[8]) {
     }
 }
 
+/* Row r of a full strip is p[r % 4] + o[r / 4] (4 pointers and 3 offsets in
+ * registers instead of 16 pointers that spill); a ragged strip (rows < 16)
+ * takes its clamped row pointers from memory. */
+#define LANE_ROW_PTR(r, WB)                                                                          \
+    (FULL ? ((r) % 4 == 0 ? p0 : (r) % 4 == 1 ? p1 : (r) % 4 == 2 ? p2 : p3) +                    \
+                ((r) / 4 == 0 ? 0 : (r) / 4 == 1 ? o4 : (r) / 4 == 2 ? o8 : o12)                   \
+          : wr[r] + i * (WB))
+
 #define LANE_STRIP(NAME, WB, SHIFT)                                                                \
-    ALWAYS_INLINE void lanes_##NAME(const int C, int64_t n, const void *w, size_t ws, int rows,    \
-                                    const void *a, size_t as, const int32_t *meta, float *yout,    \
-                                    size_t ys) {                                                   \
+    ALWAYS_INLINE void lanes_body_##NAME(const int FULL, const int C, int64_t n, const void *w,    \
+                                         size_t ws, int rows, const void *a, size_t as,            \
+                                         const int32_t *meta, float *yout, size_t ys) {            \
         const uint8_t *wr[16], *act = a;                                                           \
         strip_rows(16, w, ws, rows, wr);                                                           \
         int32_t off[16];                                                                           \
         UNROLL                                                                                     \
         for (int l = 0; l < 16; l++) off[l] = (int32_t)(wr[LANE_ROW(l)] - wr[0]);                  \
         const __m512i d_idx = _mm512_loadu_si512(off);                                             \
-        const size_t ahead = 16 * ws;                                                              \
+        const size_t ahead = LANE_AHEAD * 16 * ws, o4 = 4 * ws, o8 = 8 * ws, o12 = 12 * ws;        \
+        const uint8_t *p0 = w, *p1 = p0 + ws, *p2 = p1 + ws, *p3 = p2 + ws;                        \
         const int64_t nb = n / 32;                                                                 \
         const size_t ms = 2 * (size_t)nb;                                                          \
         __m512 facc[8];                                                                            \
@@ -942,13 +955,13 @@ ALWAYS_INLINE void transpose_rows16(const __m512i z[8], __m512i out[8]) {
             __m512i z[8], wt[8];                                                                   \
             UNROLL                                                                                 \
             for (int k = 0; k < 8; k++) {                                                          \
-                const uint8_t *b0 = wr[k] + i * (WB), *b1 = wr[k + 8] + i * (WB);                  \
+                const uint8_t *b0 = LANE_ROW_PTR(k, WB), *b1 = LANE_ROW_PTR(k + 8, WB);                    \
                 _mm_prefetch((const char *)b0 + ahead, _MM_HINT_T0);                               \
                 _mm_prefetch((const char *)b1 + ahead, _MM_HINT_T0);                               \
                 z[k] = join256(unpack_##NAME(b0), unpack_##NAME(b1));                              \
             }                                                                                      \
             transpose_rows16(z, wt);                                                               \
-            __m512i dbits = _mm512_i32gather_epi32(d_idx, (const void *)(wr[0] + i * (WB)), 1);    \
+            __m512i dbits = _mm512_i32gather_epi32(d_idx, (const void *)(FULL ? p0 : wr[0] + i * (WB)), 1); \
             __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dbits));                             \
             UNROLL                                                                                 \
             for (int c = 0; c < C; c++) {                                                          \
@@ -965,6 +978,7 @@ ALWAYS_INLINE void transpose_rows16(const __m512i z[8], __m512i out[8]) {
                 facc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc0, acc1)),         \
                                           _mm512_mul_ps(dw, _mm512_set1_ps(da)), facc[c]);         \
             }                                                                                      \
+            p0 += (WB), p1 += (WB), p2 += (WB), p3 += (WB);                                        \
         }                                                                                          \
         UNROLL                                                                                     \
         for (int c = 0; c < C; c++) {                                                              \
@@ -974,6 +988,14 @@ ALWAYS_INLINE void transpose_rows16(const __m512i z[8], __m512i out[8]) {
             for (int l = 0; l < 16; l++)                                                           \
                 if (LANE_ROW(l) < rows) yout[c * ys + LANE_ROW(l)] = out[l];                       \
         }                                                                                          \
+    }                                                                                              \
+    ALWAYS_INLINE void lanes_##NAME(const int C, int64_t n, const void *w, size_t ws, int rows,    \
+                                    const void *a, size_t as, const int32_t *meta, float *yout,    \
+                                    size_t ys) {                                                   \
+        if (rows == 16)                                                                            \
+            lanes_body_##NAME(1, C, n, w, ws, rows, a, as, meta, yout, ys);                        \
+        else                                                                                       \
+            lanes_body_##NAME(0, C, n, w, ws, rows, a, as, meta, yout, ys);                        \
     }
 
 LANE_STRIP(q4_0, 18, 4)
