@@ -15,7 +15,7 @@ MODEL ?= models/stories260K.gguf
 
 PREFIX ?= /usr/local
 
-.PHONY: all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-kv bench-serve bench-multiturn bench-scenarios bench-predict bench-retire-stall bench-spec bench-remote load-test install docs fuzz-all clean
+.PHONY: all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-kv bench-serve bench-multiturn bench-scenarios bench-predict bench-retire-stall bench-spec bench-bw bench-remote load-test install docs fuzz-all clean
 
 all: build
 
@@ -200,6 +200,19 @@ bench-spec: build
 	./build/bench_spec decode models/stories260K.gguf --draft $(BENCH_MODELS)/stories260K-q8_0.gguf \
 	  --draft $(BENCH_MODELS)/stories260K-q4_0.gguf --self --lookup --tokens 256 2>/dev/null
 	./build/bench_spec decode ../shared/fixtures/reference/qwen35-mtp-normjit-f32.gguf --mtp --lookup --tokens 128 2>/dev/null
+
+# Decode against the memory bandwidth (issue 15): a STREAM-like triad and a
+# read pass on this machine, then decode at position 512 on the qwen3-0.6b
+# shape in Q8_0, Q4_K and F16, as bytes/s and as a fraction of both
+# (bench/bench_bw.c). BW_THREADS=1 for one core.
+BW_THREADS ?= 2
+bench-bw: build
+	mkdir -p $(BENCH_MODELS)
+	for t in q8_0 q4_k f16; do \
+	  [ -f $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf ] || ./build/ember mkmodel --arch qwen3 --preset qwen3-0.6b --type $$t \
+	    --seed 1 --out $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf || exit 1; done
+	./build/bench_bw --threads $(BW_THREADS) --reps 20 $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf \
+	  $(BENCH_MODELS)/qwen3-0.6b-q4_k.gguf $(BENCH_MODELS)/qwen3-0.6b-f16.gguf
 
 # The remote tier (issue 13): TTFT of a replica that takes another
 # replica's KV from Redis vs a cold prefill, at REMOTE_SIZES tokens on the

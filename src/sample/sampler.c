@@ -8,6 +8,11 @@
  * order matters: top_p renormalises over what top_k kept, and min_p's
  * threshold is relative to the best token, which no earlier filter removes.
  *
+ * The softmax terms exp(logit - max) of a draw are computed once, kept in
+ * a scratch array and read again by the cumulative scan (top_p and the
+ * draw): the same values in the same order, with half the exp() calls on a
+ * 150k vocabulary.
+ *
  * Ordering is total (logit descending, then id ascending) so results never
  * depend on qsort's instability. top_k uses a bounded min-heap (O(n log k))
  * rather than a full sort; a full sort happens only when top_p needs the
@@ -42,6 +47,7 @@ struct sampler {
     int32_t history_cap, history_len, history_next;
     int32_t *history_scratch;
     candidate *cands;
+    double *weights; /* (cands_cap) each candidate's exp() term, computed once per draw */
     int cands_cap;
     /* Generated-token counts (presence/frequency penalties): slots with id -1 are empty. */
     int32_t *gen_id, *gen_count;
@@ -107,6 +113,7 @@ void sampler_free(sampler *s) {
     free(s->history);
     free(s->history_scratch);
     free(s->cands);
+    free(s->weights);
     free(s->gen_id);
     free(s->gen_count);
     free(s);
@@ -256,13 +263,17 @@ static int keep_top_k(candidate *cands, int n, int k) {
     return k;
 }
 
-/* Keeps the shortest best-first prefix whose probability mass reaches p. */
-static int keep_top_p(candidate *cands, int n, float p) {
+/* Keeps the shortest best-first prefix whose probability mass reaches p.
+ * w: scratch for the n exp() terms, computed once for both scans. */
+static int keep_top_p(candidate *cands, int n, float p, double *w) {
     double max = cands[0].logit, sum = 0;
-    for (int i = 0; i < n; i++) sum += exp((double)cands[i].logit - max);
+    for (int i = 0; i < n; i++) {
+        w[i] = exp((double)cands[i].logit - max);
+        sum += w[i];
+    }
     double cum = 0;
     for (int i = 0; i < n; i++) {
-        cum += exp((double)cands[i].logit - max) / sum;
+        cum += w[i] / sum;
         if (cum >= p) return i + 1;
     }
     return n;
@@ -292,8 +303,12 @@ int32_t sampler_sample(sampler *s, float *logits, int n_vocab) {
         candidate *grown = realloc(s->cands, (size_t)n_vocab * sizeof *grown);
         if (grown == NULL) return argmax(logits, n_vocab); /* degrade, never fail */
         s->cands = grown;
+        double *w = realloc(s->weights, (size_t)n_vocab * sizeof *w);
+        if (w == NULL) return argmax(logits, n_vocab);
+        s->weights = w;
         s->cands_cap = n_vocab;
     }
+    double *w = s->weights;
     candidate *c = s->cands;
     for (int i = 0; i < n_vocab; i++) c[i] = (candidate){i, clean(logits[i])};
     int n = n_vocab;
@@ -304,7 +319,7 @@ int32_t sampler_sample(sampler *s, float *logits, int n_vocab) {
     }
     if (p->top_p < 1.0f) {
         if (!sorted) qsort(c, (size_t)n, sizeof *c, cmp_rank);
-        n = keep_top_p(c, n, p->top_p);
+        n = keep_top_p(c, n, p->top_p, w);
     }
     if (p->min_p > 0.0f) n = keep_min_p(c, n, p->min_p);
 
@@ -315,10 +330,13 @@ int32_t sampler_sample(sampler *s, float *logits, int n_vocab) {
         if (c[i].logit > max) max = c[i].logit;
     if (isinf(max)) return argmax(logits, n_vocab); /* all -inf, or some +inf: no distribution */
     double inv_t = 1.0 / (double)p->temperature, sum = 0;
-    for (int i = 0; i < n; i++) sum += exp(((double)c[i].logit - max) * inv_t);
+    for (int i = 0; i < n; i++) {
+        w[i] = exp(((double)c[i].logit - max) * inv_t);
+        sum += w[i];
+    }
     double r = uniform01(s->rng) * sum, cum = 0;
     for (int i = 0; i < n; i++) {
-        cum += exp(((double)c[i].logit - max) * inv_t);
+        cum += w[i];
         if (r < cum) return c[i].id;
     }
     return c[n - 1].id;
