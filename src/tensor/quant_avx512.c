@@ -1002,6 +1002,121 @@ LANE_STRIP(q4_0, 18, 4)
 LANE_STRIP(q5_0, 22, 3)
 LANE_STRIP(q8_0, 34, 0)
 
+/* Q4_K with 16 rows in lanes: per super-block and 32-byte group g the 16
+ * rows' nibble bytes are transposed (as for Q8_0), split into the low
+ * (sub-block 2g) and high (2g+1) nibbles, and each token adds 8 vpdpbusd
+ * per sub-block; a sub-block's sum times its 6-bit scale (vpmulld) goes
+ * into isum, and the mins into msum through the Q8_K bsums (vpdpwssd on
+ * (min, min) pairs), the exact isum and msum of dot_q4_K. The scales and
+ * mins are unpacked in the lanes from three gathered dwords per row, with
+ * quant_k4_scale_min's bit layout. */
+ALWAYS_INLINE void lanes_body_q4_K(const int FULL, const int C, int64_t n, const void *w, size_t ws, int rows,
+                                   const void *a, size_t as, float *yout, size_t ys) {
+    enum { WB = sizeof(block_q4_K) };
+    const uint8_t *wr[16], *act = a;
+    strip_rows(16, w, ws, rows, wr);
+    int32_t off[16];
+    UNROLL
+    for (int l = 0; l < 16; l++) off[l] = (int32_t)(wr[LANE_ROW(l)] - wr[0]);
+    const __m512i idx = _mm512_loadu_si512(off);
+    const __m512i m4 = _mm512_set1_epi8(15), low6 = _mm512_set1_epi32(63), low4 = _mm512_set1_epi32(15),
+                  low2 = _mm512_set1_epi32(3), low16 = _mm512_set1_epi32(0xffff);
+    const size_t ahead = LANE_AHEAD * 16 * ws, o4 = 4 * ws, o8 = 8 * ws, o12 = 12 * ws;
+    const uint8_t *p0 = w, *p1 = p0 + ws, *p2 = p1 + ws, *p3 = p2 + ws;
+    __m512 facc[8];
+    UNROLL
+    for (int c = 0; c < C; c++) facc[c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / 256; i++) {
+        const uint8_t *base = FULL ? p0 : wr[0] + i * WB;
+        /* scales and mins of every lane: sc[k], mn[k] = (min, min) int16 pairs */
+        __m512i sc[8], mn[8];
+        {
+            __m512i s0 = _mm512_i32gather_epi32(idx, (const void *)(base + 4), 1);
+            __m512i s1 = _mm512_i32gather_epi32(idx, (const void *)(base + 8), 1);
+            __m512i s2 = _mm512_i32gather_epi32(idx, (const void *)(base + 12), 1);
+            UNROLL
+            for (int b = 0; b < 4; b++) {
+                __m512i q0 = _mm512_srli_epi32(s0, 8 * b), q1 = _mm512_srli_epi32(s1, 8 * b),
+                        q2 = _mm512_srli_epi32(s2, 8 * b);
+                __m512i m_lo = _mm512_and_si512(q1, low6);
+                __m512i m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(q2, 4), low4),
+                                               _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(q1, 6), low2), 4));
+                sc[b] = _mm512_and_si512(q0, low6);
+                sc[4 + b] = _mm512_or_si512(_mm512_and_si512(q2, low4),
+                                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(q0, 6), low2), 4));
+                mn[b] = _mm512_or_si512(m_lo, _mm512_slli_epi32(m_lo, 16));
+                mn[4 + b] = _mm512_or_si512(m_hi, _mm512_slli_epi32(m_hi, 16));
+            }
+        }
+        __m512i dd = _mm512_i32gather_epi32(idx, (const void *)base, 1);
+        __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_and_si512(dd, low16)));
+        __m512 dmw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+        __m512i isum[8];
+        UNROLL
+        for (int c = 0; c < C; c++) isum[c] = _mm512_setzero_si512();
+        for (int g = 0; g < 4; g++) {
+            __m512i z[8], wt[8], lo[8], hi[8];
+            UNROLL
+            for (int k = 0; k < 8; k++) {
+                const uint8_t *b0 = LANE_ROW_PTR(k, WB), *b1 = LANE_ROW_PTR(k + 8, WB);
+                if (g < 3) {
+                    _mm_prefetch((const char *)b0 + ahead + 48 * g, _MM_HINT_T0);
+                    _mm_prefetch((const char *)b1 + ahead + 48 * g, _MM_HINT_T0);
+                }
+                z[k] = join256(_mm256_loadu_si256((const __m256i *)(b0 + 16 + 32 * g)),
+                               _mm256_loadu_si256((const __m256i *)(b1 + 16 + 32 * g)));
+            }
+            transpose_rows16(z, wt);
+            UNROLL
+            for (int j = 0; j < 8; j++) {
+                lo[j] = _mm512_and_si512(wt[j], m4);
+                hi[j] = _mm512_and_si512(_mm512_srli_epi16(wt[j], 4), m4);
+            }
+            UNROLL
+            for (int c = 0; c < C; c++) {
+                const uint8_t *q = act + c * as + i * sizeof(block_q8_K) + offsetof(block_q8_K, qs) + 64 * g;
+                __m512i s_lo = _mm512_setzero_si512(), s_hi = _mm512_setzero_si512();
+                UNROLL
+                for (int j = 0; j < 8; j++) {
+                    s_lo = _mm512_dpbusd_epi32(s_lo, lo[j], _mm512_set1_epi32(load_i32(q + 4 * j)));
+                    s_hi = _mm512_dpbusd_epi32(s_hi, hi[j], _mm512_set1_epi32(load_i32(q + 32 + 4 * j)));
+                }
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(s_lo, sc[2 * g]),
+                                                                     _mm512_mullo_epi32(s_hi, sc[2 * g + 1])));
+            }
+        }
+        UNROLL
+        for (int c = 0; c < C; c++) {
+            const uint8_t *ab = act + c * as + i * sizeof(block_q8_K);
+            const uint8_t *bs = ab + offsetof(block_q8_K, bsums);
+            __m512i msum = _mm512_setzero_si512();
+            UNROLL
+            for (int k = 0; k < 8; k++) msum = _mm512_dpwssd_epi32(msum, mn[k], _mm512_set1_epi32(load_i32(bs + 4 * k)));
+            float daf;
+            memcpy(&daf, ab, 4);
+            __m512 da = _mm512_set1_ps(daf);
+            facc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(dw, da), facc[c]);
+            facc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmw, da), facc[c]);
+        }
+        p0 += WB, p1 += WB, p2 += WB, p3 += WB;
+    }
+    UNROLL
+    for (int c = 0; c < C; c++) {
+        float out[16];
+        _mm512_storeu_ps(out, facc[c]);
+        UNROLL
+        for (int l = 0; l < 16; l++)
+            if (LANE_ROW(l) < rows) yout[c * ys + LANE_ROW(l)] = out[l];
+    }
+}
+
+ALWAYS_INLINE void lanes_q4_K(const int C, int64_t n, const void *w, size_t ws, int rows, const void *a,
+                              size_t as, const int32_t *meta, float *yout, size_t ys) {
+    (void)meta;
+    if (rows == 16) lanes_body_q4_K(1, C, n, w, ws, rows, a, as, yout, ys);
+    else lanes_body_q4_K(0, C, n, w, ws, rows, a, as, yout, ys);
+}
+
 /* Strip heights per token count: 16 pairs for the integer types (the
  * reduction trees' width), 8 for the float ones (their accumulators). */
 #define QUANT_H(C) ((C) == 1 ? 16 : (C) == 2 ? 8 : (C) == 3 ? 5 : (C) == 4 ? 4 : (C) == 5 ? 3 : 2)
@@ -1040,7 +1155,7 @@ STRIPS(q5_1, QUANT_H)
 STRIPS_OF(q8_0, LANE_H, LANE_FN)
 STRIPS(q2_K, QUANT_H)
 STRIPS(q3_K, QUANT_H)
-STRIPS(q4_K, QUANT_H)
+STRIPS_OF(q4_K, LANE_H, LANE_FN)
 STRIPS(q5_K, QUANT_H)
 STRIPS(q6_K, QUANT_H)
 STRIPS(f32, FLOAT_H)
@@ -1064,8 +1179,7 @@ void quant_avx512_strips(quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1]
     SET(DT_F16, f16);
     SET(DT_BF16, bf16);
 #undef SET
-    /* A lone token: these types' GEMV dots are faster than a 16- or 8-row strip. */
-    strips[DT_Q4_K][1] = NULL;
+    /* A lone f32 token: the GEMV dot is faster than an 8-row strip. */
     strips[DT_F32][1] = NULL;
 }
 
