@@ -5,14 +5,18 @@
  *    (Q8_0 / Q8_1 / Q8_K; float weights use x as is). The conversion is split
  *    over threads by activation block: blocks are independent, so the result
  *    does not depend on the split.
- *  2. Output features are split in multiples of the tile height, into several
- *    parts per thread that the running threads claim (a descheduled one
- *    leaves one small part behind).
- *    n_tokens == 1 is a GEMV: each row is one quant_vec_dot, streaming the
- *    weights once. For batches the ISA's register-blocked tile (rows x tokens,
- *    quant_tile_kernel) computes full tiles; the ragged edges use the plain
- *    dot. Tiles are grouped so a few weight rows stay in L1 while all token
- *    tiles pass over them.
+ *  2. Output features are split in multiples of the kernel's row height,
+ *    into several parts per thread that the running threads claim (a
+ *    descheduled one leaves one small part behind). Small batches (decode,
+ *    speculative verification: up to QUANT_STRIP_TOKENS tokens, or up to
+ *    STRIP_MAX_TOKENS in chunks for the 16-lane kernels) use the ISA's strips
+ *    (quant_strip_kernel): each weight block is loaded once for every token,
+ *    so the batch costs one pass over the weights plus the products. Where a
+ *    type has no strip for a lone token, n_tokens == 1 is a GEMV of
+ *    quant_vec_dot rows. Larger batches use the AVX-512 panels (Q8_0, Q4_K,
+ *    Q6_K) or the register-blocked tile (rows x tokens, quant_tile_kernel)
+ *    for full tiles, the ragged edges the plain dot; tiles are grouped so a
+ *    few weight rows stay in L1 while all token tiles pass over them.
  *  3. Bit-identity: quant.h's determinism model makes a tile and a single
  *    dot perform the same integer work and the same float fold per
  *    (row, token), so y never depends on n_tokens, the batch or nth. */

@@ -6,9 +6,10 @@
  * format. Work is split over output features only, and every y[t][o] is the
  * same bits as quant_vec_dot(W->type, n_in, row o, converted x[t]): results
  * never depend on n_tokens, on which other tokens share the batch, or on the
- * number of threads (design.md, invariant 1). n_tokens == 1 is the decode
- * GEMV; larger batches use a tiled kernel that reuses each weight block
- * across several tokens. */
+ * number of threads (design.md, invariant 1). Batches of up to 8 tokens
+ * (decode, speculative verification; up to 16 for some types) stream the
+ * weights once through small-batch strips; larger ones use tiled or panel
+ * kernels that reuse each weight block across many tokens. */
 #ifndef EMBER_TENSOR_MATMUL_H
 #define EMBER_TENSOR_MATMUL_H
 

@@ -17,7 +17,12 @@
  *    and reused for 4 tokens; the 16 per-pair integer vectors are reduced
  *    together by a transpose-and-add tree (much cheaper than 16 separate
  *    horizontal sums), and the fold runs on 16 lanes at once with the same
- *    float operations (cvt, mul, fma) as the scalar fold. */
+ *    float operations (cvt, mul, fma) as the scalar fold.
+ *  - Small-batch strips (1..8 tokens, matmul.c's decode and verification
+ *    path): Q4_0, Q5_0, Q8_0 and Q4_K put 16 rows in the 16 lanes by a
+ *    transpose in registers, so a token costs a few vpdpbusd per block and no
+ *    reduction; the other types use rows x tokens pair tiles with one shared
+ *    reduction; float types keep per-pair FLOAT_DOT accumulators. */
 #include <immintrin.h>
 #include <string.h>
 
