@@ -768,11 +768,10 @@ enum { STRIP_CHUNK = 64 }; /* blocks per scale pass */
         strip_store(R, C, rows, acc, yout, ys);                                                    \
     }
 
-LEGACY_STRIP(q4_0, 18, 34, 2, 8, 0)
+/* Q4_1 and Q5_1 (min terms, Q8_1 activations); the other legacy types use
+ * the 16-lane strips below. */
 LEGACY_STRIP(q4_1, 20, 36, 4, 0, 1)
-LEGACY_STRIP(q5_0, 22, 34, 2, 16, 0)
 LEGACY_STRIP(q5_1, 24, 36, 4, 0, 1)
-LEGACY_STRIP(q8_0, 34, 34, 2, 128, 0)
 
 #define K_STRIP(NAME, HAS_MIN)                                                                     \
     ALWAYS_INLINE void strip_##NAME(const int R, const int C, int64_t n, const void *w, size_t ws,  \
@@ -829,9 +828,9 @@ LEGACY_STRIP(q8_0, 34, 34, 2, 128, 0)
         strip_store(R, C, rows, acc, yout, ys);                                                    \
     }
 
+/* Q4_K has a 16-lane strip below. */
 K_STRIP(q2_K, 1)
 K_STRIP(q3_K, 0)
-K_STRIP(q4_K, 1)
 K_STRIP(q5_K, 1)
 K_STRIP(q6_K, 0)
 
