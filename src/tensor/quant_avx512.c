@@ -828,7 +828,9 @@ LEGACY_STRIP(q5_1, 24, 36, 4, 0, 1)
         strip_store(R, C, rows, acc, yout, ys);                                                    \
     }
 
-/* Q4_K has a 16-lane strip below. */
+/* Q4_K has a 16-lane strip below; Q6_K too, for 2 or more tokens (a lone
+ * token is cheaper as 16 pairs here: the lanes rebuild the 6-bit values for
+ * each of the 16 rows, which only pays off across tokens). */
 K_STRIP(q2_K, 1)
 K_STRIP(q3_K, 0)
 K_STRIP(q5_K, 1)
@@ -1114,6 +1116,128 @@ ALWAYS_INLINE void lanes_body_q4_K(const int FULL, const int C, int64_t n, const
     }
 }
 
+/* Q6_K with 16 rows in lanes: per super-block half h the rows' ql and qh
+ * bytes are transposed (three 32-byte groups), the unsigned values
+ * u = q + 32 are put together in the lanes with dot_q6_K's byte operations
+ * (which act on each byte, so they commute with moving whole dwords), and a
+ * token adds 4 vpdpbusd per 16-element sub-block, times its signed scale
+ * (vpmulld); the -32 offset comes off through the bsums (vpdpwssd on scale
+ * pairs): the exact integer of dot_q6_K. */
+ALWAYS_INLINE void lanes_body_q6_K(const int FULL, const int C, int64_t n, const void *w, size_t ws, int rows,
+                                   const void *a, size_t as, float *yout, size_t ys) {
+    enum { WB = sizeof(block_q6_K) };
+    const uint8_t *wr[16], *act = a;
+    strip_rows(16, w, ws, rows, wr);
+    int32_t off[16];
+    UNROLL
+    for (int l = 0; l < 16; l++) off[l] = (int32_t)(wr[LANE_ROW(l)] - wr[0]);
+    const __m512i idx = _mm512_loadu_si512(off);
+    const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3), low16 = _mm512_set1_epi32(0xffff);
+    const size_t ahead = LANE_AHEAD * 16 * ws, o4 = 4 * ws, o8 = 8 * ws, o12 = 12 * ws;
+    const uint8_t *p0 = w, *p1 = p0 + ws, *p2 = p1 + ws, *p3 = p2 + ws;
+    __m512 facc[8];
+    UNROLL
+    for (int c = 0; c < C; c++) facc[c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / 256; i++) {
+        const uint8_t *base = FULL ? p0 : wr[0] + i * WB;
+        __m512i sc[16], pair[8];
+        UNROLL
+        for (int q = 0; q < 4; q++) {
+            __m512i v = _mm512_i32gather_epi32(idx, (const void *)(base + offsetof(block_q6_K, scales) + 4 * q), 1);
+            UNROLL
+            for (int b = 0; b < 4; b++) sc[4 * q + b] = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * b), 24);
+        }
+        UNROLL
+        for (int k = 0; k < 8; k++)
+            pair[k] = _mm512_or_si512(_mm512_and_si512(sc[2 * k], low16), _mm512_slli_epi32(sc[2 * k + 1], 16));
+        /* d: the high half of the dword ending the block */
+        __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+            _mm512_srli_epi32(_mm512_i32gather_epi32(idx, (const void *)(base + WB - 4), 1), 16)));
+        __m512i isum[8];
+        UNROLL
+        for (int c = 0; c < C; c++) isum[c] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            __m512i ql0[8], ql1[8], qh[8];
+            {
+                __m512i z0[8], z1[8], z2[8];
+                UNROLL
+                for (int k = 0; k < 8; k++) {
+                    const uint8_t *b0 = LANE_ROW_PTR(k, WB), *b1 = LANE_ROW_PTR(k + 8, WB);
+                    /* the next strip's 210 bytes: 4 lines, 2 per half */
+                    _mm_prefetch((const char *)b0 + ahead + 128 * h, _MM_HINT_T0);
+                    _mm_prefetch((const char *)b1 + ahead + 128 * h, _MM_HINT_T0);
+                    _mm_prefetch((const char *)b0 + ahead + 128 * h + 64, _MM_HINT_T0);
+                    _mm_prefetch((const char *)b1 + ahead + 128 * h + 64, _MM_HINT_T0);
+                    if (h == 1) {
+                        _mm_prefetch((const char *)b0 + ahead + WB - 1, _MM_HINT_T0);
+                        _mm_prefetch((const char *)b1 + ahead + WB - 1, _MM_HINT_T0);
+                    }
+                    z0[k] = join256(_mm256_loadu_si256((const __m256i *)(b0 + 64 * h)),
+                                    _mm256_loadu_si256((const __m256i *)(b1 + 64 * h)));
+                    z1[k] = join256(_mm256_loadu_si256((const __m256i *)(b0 + 64 * h + 32)),
+                                    _mm256_loadu_si256((const __m256i *)(b1 + 64 * h + 32)));
+                    z2[k] = join256(_mm256_loadu_si256((const __m256i *)(b0 + 128 + 32 * h)),
+                                    _mm256_loadu_si256((const __m256i *)(b1 + 128 + 32 * h)));
+                }
+                transpose_rows16(z0, ql0);
+                transpose_rows16(z1, ql1);
+                transpose_rows16(z2, qh);
+            }
+            for (int k = 0; k < 4; k++) {
+                __m512i u[8];
+                UNROLL
+                for (int j = 0; j < 8; j++) {
+                    __m512i l = k & 1 ? ql1[j] : ql0[j];
+                    __m512i lo = k < 2 ? _mm512_and_si512(l, m4) : _mm512_and_si512(_mm512_srli_epi16(l, 4), m4);
+                    __m512i hb = _mm512_and_si512(_mm512_srli_epi16(qh[j], 2 * k), m2);
+                    u[j] = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
+                }
+                const int s = 8 * h + 2 * k; /* sub-blocks s (dwords 0-3) and s + 1 (4-7) */
+                UNROLL
+                for (int c = 0; c < C; c++) {
+                    const uint8_t *q = act + c * as + i * sizeof(block_q8_K) + offsetof(block_q8_K, qs) + 128 * h + 32 * k;
+                    __m512i sa = _mm512_setzero_si512(), sb = _mm512_setzero_si512();
+                    UNROLL
+                    for (int j = 0; j < 4; j++) {
+                        sa = _mm512_dpbusd_epi32(sa, u[j], _mm512_set1_epi32(load_i32(q + 4 * j)));
+                        sb = _mm512_dpbusd_epi32(sb, u[4 + j], _mm512_set1_epi32(load_i32(q + 16 + 4 * j)));
+                    }
+                    isum[c] = _mm512_add_epi32(isum[c], _mm512_add_epi32(_mm512_mullo_epi32(sa, sc[s]),
+                                                                         _mm512_mullo_epi32(sb, sc[s + 1])));
+                }
+            }
+        }
+        UNROLL
+        for (int c = 0; c < C; c++) {
+            const uint8_t *ab = act + c * as + i * sizeof(block_q8_K);
+            const uint8_t *bs = ab + offsetof(block_q8_K, bsums);
+            __m512i csum = _mm512_setzero_si512();
+            UNROLL
+            for (int k = 0; k < 8; k++) csum = _mm512_dpwssd_epi32(csum, pair[k], _mm512_set1_epi32(load_i32(bs + 4 * k)));
+            float daf;
+            memcpy(&daf, ab, 4);
+            __m512i tot = _mm512_sub_epi32(isum[c], _mm512_slli_epi32(csum, 5));
+            facc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot), _mm512_mul_ps(dw, _mm512_set1_ps(daf)), facc[c]);
+        }
+        p0 += WB, p1 += WB, p2 += WB, p3 += WB;
+    }
+    UNROLL
+    for (int c = 0; c < C; c++) {
+        float out[16];
+        _mm512_storeu_ps(out, facc[c]);
+        UNROLL
+        for (int l = 0; l < 16; l++)
+            if (LANE_ROW(l) < rows) yout[c * ys + LANE_ROW(l)] = out[l];
+    }
+}
+
+ALWAYS_INLINE void lanes_q6_K(const int C, int64_t n, const void *w, size_t ws, int rows, const void *a,
+                              size_t as, const int32_t *meta, float *yout, size_t ys) {
+    (void)meta;
+    if (rows == 16) lanes_body_q6_K(1, C, n, w, ws, rows, a, as, yout, ys);
+    else lanes_body_q6_K(0, C, n, w, ws, rows, a, as, yout, ys);
+}
+
 ALWAYS_INLINE void lanes_q4_K(const int C, int64_t n, const void *w, size_t ws, int rows, const void *a,
                               size_t as, const int32_t *meta, float *yout, size_t ys) {
     (void)meta;
@@ -1161,10 +1285,16 @@ STRIPS(q2_K, QUANT_H)
 STRIPS(q3_K, QUANT_H)
 STRIPS_OF(q4_K, LANE_H, LANE_FN)
 STRIPS(q5_K, QUANT_H)
-STRIPS(q6_K, QUANT_H)
+STRIPS_OF(q6_K, LANE_H, LANE_FN)
 STRIPS(f32, FLOAT_H)
 STRIPS(f16, FLOAT_H)
 STRIPS(bf16, FLOAT_H)
+
+static void strip_q6_K_pairs_1(int64_t n, const void *w, size_t ws, int rows, const void *a, size_t as,
+                               const int32_t *meta, float *y, size_t ys) {
+    (void)meta;
+    strip_q6_K(QUANT_H(1), 1, n, w, ws, rows, a, as, y, ys);
+}
 
 void quant_avx512_strips(quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1],
                          int heights[DT_COUNT][QUANT_STRIP_TOKENS + 1]) {
@@ -1185,6 +1315,8 @@ void quant_avx512_strips(quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1]
 #undef SET
     /* A lone f32 token: the GEMV dot is faster than an 8-row strip. */
     strips[DT_F32][1] = NULL;
+    strips[DT_Q6_K][1] = strip_q6_K_pairs_1;
+    heights[DT_Q6_K][1] = QUANT_H(1);
 }
 
 void quant_avx512_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[DT_COUNT],
