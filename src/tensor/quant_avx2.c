@@ -517,5 +517,8 @@ void quant_avx2_strips(quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1],
     set_strips_f32(strips[DT_F32], heights[DT_F32]);
     set_strips_f16(strips[DT_F16], heights[DT_F16]);
     set_strips_bf16(strips[DT_BF16], heights[DT_BF16]);
-    strips[DT_F32][1] = NULL; /* a lone f32 token: the GEMV dot is faster */
+    /* a lone float token: the GEMV dot is faster (as on AVX-512) */
+    strips[DT_F32][1] = NULL;
+    strips[DT_F16][1] = NULL;
+    strips[DT_BF16][1] = NULL;
 }
