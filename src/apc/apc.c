@@ -242,19 +242,22 @@ apc_config apc_default_config(void) {
     return cfg;
 }
 
-static void log_route(const apc *c) {
+static void log_route(const apc *c, const char *note) {
     const apc_route *r = &c->route;
+    const char *sep = note && note[0] ? "; " : "";
+    if (note == NULL) note = "";
     if (r->tier == APC_TIER_NONE) {
-        ember_log(EMBER_LOG_WARN, "APC OFF for this model: %s", r->reason);
+        ember_log(EMBER_LOG_WARN, "APC OFF for this model: %s%s%s", r->reason, sep, note);
         return;
     }
     if (r->reason[0]) ember_log(EMBER_LOG_INFO, "%s", r->reason);
     if (r->records)
-        ember_log(EMBER_LOG_INFO, "APC tier: %s (layers: %d kv / %d rot / %d arr; kv_format=%s records)",
-                  apc_tier_name(r->tier), r->n_kv, r->n_rot, r->n_arr, kv_format_name(kv_pool_format(c->pool)));
+        ember_log(EMBER_LOG_INFO, "APC tier: %s (layers: %d kv / %d rot / %d arr; kv_format=%s records)%s%s",
+                  apc_tier_name(r->tier), r->n_kv, r->n_rot, r->n_arr, kv_format_name(kv_pool_format(c->pool)), sep,
+                  note);
     else
-        ember_log(EMBER_LOG_INFO, "APC tier: %s (layers: %d kv / %d rot / %d arr)", apc_tier_name(r->tier), r->n_kv,
-                  r->n_rot, r->n_arr);
+        ember_log(EMBER_LOG_INFO, "APC tier: %s (layers: %d kv / %d rot / %d arr)%s%s", apc_tier_name(r->tier), r->n_kv,
+                  r->n_rot, r->n_arr, sep, note);
     if (r->forced) ember_log(EMBER_LOG_INFO, "APC tier forced by cache.force_tier (EMBER_APC_FORCE_TIER, --force-tier)");
     if (r->snapshots)
         ember_log(EMBER_LOG_INFO,
@@ -328,7 +331,8 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
         c->route.tier = APC_TIER_NONE;
         snprintf(c->route.reason, sizeof c->route.reason, "exact tier with a byte budget of 0");
     }
-    log_route(c);
+    log_route(c, cfg.route_note);
+    c->cfg.route_note = NULL; /* borrowed for the log line only */
     switch (c->route.tier) {
     case APC_TIER_BLOCK: c->ops = c->route.snapshots ? &apc_snap_ops : &apc_block_ops; break;
     case APC_TIER_EXACT: c->ops = &apc_exact_ops; break;

@@ -50,6 +50,7 @@ typedef enum apc_source {
     APC_SOURCE_EXACT = 2,
     APC_SOURCE_CKPT = 3,   /* a checkpoint record (apc_ckpt.h) */
     APC_SOURCE_ANCHOR = 4, /* an exact-tier system-prompt anchor */
+    APC_SOURCE_PREFIX = 5, /* the engine's prefix layer, L0 (engine_prefix.h), not a tier of this cache */
 } apc_source;
 
 /* Why a lookup or store gave up; each is counted under "declines". */
@@ -161,6 +162,8 @@ typedef struct apc_config {
     apc_disk_config disk;     /* off by default */
     apc_remote_config remote; /* off by default */
     apc_ckpt_config ckpt;     /* checkpoint tier and exact anchors */
+    const char *route_note;   /* appended to the routing log line (the engine: speculation and L0);
+                               * read by apc_create only; NULL: none */
 } apc_config;
 
 /* Counters. Stock (reference §11.1): block_size, num_blocks, pool_used,

@@ -93,6 +93,16 @@ apc_hit apc_req_lookup(apc_req *r, kv_seq *seq, model_state *state) {
     return hit;
 }
 
+void apc_req_adopted(apc_req *r, const kv_seq *seq, int64_t n) {
+    if (r == NULL) return;
+    assert(r->state == APC_REQ_NEW);
+    assert(n >= 1 && n <= r->N - 1 && seq->n_tokens == n);
+    (void)seq;
+    r->restored = n;
+    r->state = APC_REQ_PREFILL;
+    if (r->store) r->ops->plan(r);
+}
+
 int64_t apc_req_next_stop(const apc_req *r, int64_t p) {
     if (r == NULL || !r->store) return INT64_MAX;
     assert(r->state == APC_REQ_PREFILL);

@@ -93,6 +93,10 @@ bool apc_req_progressive(const apc_req *r);
 /* NEW -> PREFILL: fills the empty sequence (and state) with the longest
  * cached prefix, at most N-1 tokens, and plans the prefill's stops. */
 apc_hit apc_req_lookup(apc_req *r, kv_seq *seq, model_state *state);
+/* NEW -> PREFILL without a lookup: the sequence (and state) already hold
+ * a prefix of n tokens (0 < n <= N-1) that came from outside the cache
+ * (the engine's prefix layer); plans the prefill's stops from there. */
+void apc_req_adopted(apc_req *r, const kv_seq *seq, int64_t n);
 /* The next position > p where prefill must stop; INT64_MAX if none. */
 int64_t apc_req_next_stop(const apc_req *r, int64_t p);
 /* Prefill stands at seq->n_tokens (< N): the stores scheduled there. */

@@ -39,6 +39,7 @@ const char *apc_source_name(apc_source s) {
     case APC_SOURCE_EXACT: return "exact";
     case APC_SOURCE_CKPT: return "ckpt";
     case APC_SOURCE_ANCHOR: return "anchor";
+    case APC_SOURCE_PREFIX: return "prefix";
     default: return "none";
     }
 }

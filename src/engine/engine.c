@@ -19,6 +19,7 @@
 #include "engine/engine.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +38,7 @@ struct engine {
     kv_pool *pool;
     apc *cache;
     spec_drafter *drafter;          /* speculative decoding, or NULL */
+    prefix_layer *prefix;           /* L0 of a speculating engine, or NULL */
     int n_vocab;
     pthread_mutex_t ctx_lock;
     model_ctx *idle[ENGINE_MAX_IDLE_CTX];
@@ -167,7 +169,21 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
     apc_state_ops state_ops = {0, model_state_pos, model_state_snapshot, model_state_restore, model_state_reset,
                                state_create, model_state_free, m};
     if (e->stateful) state_ops.bytes = model_state_bytes(m);
+    /* The routing line also says whether speculation and L0 are on. */
+    char note[192];
+    bool l0 = cfg.spec.kind != SPEC_OFF && cfg.spec.prefix_entries > 0;
+    if (cfg.spec.kind == SPEC_OFF)
+        snprintf(note, sizeof note, "speculation off, L0 off");
+    else if (l0)
+        snprintf(note, sizeof note, "speculation %s (k=%d), L0 on (%d entries, %.0f MiB, min %d tokens)",
+                 spec_kind_name(cfg.spec.kind), cfg.spec.k, cfg.spec.prefix_entries,
+                 (double)cfg.spec.prefix_bytes / (1024.0 * 1024.0), cfg.spec.prefix_min);
+    else
+        snprintf(note, sizeof note, "speculation %s (k=%d), L0 off", spec_kind_name(cfg.spec.kind), cfg.spec.k);
+    cfg.cache.route_note = note;
     e->cache = apc_create(e->pool, &kc, model_cache_stack(m), &state_ops, &cfg.cache, err);
+    cfg.cache.route_note = NULL;
+    e->cfg.cache.route_note = NULL;
     if (e->cache == NULL) goto fail;
     if (cfg.spec.kind != SPEC_OFF && kv_format_is_kvarn(cfg.kv_format)) {
         /* Rejected drafts truncate the sequence, which a sealed group cannot
@@ -181,6 +197,11 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
         if (e->drafter == NULL) goto fail;
         ember_log(EMBER_LOG_INFO, "speculative decoding: %s drafter, k = %d%s", spec_kind_name(cfg.spec.kind),
                   cfg.spec.k, cfg.spec.adaptive ? " (adaptive)" : "");
+    }
+    if (l0) {
+        prefix_config pc = {cfg.spec.prefix_entries, cfg.spec.prefix_bytes, cfg.spec.prefix_min};
+        e->prefix = prefix_layer_create(&pc, m, e->pool, e->cache, err);
+        if (e->prefix == NULL) goto fail;
     }
     return e;
 fail:
@@ -210,6 +231,7 @@ void engine_free(engine *e) {
         engine__fetch_unref(j);
     }
     for (int i = 0; i < e->n_idle; i++) model_ctx_free(e->idle[i]);
+    prefix_layer_free(e->prefix);
     spec_drafter_free(e->drafter);
     apc_free(e->cache);
     kv_pool_free(e->pool);
@@ -228,6 +250,7 @@ kv_pool *engine_pool(engine *e) { return e->pool; }
 const model *engine_model(const engine *e) { return e->m; }
 int engine_n_ctx(const engine *e) { return e->cfg.n_ctx; }
 spec_drafter *engine_drafter(engine *e) { return e->drafter; }
+prefix_layer *engine_prefix(engine *e) { return e->prefix; }
 int engine__prefill_step(const engine *e) { return e->cfg.prefill_step; }
 
 /* ---- The predictor thread ---- */

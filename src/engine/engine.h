@@ -43,6 +43,7 @@
 #include "apc/apc.h"
 #include "chat/chat_plan.h"
 #include "core/error.h"
+#include "engine/engine_prefix.h"
 #include "engine/engine_spec.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
@@ -144,6 +145,9 @@ kv_pool *engine_pool(engine *e);
 const model *engine_model(const engine *e);
 int engine_n_ctx(const engine *e);
 spec_drafter *engine_drafter(engine *e);   /* NULL without speculative decoding */
+/* The prefix layer, L0 (engine_prefix.h): speculating engines with
+ * spec.prefix_entries > 0, whatever the cache's configuration; else NULL. */
+prefix_layer *engine_prefix(engine *e);
 
 /* ---- Running ---- */
 engine_request engine_default_request(void);

@@ -70,6 +70,12 @@ struct engine_req {
     bool round_snapped;
     const float *rows_hidden;    /* hidden rows of the step's first row in the runner's batch, or NULL */
     int n_embd;
+    /* the prefix layer, L0 (engine_prefix.h) */
+    prefix_layer *l0;            /* the engine's, when the request speculates; else NULL */
+    bool l0_store;               /* the post-prefill snapshot goes to L0 (the pools will not keep it) */
+    void *l0_state_n;            /* recurrent state at N (model_state_bytes), or NULL */
+    void *l0_state_n1;           /* ... and at N-1 */
+    bool l0_have_n1;
 };
 
 /* ---- Lifetime ---- */
@@ -132,6 +138,15 @@ engine_req *engine_req_create(engine *e, const engine_req_params *p, ember_error
         q->spec = spec_seq_create(p->drafter, p->salt, err);
         if (q->spec == NULL) goto fail;
         if (model_has_state(m) && (q->round_snap = malloc(model_state_bytes(m))) == NULL) goto oom;
+        /* L0 keeps what the pools will not: with the cache on they hold the
+         * prompt (and the sidecar the drafter), so only a tier-none cache
+         * stores here (engine_prefix.c). */
+        q->l0 = prefix_layer_on(engine_prefix(e)) ? engine_prefix(e) : NULL;
+        q->l0_store = q->l0 && q->stores && apc_get_tier(q->cache) == APC_TIER_NONE;
+        if (q->l0_store && model_has_state(m) &&
+            ((q->l0_state_n = malloc(model_state_bytes(m))) == NULL ||
+             (q->l0_state_n1 = malloc(model_state_bytes(m))) == NULL))
+            goto oom;
     }
     memcpy(q->all, p->prompt, (size_t)N * sizeof(int32_t));
     if (model_has_state(m)) {
@@ -177,6 +192,8 @@ void engine_req_free(engine_req *q) {
     apc_req_free(q->ar);
     if (q->spec) spec_seq_free(q->drafter, q->spec);
     free(q->round_snap);
+    free(q->l0_state_n);
+    free(q->l0_state_n1);
     model_state_free(q->state);
     apc_seq_release(q->cache, &q->seq);
     free(q->all);
@@ -211,7 +228,16 @@ bool engine_req_fresh_hold(const engine_req *q, engine_req *const *earlier, int 
     return true;
 }
 
+/* The state at N-1 for L0 (an identical resend adopts N-1). */
+static void l0_note_n1(engine_req *q) {
+    if (q->l0_state_n1 && q->seq.n_tokens == q->N - 1) {
+        model_state_snapshot(q->state, q->l0_state_n1);
+        q->l0_have_n1 = true;
+    }
+}
+
 static void to_prompt_phase(engine_req *q) {
+    l0_note_n1(q);
     q->phase = q->seq.n_tokens < q->N - 1 ? ENGINE_REQ_PROMPT : ENGINE_REQ_FIRST;
 }
 
@@ -263,7 +289,23 @@ bool engine_req_fetch_ready(engine_req *q, bool *expired) {
 apc_hit engine_req_lookup(engine_req *q) {
     assert(q->phase == ENGINE_REQ_ADMITTED); /* a FETCH leaves through engine_req_fetch_ready */
     double t = ember_now();
-    apc_hit hit = apc_req_lookup(q->ar, &q->seq, q->state);
+    apc_hit hit = {0, APC_SOURCE_NONE};
+    /* L0 first; the pools when they hold more (memory only: the SSD and
+     * remote tiers' reads have landed in it by now). */
+    int64_t p0 = q->l0 && q->lookup ? prefix_peek(q->l0, q->all, q->N, q->salt) : 0;
+    if (p0 > 0 && p0 >= apc_peek(q->cache, q->all, q->N, q->salt)) {
+        prefix_hit ph = prefix_lookup(q->l0, q->all, q->N, q->salt, &q->seq, q->state);
+        if (ph.n_tokens > 0) {
+            apc_req_adopted(q->ar, &q->seq, ph.n_tokens);
+            /* The MTP head takes in the stored hidden rows: its K/V of the
+             * prefix are then the cold run's, so are its drafts. */
+            if (ph.hidden) spec_observe(q->drafter, q->spec, q->all, 0, ph.n_tokens, ph.hidden);
+            free(ph.hidden);
+            hit.n_tokens = ph.n_tokens;
+            hit.source = APC_SOURCE_PREFIX;
+        }
+    }
+    if (hit.source == APC_SOURCE_NONE) hit = apc_req_lookup(q->ar, &q->seq, q->state);
     q->cache_s += ember_now() - t;
     q->cached = hit.n_tokens;
     q->source = hit.source;
@@ -414,6 +456,12 @@ void engine_req_forwarded(engine_req *q, int64_t n) {
         break;
     case ENGINE_REQ_FIRST:
         apc_req_prefilled(q->ar, &q->seq, q->state);
+        /* An identical resend's entry is the one it came from. */
+        if (q->l0_store && !(q->source == APC_SOURCE_PREFIX && q->cached == q->N - 1)) {
+            if (q->l0_state_n) model_state_snapshot(q->state, q->l0_state_n);
+            prefix_store(q->l0, q->all, q->N, q->salt, &q->seq, q->l0_state_n, q->l0_have_n1 ? q->l0_state_n1 : NULL,
+                         spec_hidden_rows(q->drafter, q->spec, q->N));
+        }
         if (q->drafter && q->stores) spec_sidecar_store(q->drafter, q->spec, q->all, q->seq.n_tokens);
         q->phase = ENGINE_REQ_SAMPLE;
         q->round_decode = false;

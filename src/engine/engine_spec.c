@@ -474,6 +474,11 @@ static int mtp_rows(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0
 
 bool spec_drafter_wants_hidden(const spec_drafter *d) { return d->cfg.kind == SPEC_MTP; }
 
+const float *spec_hidden_rows(const spec_drafter *d, const spec_seq *s, int64_t n) {
+    if (d->cfg.kind != SPEC_MTP || !s->faithful || s->mtp_done < n || s->hist_cap < n) return NULL;
+    return s->hist;
+}
+
 void spec_observe(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0, int64_t n, const float *hidden) {
     if (d->cfg.kind != SPEC_MTP || n <= 0) return;
     pthread_mutex_lock(&d->lock);

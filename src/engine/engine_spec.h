@@ -64,6 +64,9 @@ typedef struct spec_config {
     const model *draft;      /* SPEC_DRAFT: borrowed, outlives the drafter */
     int sidecar_entries;     /* SPEC_MTP: sidecar LRU entries (0: no sidecar) */
     size_t sidecar_bytes;    /* and their byte budget (hidden rows + pinned head blocks) */
+    int prefix_entries;      /* the prefix layer, L0 (engine_prefix.h): entries; 0: off */
+    size_t prefix_bytes;     /* its byte budget */
+    int prefix_min;          /* shortest prefix it adopts */
 } spec_config;
 
 enum { SPEC_MAX_K = 16 };
@@ -108,6 +111,10 @@ void spec_observe(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0, 
 /* The target verified a round: `drafted` proposed, `accepted` of them
  * emitted. Updates the counters and the adaptive k. */
 void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted);
+/* SPEC_MTP: the target's hidden rows of [0, n) that s's head read, when
+ * every one of them was a real row (a faithful head); else NULL. Valid
+ * until s observes again. */
+const float *spec_hidden_rows(const spec_drafter *d, const spec_seq *s, int64_t n);
 /* SPEC_MTP: saves s's head state over all[0, n) (clamped to the rows it
  * has observed) in the sidecar; no-op when the head was not faithful. */
 void spec_sidecar_store(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n);

@@ -318,6 +318,9 @@ void serve_config_engine(const serve_config *c, engine_config *ec) {
     ec->spec.ngram_min = 1;
     ec->spec.sidecar_entries = c->spec_sidecar_entries;
     ec->spec.sidecar_bytes = c->spec_sidecar_bytes;
+    ec->spec.prefix_entries = c->spec_prefix_entries;
+    ec->spec.prefix_bytes = c->spec_prefix_bytes;
+    ec->spec.prefix_min = c->spec_prefix_min;
     if (kv_format_parse(c->kv_format, &ec->kv_format) < 0) ec->kv_format = (kv_format){KV_FORMAT_F32};
     apc_disk_config disk = ec->cache.disk;
     ec->cache = c->cache;

@@ -65,6 +65,9 @@ typedef struct serve_config {
     int spec_ngram_max;
     int spec_sidecar_entries;
     size_t spec_sidecar_bytes;
+    int spec_prefix_entries;  /* L0 (engine_prefix.h) */
+    size_t spec_prefix_bytes;
+    int spec_prefix_min;
     int drain_timeout;        /* seconds a shutdown waits for running requests, default 30 */
     char kv_events_endpoint[256];        /* ZeroMQ PUB address of KV events; "": off (serve_kv_events.h) */
     char kv_events_replay_endpoint[256]; /* ROUTER address for replays; "": none */

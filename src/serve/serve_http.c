@@ -462,6 +462,10 @@ static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool 
             if (apc_has_disk(cache))
                 cJSON_AddNumberToObject(o, "disk_read_deadline_misses", (double)sched_disk_deadline_misses(srv->s));
         }
+        if (o && engine_prefix(srv->e)) { /* L0 works with the cache off too */
+            prefix_stats ps = prefix_get_stats(engine_prefix(srv->e));
+            serve_stats_add_prefix(o, &ps);
+        }
         if (o) { /* speculative decoding */
             const spec_drafter *d = engine_drafter(srv->e);
             int64_t rounds, drafted, accepted;
@@ -485,6 +489,7 @@ static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool 
     }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddBoolToObject(o, "enabled", on);
+    prefix_clear(engine_prefix(srv->e)); /* every L0 entry goes with the pools (reference §11.2) */
     if (on) {
         apc_reset(cache);
         cJSON_AddStringToObject(o, "status", "cleared");
@@ -495,6 +500,10 @@ static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool 
 
 static enum MHD_Result handle_metrics(server *srv, struct MHD_Connection *c) {
     int running = 0, waiting = 0;
+    if (engine_prefix(srv->e)) {
+        prefix_stats ps = prefix_get_stats(engine_prefix(srv->e));
+        serve_metrics_set_prefix(srv->metrics, &ps);
+    }
     if (engine_drafter(srv->e)) {
         spec_sidecar_stats side = spec_sidecar_get_stats(engine_drafter(srv->e));
         serve_metrics_set_sidecar(srv->metrics, side.writes, side.hits);

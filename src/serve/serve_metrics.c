@@ -47,6 +47,7 @@ struct serve_metrics {
     uint64_t prompt_tokens, cached_tokens, completion_tokens, generations;
     uint64_t spec_rounds, spec_drafted, spec_accepted;
     int64_t sidecar_writes, sidecar_hits;
+    prefix_stats prefix;            /* L0, as of the last serve_metrics_set_prefix */
     char finish_name[MAX_FINISH][16];
     uint64_t finish_n[MAX_FINISH];
     int n_finish;
@@ -115,6 +116,12 @@ void serve_metrics_spec(serve_metrics *m, int64_t rounds, int64_t drafted, int64
     m->spec_rounds += (uint64_t)rounds;
     m->spec_drafted += (uint64_t)drafted;
     m->spec_accepted += (uint64_t)accepted;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void serve_metrics_set_prefix(serve_metrics *m, const prefix_stats *st) {
+    pthread_mutex_lock(&m->lock);
+    m->prefix = *st;
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -273,6 +280,15 @@ char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waitin
             (double)m->sidecar_writes);
     counter(&b, "ember_apc_sidecar_hits_total", "Requests whose MTP head was restored from the sidecar.",
             (double)m->sidecar_hits);
+    /* L0 works with the prompt cache off: always rendered. */
+    counter(&b, "ember_apc_spec_prefix_hits_total", "L0 prefix-layer hits.", (double)m->prefix.hits);
+    counter(&b, "ember_apc_spec_prefix_hit_tokens_total", "Tokens adopted from the L0 prefix layer.",
+            (double)m->prefix.hit_tokens);
+    counter(&b, "ember_apc_spec_prefix_stores_total", "L0 prefix-layer stores.", (double)m->prefix.stores);
+    counter(&b, "ember_apc_spec_prefix_skips_total", "L0 stores skipped: one entry larger than the byte budget.",
+            (double)m->prefix.skips);
+    gauge(&b, "ember_apc_spec_prefix_entries", "L0 entries held.", m->prefix.entries);
+    gauge(&b, "ember_apc_spec_prefix_bytes", "Bytes of the L0 entries.", (double)m->prefix.bytes);
     for (int h = 0; h < HIST_COUNT_; h++) {
         const hist *hh = &m->h[h];
         family(&b, hist_desc[h].name, "histogram", hist_desc[h].help);
@@ -351,8 +367,8 @@ char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waitin
     for (int d = 0; d < APC_DECLINE_COUNT_; d++)
         out(&b, "ember_apc_declines_total{reason=\"%s\"} %llu\n", apc_decline_name((apc_decline)d),
             (unsigned long long)s.declines[d]);
-    /* The checkpoint and L0 families of the reference exist as zero until
-     * those tiers are built, like in the stats JSON. */
+    /* The checkpoint family of the reference exists as zero until those
+     * tiers are built, like in the stats JSON. */
     static const char *zero_counters[][2] = {
         {"ember_apc_ckpt_stores_total", "Checkpoint stores."},
         {"ember_apc_ckpt_hits_total", "Checkpoint hits."},
@@ -364,9 +380,6 @@ char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waitin
         {"ember_apc_ckpt_grid_truncate_total", "Grid-truncated terminal stores."},
         {"ember_apc_anchor_stores_total", "Exact-tier anchor stores."},
         {"ember_apc_anchor_hits_total", "Exact-tier anchor hits."},
-        {"ember_apc_spec_prefix_hits_total", "L0 prefix-layer hits."},
-        {"ember_apc_spec_prefix_hit_tokens_total", "Tokens adopted from the L0 prefix layer."},
-        {"ember_apc_spec_prefix_stores_total", "L0 prefix-layer stores."},
     };
     for (size_t i = 0; i < sizeof zero_counters / sizeof zero_counters[0]; i++)
         counter(&b, zero_counters[i][0], zero_counters[i][1], 0);

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "apc/apc.h"
+#include "engine/engine_prefix.h"
 #include "serve/serve_kv_events.h"
 
 typedef struct serve_metrics serve_metrics;
@@ -38,6 +39,8 @@ void serve_metrics_finish(serve_metrics *m, const char *reason);
 /* Speculative decoding of one finished request: verification steps that
  * carried drafts, tokens drafted, drafts the target emitted. */
 void serve_metrics_spec(serve_metrics *m, int64_t rounds, int64_t drafted, int64_t accepted);
+/* The prefix layer's (L0) counters as of now (read before a render). */
+void serve_metrics_set_prefix(serve_metrics *m, const prefix_stats *st);
 /* The drafter's sidecar counters as of now (read before a render). */
 void serve_metrics_set_sidecar(serve_metrics *m, int64_t writes, int64_t hits);
 /* The totals so far (for /v1/cache/stats). */

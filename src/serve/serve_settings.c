@@ -132,6 +132,18 @@ static const serve_setting table[] = {
      "MTP head sidecar: byte budget; an entry larger than it is not stored", NULL, false, SRV(spec_sidecar_bytes)},
     {"spec.ngram_max", "EMBER_SPEC_NGRAM_MAX", "spec-ngram-max", SETTING_INT, "3", 1, 16, NULL, NULL,
      "prompt lookup: longest n-gram matched (tried first)", NULL, false, SRV(spec_ngram_max)},
+    {"spec.prefix_entries", "EMBER_SPEC_PREFIX_ENTRIES", "spec-prefix-entries", SETTING_INT, "4", 0, 1024, NULL, NULL,
+     "prefix layer (L0) of a speculating server: post-prefill snapshots kept; 0: off",
+     "L0 works with the prompt cache off (`cache.enabled: false`): it keeps the target's K/V rows, recurrent state "
+     "and, for an MTP head, the hidden rows of a prompt, and a later prompt that extends it (or repeats it) resumes "
+     "there, bit-identical to a cold run. With the cache on the pools and the drafter sidecar hold all of that, so "
+     "L0 stores nothing (`spec_prefix_hits`, `spec_prefix_hit_tokens`, `spec_prefix_stores` in /v1/cache/stats).",
+     false, SRV(spec_prefix_entries)},
+    {"spec.prefix_mb", "EMBER_SPEC_PREFIX_MB", "spec-prefix-mb", SETTING_MIB, "2048", 1, 1 << 24, NULL, NULL,
+     "prefix layer (L0): byte budget of all entries; an entry larger than it is skipped (logged)", NULL, false,
+     SRV(spec_prefix_bytes)},
+    {"spec.prefix_min", "EMBER_SPEC_PREFIX_MIN", "spec-prefix-min", SETTING_INT, "32", 1, 1 << 20, NULL, NULL,
+     "prefix layer (L0): shortest prefix adopted, in tokens", NULL, false, SRV(spec_prefix_min)},
     /* ---- chat ---- */
     {"chat.parse_special_in_content", "EMBER_CHAT_PARSE_SPECIAL_IN_CONTENT", "parse-special-in-content", SETTING_BOOL,
      "false", 0, 0, NULL, NULL, "let control-token text inside message content become control tokens (unsafe)",

@@ -57,10 +57,8 @@ cJSON *serve_cache_stats_json(apc *c) {
     cJSON_AddNumberToObject(o, "disk_writes", (double)s.disk_writes);
     cJSON_AddNumberToObject(o, "exact_hits", (double)s.exact_hits);
     cJSON_AddNumberToObject(o, "exact_stores", (double)s.exact_stores);
-    /* checkpoint family and anchors (apc_ckpt.c); L0: zero until it exists */
+    /* checkpoint family and anchors (apc_ckpt.c); L0 (the engine's): serve_stats_add_prefix */
     add_ckpt_family(&s, o);
-    static const char *zeros[] = {"spec_prefix_hits", "spec_prefix_hit_tokens", "spec_prefix_stores"};
-    for (size_t i = 0; i < sizeof zeros / sizeof zeros[0]; i++) cJSON_AddNumberToObject(o, zeros[i], 0);
     /* ember */
     cJSON_AddStringToObject(o, "tier", apc_tier_name(s.tier));
     cJSON_AddStringToObject(o, "hash", s.hash == APC_HASH_XXH3 ? "xxh3" : "sha256");
@@ -115,3 +113,24 @@ cJSON *serve_cache_stats_json(apc *c) {
     return o;
 }
 
+
+void serve_stats_add_prefix(cJSON *o, const prefix_stats *st) {
+    const struct {
+        const char *name;
+        double v;
+    } f[] = {
+        {"spec_prefix_hits", (double)st->hits},
+        {"spec_prefix_hit_tokens", (double)st->hit_tokens},
+        {"spec_prefix_stores", (double)st->stores},
+        {"spec_prefix_skips", (double)st->skips},
+        {"spec_prefix_evictions", (double)st->evictions},
+        {"spec_prefix_entries", (double)st->entries},
+        {"spec_prefix_bytes", (double)st->bytes},
+        {"spec_prefix_max_entries", (double)st->max_entries},
+        {"spec_prefix_max_bytes", (double)st->max_bytes},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        cJSON_DeleteItemFromObject(o, f[i].name);
+        cJSON_AddNumberToObject(o, f[i].name, f[i].v);
+    }
+}
