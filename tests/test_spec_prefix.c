@@ -15,7 +15,13 @@
  *   - with the cache on, L0 stores nothing: the pools hold the prompt.
  * Through the API: `ember serve --no-cache --spec lookup` counts L0 hits in
  * /v1/cache/stats and /metrics, and its routing line says speculation and
- * L0 are on. */
+ * L0 are on.
+ *
+ * The MTP sidecar's SSD mirror: an engine with the SSD tier stores the
+ * target's prompt and the head's sidecar; a second engine on the same
+ * directory (a restart) restores both, so its head drafts exactly what the
+ * cold run drafted (digest and acceptance equal); with the sidecar off the
+ * restarted head starts cold and drafts differently. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -268,11 +274,80 @@ static void test_l0_api(void **unused) {
     free(dir);
 }
 
+static engine *open_disk(const model *m, const char *dir, int sidecar_entries) {
+    engine_config cfg = engine_default_config();
+    cfg.n_threads = 2;
+    cfg.n_ctx = 1024;
+    cfg.cache.disk.path = dir;
+    cfg.spec.kind = SPEC_MTP;
+    cfg.spec.k = 4;
+    cfg.spec.adaptive = false;
+    cfg.spec.sidecar_entries = sidecar_entries;
+    cfg.spec.sidecar_bytes = (size_t)64 << 20;
+    return test_open_engine(m, &cfg);
+}
+
+static void test_sidecar_ssd_restart(void **unused) {
+    (void)unused;
+    const char *fp = fixture_path("reference/qwen35-mtp-normjit-f32.gguf");
+    prompt_ids p;
+    if (fp == NULL || !load_prompt("qwen35-mtp-normjit-f32", &p)) return;
+    model *m = test_load_model(fp);
+    engine *plain = open_engine(m, SPEC_OFF, false, 0);
+    engine_result want;
+    generate(plain, &p, &want);
+    engine_free(plain);
+    char *dir = make_temp_dir();
+
+    engine *a = open_disk(m, dir, 4);
+    engine_result cold;
+    generate(a, &p, &cold);
+    apc_flush(engine_cache(a));
+    spec_sidecar_stats sa = spec_sidecar_get_stats(engine_drafter(a));
+    assert_true(sa.disk_writes >= 1);
+    engine_free(a);
+
+    engine *b = open_disk(m, dir, 4); /* the restart */
+    engine_result warm;
+    generate(b, &p, &warm);
+    spec_sidecar_stats sb = spec_sidecar_get_stats(engine_drafter(b));
+    print_message("sidecar over a restart: target %lld of %d tokens from the SSD tier; %lld sidecar files written, "
+                  "%lld read back, %lld head restores; digests cold %016llx warm %016llx, accepted %lld / %lld\n",
+                  (long long)warm.cached_tokens, p.n, (long long)sa.disk_writes, (long long)sb.disk_loads,
+                  (long long)sb.hits, (unsigned long long)cold.spec.digest, (unsigned long long)warm.spec.digest,
+                  (long long)cold.spec.accepted, (long long)warm.spec.accepted);
+    assert_warm_equals_cold(&want, &cold, "sidecar SSD: cold");
+    assert_warm_equals_cold(&want, &warm, "sidecar SSD: after the restart");
+    assert_true(warm.cached_tokens > 0);
+    assert_int_equal(sb.disk_loads, 1);
+    assert_int_equal(sb.hits, 1);
+    assert_true(cold.spec.drafted > 0);
+    assert_true(warm.spec.digest == cold.spec.digest);
+    assert_int_equal(warm.spec.accepted, cold.spec.accepted);
+    engine_result_free(&warm);
+    engine_free(b);
+
+    engine *c = open_disk(m, dir, 0); /* restarted without the sidecar: a cold head */
+    generate(c, &p, &warm);
+    assert_true(warm.cached_tokens > 0);
+    assert_warm_equals_cold(&want, &warm, "no sidecar after the restart");
+    assert_true(warm.spec.digest != cold.spec.digest);
+    engine_result_free(&warm);
+    engine_free(c);
+
+    engine_result_free(&cold);
+    engine_result_free(&want);
+    remove_tree(dir);
+    free(dir);
+    model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_l0_cache_off),
         cmocka_unit_test(test_l0_lru),
         cmocka_unit_test(test_l0_api),
+        cmocka_unit_test(test_sidecar_ssd_restart),
     };
     return test_run_group(tests, NULL, NULL);
 }

@@ -780,6 +780,16 @@ int64_t apc__prefetch_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t s
 }
 
 bool apc_has_disk(const apc *c) { return c->disk != NULL; }
+
+bool apc_side_store(apc *c, uint64_t salt, const int32_t *tokens, int64_t n, const uint32_t *rows, size_t words) {
+    return c->disk && apc_disk_store_side(c->disk, salt ^ APC_DISK_SIDE_SALT, tokens, n, rows, words) == 0;
+}
+
+uint32_t *apc_side_load(apc *c, uint64_t salt, const int32_t *tokens, int64_t p, int64_t n, size_t words,
+                        int64_t *n_out) {
+    if (c->disk == NULL || p < 1 || p > n) return NULL;
+    return apc_disk_load_side(c->disk, salt ^ APC_DISK_SIDE_SALT, tokens, p, n, words, n_out);
+}
 bool apc_has_remote(const apc *c) { return c->remote != NULL; }
 
 void apc_note_prefill(apc *c, int64_t rows, double seconds) {

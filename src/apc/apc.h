@@ -325,6 +325,19 @@ void apc_seq_release(apc *c, kv_seq *seq);
 bool apc_has_disk(const apc *c);
 int64_t apc_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
 
+/* ---- Side entries: a drafter's sidecar on the SSD tier ----
+ * Opaque rows (words 32-bit words per token) of a drafter's state for
+ * tokens[0, n), in this cache's SSD namespace under salt ^ a sidecar salt
+ * (apc_disk.h: side files), so a restart restores target and drafter
+ * together; they never answer the cache's own lookups. Without a disk tier
+ * both do nothing. apc_side_store copies and queues the write (false: not
+ * queued); apc_side_load (blocks on the disk: fetch threads only) returns
+ * the longest entry of n' in [p, n] tokens matching tokens[0, n'],
+ * malloc'd, *n_out = n'; NULL: none. */
+bool apc_side_store(apc *c, uint64_t salt, const int32_t *tokens, int64_t n, const uint32_t *rows, size_t words);
+uint32_t *apc_side_load(apc *c, uint64_t salt, const int32_t *tokens, int64_t p, int64_t n, size_t words,
+                        int64_t *n_out);
+
 /* ---- The remote tier, on the same fetch path ----
  * apc_prefetch also reads the remote tier where memory and disk stop, under
  * a deadline of deadline_fraction of what a cold prefill of the missing

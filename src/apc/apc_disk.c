@@ -224,7 +224,7 @@ static uint64_t mono_ms(void) {
 }
 
 static char kind_char(uint32_t kind) {
-    return kind == APC_DISK_KIND_SHARD ? 'b' : kind == APC_DISK_KIND_SKEL ? 'k' : 'x';
+    return kind == APC_DISK_KIND_SHARD ? 'b' : kind == APC_DISK_KIND_SKEL ? 'k' : kind == APC_DISK_KIND_SIDE ? 's' : 'x';
 }
 
 static void file_path(const apc_disk *d, uint32_t kind, const apc_key *name, char *out, size_t cap) {
@@ -298,7 +298,7 @@ static int32_t add_file(apc_disk *d, const apc_disk_header *h, uint64_t bytes, u
     } else {
         int64_t v = km_get(&d->exact, &r->name);
         if ((v == ABSENT || v == PENDING) && km_put(&d->exact, &r->name, id) == 0) {
-            d->exact_indexed++;
+            if (r->kind != APC_DISK_KIND_SIDE) d->exact_indexed++; /* sides are the drafter's */
             if (r->kind == APC_DISK_KIND_SKEL) d->skels_indexed++;
         }
     }
@@ -324,7 +324,7 @@ static void drop_file(apc_disk *d, int32_t id, bool unlink_it) {
         }
     } else if (km_get(&d->exact, &r->name) == id) {
         km_del(&d->exact, &r->name);
-        d->exact_indexed--;
+        if (r->kind != APC_DISK_KIND_SIDE) d->exact_indexed--;
         if (r->kind == APC_DISK_KIND_SKEL) d->skels_indexed--;
     }
     d->bytes -= r->bytes;
@@ -547,18 +547,20 @@ static void scan(apc_disk *d, bool alone) {
         apc_disk_header_free(&h);
     }
     closedir(dir);
-    uint64_t shards = 0, exact = 0, skels = 0;
+    uint64_t shards = 0, exact = 0, skels = 0, sides = 0;
     for (int32_t i = 0; i < d->n_files; i++)
         if (d->files[i].live) {
             if (d->files[i].kind == APC_DISK_KIND_SHARD) shards++;
             else if (d->files[i].kind == APC_DISK_KIND_SKEL) skels++;
+            else if (d->files[i].kind == APC_DISK_KIND_SIDE) sides++;
             else exact++;
         }
     ember_log(EMBER_LOG_INFO,
-              "APC disk tier at %s: found %llu shards (%llu blocks), %llu exact, %llu skeletons, %.1f MiB; removed %d "
-              "temp, %d unknown, %d bad%s",
+              "APC disk tier at %s: found %llu shards (%llu blocks), %llu exact, %llu skeletons, %llu side, %.1f MiB; "
+              "removed %d temp, %d unknown, %d bad%s",
               d->dir, (unsigned long long)shards, (unsigned long long)d->blocks_indexed, (unsigned long long)exact,
-              (unsigned long long)skels, (double)d->bytes / (1024.0 * 1024.0), n_temp, n_unknown, n_bad,
+              (unsigned long long)skels, (unsigned long long)sides, (double)d->bytes / (1024.0 * 1024.0), n_temp,
+              n_unknown, n_bad,
               alone ? "" : "; another server shares this directory, its temp files are kept");
     if (n_kept) ember_log(EMBER_LOG_DEBUG, "APC disk: kept %d temp files of the other servers", n_kept);
 }
@@ -1387,6 +1389,149 @@ apc_exact_entry *apc_disk_load_exact(apc_disk *d, const int32_t *tokens, int64_t
             continue;
         }
         got = e;
+        pthread_mutex_lock(&d->lock);
+        d->hits++;
+        int64_t v = km_get(&d->exact, &c[k].name);
+        if (v >= 0) touch(d, (int32_t)v, now_ns());
+        pthread_mutex_unlock(&d->lock);
+    }
+    free(c);
+    return got;
+}
+
+/* ---- Side entries (a drafter's sidecar) ---- */
+
+int apc_disk_store_side(apc_disk *d, uint64_t salt, const int32_t *tokens, int64_t n, const uint32_t *rows,
+                        size_t words) {
+    if (n < 1 || words < 1) return -1;
+    int width[1];
+    apc_layout lay = apc_disk_side_layout(width, words);
+    apc_key key = apc_disk_side_key(salt, tokens, n);
+    size_t payload = (size_t)n * words * sizeof(float);
+    size_t head_bytes = APC_DISK_HEADER_BYTES + 4 * (size_t)n;
+    pthread_mutex_lock(&d->lock);
+    int64_t v = km_get(&d->exact, &key);
+    if (v != ABSENT) {
+        if (v >= 0) touch(d, (int32_t)v, now_ns());
+        pthread_mutex_unlock(&d->lock);
+        return -1;
+    }
+    if (!reserve(d, payload + head_bytes)) {
+        d->write_drops++;
+        pthread_mutex_unlock(&d->lock);
+        return -1;
+    }
+    km_put(&d->exact, &key, PENDING);
+    pthread_mutex_unlock(&d->lock);
+    job *j = calloc(1, sizeof *j);
+    if (j) {
+        j->head = malloc(head_bytes);
+        j->own = malloc(payload);
+    }
+    if (j == NULL || j->head == NULL || j->own == NULL) {
+        pthread_mutex_lock(&d->lock);
+        if (km_get(&d->exact, &key) == PENDING) km_del(&d->exact, &key);
+        unreserve(d, payload + head_bytes);
+        d->write_drops++;
+        pthread_mutex_unlock(&d->lock);
+        job_free(j);
+        return -1;
+    }
+    memcpy(j->own, rows, payload);
+    j->reserved = payload + head_bytes;
+    j->hdr.kind = APC_DISK_KIND_SIDE;
+    j->hdr.salt = salt;
+    j->hdr.content = key;
+    j->hdr.n_tokens = (uint64_t)n;
+    j->hdr.created_ns = now_ns();
+    apc_disk_write_header(j->head, d->ns, &j->hdr, &lay);
+    uint8_t *tp = j->head + APC_DISK_HEADER_BYTES;
+    for (int64_t r = 0; r < n; r++) apc_put_u32(tp + 4 * r, (uint32_t)tokens[r]);
+    j->head_bytes = head_bytes;
+    j->payload = j->own;
+    j->payload_bytes = payload;
+    pthread_mutex_lock(&d->lock);
+    push(d, j);
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+}
+
+uint32_t *apc_disk_load_side(apc_disk *d, uint64_t salt, const int32_t *tokens, int64_t p, int64_t n, size_t words,
+                             int64_t *n_out) {
+    pthread_mutex_lock(&d->lock);
+    cand *c = malloc((size_t)(d->n_files ? d->n_files : 1) * sizeof *c);
+    int nc = 0;
+    for (int32_t i = 0; c && i < d->n_files; i++) {
+        const file_rec *r = &d->files[i];
+        if (!r->live || r->kind != APC_DISK_KIND_SIDE || r->salt != salt) continue;
+        if ((int64_t)r->n_tokens < p || (int64_t)r->n_tokens > n) continue;
+        c[nc].name = r->name;
+        c[nc].n = (int64_t)r->n_tokens;
+        nc++;
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (c == NULL) return NULL;
+    qsort(c, (size_t)nc, sizeof *c, cand_cmp);
+    int width[1];
+    apc_layout lay = apc_disk_side_layout(width, words);
+    apc_disk_expect ex = d->ex;
+    ex.layout = &lay;
+    uint32_t *got = NULL;
+    char path[4096];
+    for (int k = 0; k < nc && got == NULL; k++) {
+        apc_key want = apc_disk_side_key(salt, tokens, c[k].n);
+        if (!apc_key_eq(&want, &c[k].name)) continue;
+        file_path(d, APC_DISK_KIND_SIDE, &c[k].name, path, sizeof path);
+        open_file of;
+        if (open_for_read(d, path, &of) < 0) {
+            read_failed(d, APC_DISK_KIND_SIDE, &c[k].name);
+            continue;
+        }
+        apc_disk_header h;
+        ember_error err;
+        int rc = apc_disk_read_header(&of.src, &ex, &h, &err);
+        if (rc == 0 && (h.kind != APC_DISK_KIND_SIDE || (int64_t)h.n_tokens != c[k].n || h.salt != salt ||
+                        !apc_key_eq(&h.content, &c[k].name))) {
+            apc_disk_header_free(&h);
+            rc = -1;
+            snprintf(err.msg, sizeof err.msg, "header does not match its name");
+        }
+        if (rc == 0 && h.row_floats != words) { /* another drafter's rows: not this reader's, not bad */
+            apc_disk_header_free(&h);
+            close_read(&of, false);
+            continue;
+        }
+        uint32_t *rows = NULL;
+        int32_t *tok = NULL;
+        if (rc == 0) {
+            rows = malloc((size_t)c[k].n * words * sizeof(uint32_t));
+            tok = malloc((size_t)c[k].n * sizeof(int32_t));
+            if (rows == NULL || tok == NULL) {
+                free(rows);
+                free(tok);
+                apc_disk_header_free(&h);
+                close_read(&of, false);
+                break;
+            }
+            apc_disk_exact_dst x = {&lay, (float *)rows, c[k].n, NULL};
+            rc = apc_disk_read_body(&of.src, &ex, &h, tok, apc_disk_exact_dst_fn, &x, &err);
+            apc_disk_header_free(&h);
+        }
+        close_read(&of, rc == 0);
+        if (rc < 0) {
+            free(rows);
+            free(tok);
+            corrupt_file(d, APC_DISK_KIND_SIDE, &c[k].name, err.msg);
+            continue;
+        }
+        bool same = memcmp(tok, tokens, (size_t)c[k].n * sizeof(int32_t)) == 0;
+        free(tok);
+        if (!same) {
+            free(rows);
+            continue;
+        }
+        got = rows;
+        *n_out = c[k].n;
         pthread_mutex_lock(&d->lock);
         d->hits++;
         int64_t v = km_get(&d->exact, &c[k].name);

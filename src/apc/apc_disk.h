@@ -14,7 +14,9 @@
  *  - Names. b-<32 hex>.apc: a block shard, named by the key of its last
  *    block. x-<32 hex>.apc: an exact snapshot, named by its exact key
  *    XXH3-128("x", salt, token ids). k-<32 hex>.apc: a checkpoint skeleton,
- *    named XXH3-128("k", salt, token ids). .lock: held (flock, shared) by
+ *    named XXH3-128("k", salt, token ids). s-<32 hex>.apc: a side entry
+ *    (a drafter's sidecar, apc_side_store), named XXH3-128("s", salt ^
+ *    APC_DISK_SIDE_SALT, token ids). .lock: held (flock, shared) by
  *    every open tier. Anything else in the namespace directory (foreign
  *    names, files of format version 1) is deleted at start-up, and so are
  *    temp files .tmp-<pid>-<n>.apc when no other tier has the directory
@@ -34,13 +36,17 @@
  *                are the ckpt-salted chain [0, p) in shards (whole blocks,
  *                plus a partial tail block of p % 16 rows under its
  *                partial key), written with the skeleton and shared by
- *                every skeleton of one conversation (dedup by name).
+ *                every skeleton of one conversation (dedup by name);
+ *      side      an opaque blob of n rows of `row_floats` 32-bit words for
+ *                the tokens [0, n), written and read by the drafter's
+ *                sidecar (engine_spec.c); n_layer 1, no state. The reader
+ *                checks the row width the caller expects.
  *  - File format, version 2, every integer little-endian:
  *
  *      off  size  field
  *        0     8  magic "EMBRAPC1"
  *        8     4  version (2)
- *       12     4  kind: 1 block shard, 2 exact snapshot, 3 ckpt skeleton
+ *       12     4  kind: 1 block shard, 2 exact snapshot, 3 ckpt skeleton, 4 side
  *       16    16  namespace (must equal the directory's)
  *       32     8  salt (the request's; a ckpt shard: salt ^ CKPT_SALT)
  *       40    16  content key (= the file name)
@@ -110,6 +116,10 @@
 #define APC_DISK_KIND_SHARD 1u
 #define APC_DISK_KIND_EXACT 2u
 #define APC_DISK_KIND_SKEL 3u
+#define APC_DISK_KIND_SIDE 4u
+/* Side entries are written under salt ^ this, so they never answer a
+ * lookup of the target's own files. */
+#define APC_DISK_SIDE_SALT UINT64_C(0x005d1eca12b07e55)
 #define APC_DISK_HEADER_BYTES 128u
 #define APC_DISK_HEADER_SUM_AT 120u  /* the header checksum covers [0, 120) */
 /* Checkpoint chains are written under salt ^ this (a fixed 56-bit constant). */
@@ -134,6 +144,7 @@ typedef struct apc_disk_header {
     uint64_t n_tokens;
     uint64_t created_ns;
     uint64_t state_bytes;   /* exact, skeleton: the state snapshot's bytes */
+    uint64_t row_floats;    /* words per position (side files: the blob's row width) */
     uint64_t file_bytes;    /* the size the header implies */
     apc_key *keys;          /* (n_blocks) malloc'd; NULL for exact */
 } apc_disk_header;
@@ -143,6 +154,10 @@ typedef struct apc_disk_header {
 uint64_t apc_disk_file_bytes(const apc_layout *lay, uint32_t kind, uint32_t n_blocks, uint64_t n_tokens);
 /* The exact key of a snapshot of tokens[0, n) under salt. */
 apc_key apc_disk_exact_key(uint64_t salt, const int32_t *tokens, int64_t n);
+/* The name key of a side entry of tokens[0, n) under (already salted) salt. */
+apc_key apc_disk_side_key(uint64_t salt, const int32_t *tokens, int64_t n);
+/* The one-layer layout of a side file of rows of `words` words. */
+apc_layout apc_disk_side_layout(int *width, size_t words);
 /* The name key of a checkpoint skeleton of tokens[0, n) under salt. */
 apc_key apc_disk_skel_key(uint64_t salt, const int32_t *tokens, int64_t n);
 /* "b-<hex>.apc" / "x-<hex>.apc" / "k-<hex>.apc" -> kind and key; false for
@@ -311,5 +326,16 @@ void apc_disk_skeleton_bad(apc_disk *d, const apc_key *name, const char *why);
  * state (at 0); its position, 0 if none, and its checkpoint kind. */
 int64_t apc_disk_restore_skeleton(apc *c, apc_disk *d, const int32_t *tokens, int64_t n, uint64_t salt, int64_t min_p,
                                   bool replay_gate, kv_seq *seq, model_state *state, int *kind_out);
+
+/* Side entries (a drafter's sidecar; salt already xored with
+ * APC_DISK_SIDE_SALT by the caller). store copies rows (n * words words)
+ * into an asynchronous write; -1: not queued (exists, queue full, out of
+ * memory). load returns the longest entry of n' in [p, n] tokens whose
+ * tokens are tokens[0, n') and whose rows are `words` wide, malloc'd
+ * (n' * words words), *n_out = n'; NULL: none. Blocks on the disk. */
+int apc_disk_store_side(apc_disk *d, uint64_t salt, const int32_t *tokens, int64_t n, const uint32_t *rows,
+                        size_t words);
+uint32_t *apc_disk_load_side(apc_disk *d, uint64_t salt, const int32_t *tokens, int64_t p, int64_t n, size_t words,
+                             int64_t *n_out);
 
 #endif

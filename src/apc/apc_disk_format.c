@@ -58,6 +58,19 @@ static apc_key tagged_key(char tag, uint64_t salt, const int32_t *tokens, int64_
 
 apc_key apc_disk_exact_key(uint64_t salt, const int32_t *tokens, int64_t n) { return tagged_key('x', salt, tokens, n); }
 apc_key apc_disk_skel_key(uint64_t salt, const int32_t *tokens, int64_t n) { return tagged_key('k', salt, tokens, n); }
+apc_key apc_disk_side_key(uint64_t salt, const int32_t *tokens, int64_t n) { return tagged_key('s', salt, tokens, n); }
+
+apc_layout apc_disk_side_layout(int *width, size_t words) {
+    static int zero[1];
+    apc_layout lay;
+    memset(&lay, 0, sizeof lay);
+    width[0] = (int)words;
+    lay.n_layer = 1;
+    lay.k_width = width;
+    lay.v_width = zero;
+    lay.row_floats = words;
+    return lay;
+}
 
 void apc_disk_key_hex(const apc_key *k, char out[33]) {
     static const char hex[] = "0123456789abcdef";
@@ -79,6 +92,7 @@ bool apc_disk_parse_name(const char *name, uint32_t *kind, apc_key *key) {
     if (name[0] == 'b') *kind = APC_DISK_KIND_SHARD;
     else if (name[0] == 'x') *kind = APC_DISK_KIND_EXACT;
     else if (name[0] == 'k') *kind = APC_DISK_KIND_SKEL;
+    else if (name[0] == 's') *kind = APC_DISK_KIND_SIDE;
     else return false;
     for (int i = 0; i < 16; i++) {
         int hi = hexval(name[2 + 2 * i]), lo = hexval(name[3 + 2 * i]);
@@ -190,7 +204,8 @@ int apc_disk_read_header(apc_disk_src *s, const apc_disk_expect *ex, apc_disk_he
     if (memcmp(b, MAGIC, 8) != 0) return ember_fail(err, "bad magic");
     if (apc_get_u32(b + 8) != APC_DISK_VERSION) return ember_fail(err, "version %u, expected %u", apc_get_u32(b + 8), APC_DISK_VERSION);
     h->kind = apc_get_u32(b + 12);
-    if (h->kind != APC_DISK_KIND_SHARD && h->kind != APC_DISK_KIND_EXACT && h->kind != APC_DISK_KIND_SKEL)
+    if (h->kind != APC_DISK_KIND_SHARD && h->kind != APC_DISK_KIND_EXACT && h->kind != APC_DISK_KIND_SKEL &&
+        h->kind != APC_DISK_KIND_SIDE)
         return ember_fail(err, "unknown kind %u", h->kind);
     if (memcmp(b + 16, ex->ns, 16) != 0) return ember_fail(err, "another namespace");
     h->salt = apc_get_u64(b + 32);
@@ -205,11 +220,22 @@ int apc_disk_read_header(apc_disk_src *s, const apc_disk_expect *ex, apc_disk_he
     h->created_ns = apc_get_u64(b + 104);
     h->state_bytes = apc_get_u64(b + 112);
     uint64_t want_sum = apc_get_u64(b + APC_DISK_HEADER_SUM_AT);
-    if (n_layer != (uint32_t)ex->layout->n_layer || row_floats != (uint64_t)ex->layout->row_floats)
+    h->row_floats = row_floats;
+    /* A side file carries its own row width (its reader checks it): one
+     * layer, no state. */
+    int side_width[1];
+    apc_layout side_lay;
+    const apc_layout *lay = ex->layout;
+    if (h->kind == APC_DISK_KIND_SIDE) {
+        if (n_layer != 1 || row_floats < 1 || row_floats > (UINT64_C(1) << 24))
+            return ember_fail(err, "side file of %u layers / %llu words per row", n_layer, (unsigned long long)row_floats);
+        side_lay = apc_disk_side_layout(side_width, (size_t)row_floats);
+        lay = &side_lay;
+    } else if (n_layer != (uint32_t)ex->layout->n_layer || row_floats != (uint64_t)ex->layout->row_floats)
         return ember_fail(err, "layout %u layers / %llu floats per row, expected %d / %zu", n_layer,
                           (unsigned long long)row_floats, ex->layout->n_layer, ex->layout->row_floats);
     static const uint8_t zero[16];
-    uint64_t want_state = h->kind == APC_DISK_KIND_SHARD ? 0 : (uint64_t)ex->layout->state_bytes;
+    uint64_t want_state = h->kind == APC_DISK_KIND_SHARD ? 0 : (uint64_t)lay->state_bytes;
     if (h->state_bytes != want_state)
         return ember_fail(err, "state of %llu bytes, expected %llu", (unsigned long long)h->state_bytes,
                           (unsigned long long)want_state);
@@ -228,7 +254,7 @@ int apc_disk_read_header(apc_disk_src *s, const apc_disk_expect *ex, apc_disk_he
         uint64_t least = h->kind == APC_DISK_KIND_SKEL ? 2 : 1;
         if (h->n_tokens < least || h->n_tokens > (UINT64_C(1) << 31)) return ember_fail(err, "%llu tokens", (unsigned long long)h->n_tokens);
     }
-    h->file_bytes = apc_disk_file_bytes(ex->layout, h->kind, h->n_blocks, h->n_tokens);
+    h->file_bytes = apc_disk_file_bytes(lay, h->kind, h->n_blocks, h->n_tokens);
     if (h->file_bytes == 0 || h->file_bytes != s->size)
         return ember_fail(err, "file is %llu bytes, its header says %llu", (unsigned long long)s->size,
                           (unsigned long long)h->file_bytes);
@@ -271,6 +297,12 @@ void apc_disk_header_free(apc_disk_header *h) {
 int apc_disk_read_body(apc_disk_src *s, const apc_disk_expect *ex, const apc_disk_header *h, int32_t *tokens_out,
                        apc_disk_dst_fn dst, void *user, ember_error *err) {
     const apc_layout *lay = ex->layout;
+    int side_width[1];
+    apc_layout side_lay;
+    if (h->kind == APC_DISK_KIND_SIDE) { /* its own row width (read_header checked it) */
+        side_lay = apc_disk_side_layout(side_width, (size_t)h->row_floats);
+        lay = &side_lay;
+    }
     uint64_t n = h->n_tokens;
     uint8_t *raw = malloc((size_t)n * 4);
     if (raw == NULL) return ember_fail(err, "out of memory for %llu tokens", (unsigned long long)n);
@@ -296,10 +328,12 @@ int apc_disk_read_body(apc_disk_src *s, const apc_disk_expect *ex, const apc_dis
             parent = k;
         }
     } else {
-        apc_key k = h->kind == APC_DISK_KIND_SKEL ? apc_disk_skel_key(h->salt, tok, (int64_t)n)
-                                                  : apc_disk_exact_key(h->salt, tok, (int64_t)n);
+        apc_key k = h->kind == APC_DISK_KIND_SKEL   ? apc_disk_skel_key(h->salt, tok, (int64_t)n)
+                    : h->kind == APC_DISK_KIND_SIDE ? apc_disk_side_key(h->salt, tok, (int64_t)n)
+                                                    : apc_disk_exact_key(h->salt, tok, (int64_t)n);
         if (!apc_key_eq(&k, &h->content)) {
-            ember_fail(err, "%s key does not match the tokens", h->kind == APC_DISK_KIND_SKEL ? "skeleton" : "exact");
+            ember_fail(err, "%s key does not match the tokens",
+                       h->kind == APC_DISK_KIND_SKEL ? "skeleton" : h->kind == APC_DISK_KIND_SIDE ? "side" : "exact");
             goto done;
         }
     }

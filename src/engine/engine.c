@@ -195,6 +195,7 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
     if (cfg.spec.kind != SPEC_OFF) {
         e->drafter = spec_drafter_create(m, &cfg.spec, cfg.num_blocks, cfg.n_threads, cfg.prefill_step, err);
         if (e->drafter == NULL) goto fail;
+        spec_sidecar_attach(e->drafter, e->cache); /* the sidecar's SSD mirror */
         ember_log(EMBER_LOG_INFO, "speculative decoding: %s drafter, k = %d%s", spec_kind_name(cfg.spec.kind),
                   cfg.spec.k, cfg.spec.adaptive ? " (adaptive)" : "");
     }
@@ -310,7 +311,8 @@ void engine__fetch_unref(engine_fetch_job *j) {
 
 /* The thread's part of a job: the reads, then its reference. */
 static void fetch_run(engine_fetch_job *j) {
-    apc_prefetch(j->cache, j->tokens, j->n, j->salt);
+    int64_t p = apc_prefetch(j->cache, j->tokens, j->n, j->salt);
+    spec_sidecar_prefetch(j->drafter, j->tokens, p, j->n, j->salt); /* the drafter beside the target */
     atomic_store(&j->done, true);
     engine__fetch_unref(j);
 }

@@ -31,6 +31,7 @@ typedef struct engine_predict_job {
  * waits for a read that hangs. */
 typedef struct engine_fetch_job {
     apc *cache;
+    spec_drafter *drafter; /* its sidecar's SSD mirror is read beside the target's; or NULL */
     int32_t *tokens;     /* (n) a copy of the prompt */
     int64_t n;
     uint64_t salt;

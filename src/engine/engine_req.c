@@ -246,7 +246,8 @@ void engine_req_fetch(engine_req *q) {
     if (!q->lookup || !(apc_has_disk(q->cache) || apc_has_remote(q->cache)) || q->N < 2) return;
     if (!q->async) {
         double t = ember_now();
-        apc_prefetch(q->cache, q->all, q->N, q->salt);
+        int64_t p = apc_prefetch(q->cache, q->all, q->N, q->salt);
+        if (q->stores || q->lookup) spec_sidecar_prefetch(q->drafter, q->all, p, q->N, q->salt);
         q->cache_s += ember_now() - t;
         return;
     }
@@ -258,6 +259,7 @@ void engine_req_fetch(engine_req *q) {
     }
     memcpy(copy, q->all, (size_t)q->N * sizeof(int32_t));
     j->cache = q->cache;
+    j->drafter = q->drafter;
     j->tokens = copy;
     j->n = q->N;
     j->salt = q->salt;

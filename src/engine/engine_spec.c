@@ -62,6 +62,11 @@ struct spec_drafter {
     size_t side_bytes;
     uint64_t side_clock;
     int64_t side_writes, side_hits;
+    /* the SSD mirror */
+    apc *cache;              /* the target's prompt cache (its SSD tier), or NULL */
+    int pool_layers;         /* layers of the head's pool */
+    size_t side_words;       /* 32-bit words of one position in a side file: head K/V rows + hidden row */
+    int64_t side_disk_writes, side_disk_loads;
 };
 
 struct spec_seq {
@@ -154,6 +159,12 @@ spec_drafter *spec_drafter_create(const model *target, const spec_config *cfg, i
         kv_pool_config pc;
         model_mtp_kv_config(target, n_blocks, &pc);
         d->pool = kv_pool_create(&pc, err);
+        d->pool_layers = pc.n_layer;
+        if (d->pool) {
+            for (int l = 0; l < pc.n_layer; l++)
+                d->side_words += (kv_pool_row_bytes(d->pool, l, 0) + kv_pool_row_bytes(d->pool, l, 1)) / 4;
+            d->side_words += (size_t)d->n_embd;
+        }
         if (d->pool) d->ctx = model_mtp_ctx_create(target, d->pool, n_threads, d->max_batch, err);
         if (d->ctx == NULL) {
             ember_fail_prefix(err, "MTP head");
@@ -259,6 +270,114 @@ static int hist_put(spec_drafter *d, spec_seq *s, int64_t pos, const float *row)
     return 0;
 }
 
+/* ---- The SSD mirror ----
+ * A side file's row t (side_words words): every head layer's K row and V
+ * row of position t, as the head's pool encodes them, then the target's
+ * hidden row of t. */
+
+static void side_rows_out(const spec_drafter *d, const sidecar_entry *e, uint32_t *out) {
+    const size_t D = (size_t)d->n_embd;
+    for (int64_t t = 0; t < e->n; t++) {
+        uint32_t *row = out + (size_t)t * d->side_words;
+        int32_t b = e->seq.blocks[t / KV_BLOCK_TOKENS];
+        int r = (int)(t % KV_BLOCK_TOKENS);
+        for (int l = 0; l < d->pool_layers; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                size_t w = kv_pool_row_bytes(d->pool, l, kv) / 4;
+                if (w == 0) continue;
+                const float *src = kv ? kv_block_v(d->pool, b, l) : kv_block_k(d->pool, b, l);
+                memcpy(row, src + (size_t)r * w, w * 4);
+                row += w;
+            }
+        memcpy(row, e->hidden + (size_t)t * D, D * sizeof(float));
+    }
+}
+
+/* Under the lock. */
+static void side_to_disk(spec_drafter *d, const sidecar_entry *e) {
+    if (d->cache == NULL || !apc_has_disk(d->cache)) return;
+    uint32_t *rows = malloc((size_t)e->n * d->side_words * sizeof(uint32_t));
+    if (rows == NULL) return;
+    side_rows_out(d, e, rows);
+    if (apc_side_store(d->cache, e->salt, e->ids, e->n, rows, d->side_words)) d->side_disk_writes++;
+    free(rows);
+}
+
+void spec_sidecar_attach(spec_drafter *d, apc *cache) { d->cache = cache; }
+
+/* Under the lock: a memory entry of n rows from a side file's rows. */
+static void side_from_rows(spec_drafter *d, uint64_t salt, const int32_t *tokens, int64_t n, const uint32_t *rows) {
+    const size_t D = (size_t)d->n_embd;
+    int32_t n_blocks = (int32_t)((n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    size_t bytes = (size_t)n * (D * sizeof(float) + sizeof(int32_t)) + (size_t)n_blocks * kv_pool_block_bytes(d->pool);
+    if (bytes > d->cfg.sidecar_bytes) return;
+    while (d->n_side > 0 && (d->n_side >= d->cfg.sidecar_entries || d->n_side >= SIDECAR_MAX ||
+                             d->side_bytes + bytes > d->cfg.sidecar_bytes))
+        side_evict_lru(d);
+    sidecar_entry *e = calloc(1, sizeof *e);
+    if (e == NULL) return;
+    kv_seq_init(&e->seq);
+    e->ids = malloc((size_t)n * sizeof(int32_t));
+    e->hidden = malloc((size_t)n * D * sizeof(float));
+    ember_error err;
+    int rc = e->ids && e->hidden ? kv_seq_prepare_append(d->pool, &e->seq, n, &err) : -1;
+    while (rc < 0 && e->ids && e->hidden && d->n_side > 0) { /* the head's pool is full: older entries go */
+        side_evict_lru(d);
+        rc = kv_seq_prepare_append(d->pool, &e->seq, n, &err);
+    }
+    if (rc < 0) {
+        kv_seq_release(d->pool, &e->seq);
+        free(e->ids);
+        free(e->hidden);
+        free(e);
+        return;
+    }
+    for (int64_t t = 0; t < n; t++) {
+        const uint32_t *row = rows + (size_t)t * d->side_words;
+        int32_t b = e->seq.blocks[t / KV_BLOCK_TOKENS];
+        int r = (int)(t % KV_BLOCK_TOKENS);
+        for (int l = 0; l < d->pool_layers; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                size_t w = kv_pool_row_bytes(d->pool, l, kv) / 4;
+                if (w == 0) continue;
+                float *dst = kv ? kv_block_v(d->pool, b, l) : kv_block_k(d->pool, b, l);
+                memcpy(dst + (size_t)r * w, row, w * 4);
+                row += w;
+            }
+        memcpy(e->hidden + (size_t)t * D, row, D * sizeof(float));
+    }
+    e->seq.n_tokens = n;
+    memcpy(e->ids, tokens, (size_t)n * sizeof(int32_t));
+    e->salt = salt;
+    e->n = n;
+    e->bytes = bytes;
+    e->used = ++d->side_clock;
+    d->side[d->n_side++] = e;
+    d->side_bytes += bytes;
+    d->side_disk_loads++;
+}
+
+void spec_sidecar_prefetch(spec_drafter *d, const int32_t *tokens, int64_t p, int64_t n, uint64_t salt) {
+    if (d == NULL || d->cfg.kind != SPEC_MTP || d->cfg.sidecar_entries < 1 || d->cache == NULL ||
+        !apc_has_disk(d->cache) || p < 1)
+        return;
+    pthread_mutex_lock(&d->lock);
+    bool have = false;
+    for (int i = 0; i < d->n_side && !have; i++) {
+        const sidecar_entry *e = d->side[i];
+        have = e->salt == salt && e->n >= p && memcmp(e->ids, tokens, (size_t)p * sizeof(int32_t)) == 0;
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (have) return;
+    int64_t got_n = 0;
+    uint32_t *rows = apc_side_load(d->cache, salt, tokens, p, n, d->side_words, &got_n);
+    if (rows == NULL) return;
+    pthread_mutex_lock(&d->lock);
+    side_from_rows(d, salt, tokens, got_n, rows);
+    pthread_mutex_unlock(&d->lock);
+    free(rows);
+}
+
 void spec_sidecar_store(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n) {
     if (d->cfg.kind != SPEC_MTP || d->cfg.sidecar_entries < 1 || n < 1) return;
     pthread_mutex_lock(&d->lock);
@@ -304,6 +423,7 @@ void spec_sidecar_store(spec_drafter *d, spec_seq *s, const int32_t *all, int64_
     d->side[d->n_side++] = e;
     d->side_bytes += bytes;
     d->side_writes++;
+    side_to_disk(d, e);
 done:
     pthread_mutex_unlock(&d->lock);
 }
@@ -340,7 +460,8 @@ static bool side_restore(spec_drafter *d, spec_seq *s, const int32_t *all, int64
 
 spec_sidecar_stats spec_sidecar_get_stats(spec_drafter *d) {
     pthread_mutex_lock(&d->lock);
-    spec_sidecar_stats st = {d->side_writes, d->side_hits, d->n_side, d->side_bytes};
+    spec_sidecar_stats st = {d->side_writes, d->side_hits, d->n_side, d->side_disk_writes, d->side_disk_loads,
+                             d->side_bytes};
     pthread_mutex_unlock(&d->lock);
     return st;
 }

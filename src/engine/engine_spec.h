@@ -46,6 +46,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "apc/apc.h"
 #include "core/error.h"
 #include "model/model.h"
 
@@ -118,9 +119,19 @@ const float *spec_hidden_rows(const spec_drafter *d, const spec_seq *s, int64_t 
 /* SPEC_MTP: saves s's head state over all[0, n) (clamped to the rows it
  * has observed) in the sidecar; no-op when the head was not faithful. */
 void spec_sidecar_store(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n);
+/* The SSD mirror (reference §13.2): every sidecar entry is also written to
+ * cache's SSD tier (apc_side_store: the target's namespace, a sidecar
+ * salt), and spec_sidecar_prefetch, run where the driver reads the disk
+ * (off the engine thread), brings the entry for a prompt whose target
+ * prefix memory now holds (p tokens of tokens[0, n)) back into memory
+ * when memory has none, so a restart restores target and drafter
+ * together. No-op without a disk tier or a sidecar. */
+void spec_sidecar_attach(spec_drafter *d, apc *cache);
+void spec_sidecar_prefetch(spec_drafter *d, const int32_t *tokens, int64_t p, int64_t n, uint64_t salt);
 /* Sidecar counters: entries stored, requests whose head was restored. */
 typedef struct spec_sidecar_stats {
     int64_t writes, hits, entries;
+    int64_t disk_writes, disk_loads; /* entries queued to / brought back from the SSD tier */
     size_t bytes;
 } spec_sidecar_stats;
 spec_sidecar_stats spec_sidecar_get_stats(spec_drafter *d);
