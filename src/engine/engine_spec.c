@@ -34,14 +34,16 @@
 
 enum { SPEC_PROBE = 8, SIDECAR_MAX = 64 };
 
-/* One sidecar entry: the head's K/V rows [0, n) (blocks of the drafter's
- * pool, referenced) and the target hidden rows it read, for tokens ids. */
+/* One sidecar entry: the head's (or the draft model's) K/V rows [0, n)
+ * (blocks of the drafter's pool, referenced) and the target hidden rows the
+ * head read (or the draft model's recurrent state at n), for tokens ids. */
 typedef struct sidecar_entry {
     uint64_t salt;
     int64_t n;
     int32_t *ids;            /* (n) */
-    kv_seq seq;              /* head blocks of [0, n) */
-    float *hidden;           /* (n, n_embd) target hidden row of each position */
+    kv_seq seq;              /* head (draft model) blocks of [0, n) */
+    float *hidden;           /* SPEC_MTP: (n, n_embd) target hidden row of each position */
+    void *state;             /* SPEC_DRAFT, recurrent draft models: the state at n */
     size_t bytes;
     uint64_t used;           /* LRU clock */
 } sidecar_entry;
@@ -67,6 +69,8 @@ struct spec_drafter {
     int pool_layers;         /* layers of the head's pool */
     size_t side_words;       /* 32-bit words of one position in a side file: head K/V rows + hidden row */
     int64_t side_disk_writes, side_disk_loads;
+    int64_t draft_rows;      /* SPEC_DRAFT: rows the draft model forwarded */
+    int64_t side_rows;       /* rows a sidecar restore saved it (or the head) */
 };
 
 struct spec_seq {
@@ -89,7 +93,9 @@ struct spec_seq {
     float *hist;             /* (hist_cap, n_embd) target hidden row of each observed position */
     int64_t hist_cap;
     bool faithful;           /* every head row came from a real hidden row */
-    bool looked;             /* the sidecar was consulted (first observation) */
+    bool looked;             /* the sidecar was consulted (first observation / first draft) */
+    int64_t side_pending;    /* SPEC_DRAFT: the post-prefill store of [0, side_pending) waits for the
+                              * draft model to have seen those tokens (its first draft); 0: none */
     uint64_t salt;
 };
 
@@ -243,6 +249,7 @@ static void side_drop(spec_drafter *d, int i) {
     d->side_bytes -= e->bytes;
     free(e->ids);
     free(e->hidden);
+    free(e->state);
     free(e);
     d->side[i] = d->side[--d->n_side];
 }
@@ -378,7 +385,129 @@ void spec_sidecar_prefetch(spec_drafter *d, const int32_t *tokens, int64_t p, in
     free(rows);
 }
 
+static int remember(spec_seq *s, int64_t pos, int32_t token);
+
+/* ---- The draft model's sidecar ----
+ * The same LRU holds a draft model's K/V (blocks of its own pool: its own
+ * namespace, never the target's cache) and, for a recurrent draft model,
+ * its state at n. A KV-only draft model's entry serves any common prefix
+ * (rows are causal); a recurrent one's only its exact length. */
+
+/* Under the lock: pins s's rows [0, n) (state: the draft state at n, or
+ * NULL for KV-only draft models). */
+static void draft_side_put(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, const void *state) {
+    size_t sb = s->state ? model_state_bytes(d->cfg.draft) : 0;
+    int32_t n_blocks = (int32_t)((n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    size_t bytes = (size_t)n * sizeof(int32_t) + (size_t)n_blocks * kv_pool_block_bytes(d->pool) + sb;
+    if (n < 1 || bytes > d->cfg.sidecar_bytes || (sb && state == NULL)) return;
+    for (int i = 0; i < d->n_side; i++) { /* the same key, or (KV-only) one this entry extends, is replaced */
+        sidecar_entry *e = d->side[i];
+        if (e->salt == s->salt && (e->n == n || (!sb && e->n < n)) &&
+            memcmp(e->ids, all, (size_t)e->n * sizeof(int32_t)) == 0) {
+            side_drop(d, i);
+            i--;
+        }
+    }
+    while (d->n_side > 0 && (d->n_side >= d->cfg.sidecar_entries || d->n_side >= SIDECAR_MAX ||
+                             d->side_bytes + bytes > d->cfg.sidecar_bytes))
+        side_evict_lru(d);
+    sidecar_entry *e = calloc(1, sizeof *e);
+    if (e == NULL) return;
+    kv_seq_init(&e->seq);
+    e->ids = malloc((size_t)n * sizeof(int32_t));
+    if (sb) e->state = malloc(sb);
+    ember_error err;
+    bool ok = e->ids && (!sb || e->state);
+    for (int32_t b = 0; ok && b < n_blocks; b++) ok = kv_seq_adopt_block(d->pool, &e->seq, s->seq.blocks[b], &err) == 0;
+    if (!ok) {
+        kv_seq_release(d->pool, &e->seq);
+        free(e->ids);
+        free(e->state);
+        free(e);
+        return;
+    }
+    kv_seq_truncate(d->pool, &e->seq, n);
+    memcpy(e->ids, all, (size_t)n * sizeof(int32_t));
+    if (sb) memcpy(e->state, state, sb);
+    e->salt = s->salt;
+    e->n = n;
+    e->bytes = bytes;
+    e->used = ++d->side_clock;
+    d->side[d->n_side++] = e;
+    d->side_bytes += bytes;
+    d->side_writes++;
+}
+
+/* Under the lock: what of all[0, n) s's draft model holds with a state to
+ * match, stored. */
+static void draft_side_store(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n) {
+    int64_t have = s->seq.n_tokens < n ? s->seq.n_tokens : n, keep = 0;
+    while (keep < have && s->seen[keep] == all[keep]) keep++;
+    if (s->state == NULL) {
+        draft_side_put(d, s, all, keep, NULL);
+        return;
+    }
+    if (s->seq.n_tokens == keep) { /* the live state stands at keep */
+        void *snap = malloc(model_state_bytes(d->cfg.draft));
+        if (snap == NULL) return;
+        model_state_snapshot(s->state, snap);
+        draft_side_put(d, s, all, keep, snap);
+        free(snap);
+    } else if (s->snap_pos > 0 && s->snap_pos <= keep) {
+        draft_side_put(d, s, all, s->snap_pos, s->snap);
+    }
+}
+
+/* Under the lock: the first draft of a request whose draft model holds
+ * nothing adopts the longest usable entry for all[0, want). */
+static void draft_side_restore(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t want) {
+    int best = -1;
+    int64_t best_n = 0;
+    for (int i = 0; i < d->n_side; i++) {
+        const sidecar_entry *e = d->side[i];
+        if (e->salt != s->salt) continue;
+        int64_t l = 0, lim = e->n < want ? e->n : want;
+        while (l < lim && e->ids[l] == all[l]) l++;
+        if (s->state && l != e->n) continue; /* a state stands at its own length only */
+        if (l > best_n) {
+            best_n = l;
+            best = i;
+        }
+    }
+    if (best < 0) return;
+    sidecar_entry *e = d->side[best];
+    ember_error err;
+    int32_t n_blocks = (int32_t)((best_n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    for (int32_t b = 0; b < n_blocks; b++)
+        if (kv_seq_adopt_block(d->pool, &s->seq, e->seq.blocks[b], &err) < 0) {
+            kv_seq_release(d->pool, &s->seq);
+            return;
+        }
+    kv_seq_truncate(d->pool, &s->seq, best_n);
+    if (s->state && model_state_restore(s->state, e->state, model_state_bytes(d->cfg.draft), &err) < 0) {
+        kv_seq_release(d->pool, &s->seq);
+        model_state_reset(s->state);
+        return;
+    }
+    for (int64_t p = 0; p < best_n; p++)
+        if (remember(s, p, all[p]) < 0) {
+            kv_seq_release(d->pool, &s->seq);
+            if (s->state) model_state_reset(s->state);
+            return;
+        }
+    e->used = ++d->side_clock;
+    d->side_hits++;
+    d->side_rows += best_n;
+}
+
 void spec_sidecar_store(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n) {
+    if (d->cfg.kind == SPEC_DRAFT && d->cfg.sidecar_entries > 0 && n > 0) {
+        pthread_mutex_lock(&d->lock);
+        if (s->seq.n_tokens == 0 && !s->looked) s->side_pending = n; /* post-prefill: at the first draft */
+        else draft_side_store(d, s, all, n);
+        pthread_mutex_unlock(&d->lock);
+        return;
+    }
     if (d->cfg.kind != SPEC_MTP || d->cfg.sidecar_entries < 1 || n < 1) return;
     pthread_mutex_lock(&d->lock);
     if (n > s->mtp_done) n = s->mtp_done;
@@ -453,6 +582,7 @@ static bool side_restore(spec_drafter *d, spec_seq *s, const int32_t *all, int64
         s->mtp_done = p0;
         e->used = ++d->side_clock;
         d->side_hits++;
+        d->side_rows += p0;
         return true;
     }
     return false;
@@ -461,7 +591,7 @@ static bool side_restore(spec_drafter *d, spec_seq *s, const int32_t *all, int64
 spec_sidecar_stats spec_sidecar_get_stats(spec_drafter *d) {
     pthread_mutex_lock(&d->lock);
     spec_sidecar_stats st = {d->side_writes, d->side_hits, d->n_side, d->side_disk_writes, d->side_disk_loads,
-                             d->side_bytes};
+                             d->side_rows, d->draft_rows, d->side_bytes};
     pthread_mutex_unlock(&d->lock);
     return st;
 }
@@ -508,6 +638,7 @@ static int draft_forward(spec_drafter *d, spec_seq *s, const int32_t *tokens, in
         for (int64_t i = 0; i < len; i++)
             if (remember(s, s->seq.n_tokens + i, tokens[done + i]) < 0) return -1;
         if (model_eval_state(d->ctx, &s->seq, s->state, tokens + done, (int)len, false, s->logits, &err) < 0) return -1;
+        d->draft_rows += len;
         done += len;
     }
     return 0;
@@ -523,7 +654,15 @@ static int argmax_row(const float *x, int n) {
 /* Brings the draft sequence to all[0, n-1): keeps what it saw that was
  * committed, restores or resets a recurrent state that went further. */
 static int draft_catch_up(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n) {
-    int64_t want = n - 1, have = s->seq.n_tokens, keep = 0;
+    int64_t want = n - 1;
+    if (!s->looked && s->seq.n_tokens == 0 && d->cfg.sidecar_entries > 0) draft_side_restore(d, s, all, want);
+    s->looked = true;
+    /* Sidecar entries pin blocks of the draft pool: they give them back
+     * before the draft model runs short (a draft step needs the rest of
+     * the prompt, k rows and a copied partial block). */
+    int64_t need = (want + SPEC_MAX_K + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS - s->seq.n_blocks + 1;
+    while (d->n_side > 0 && kv_pool_n_free(d->pool) < need) side_evict_lru(d);
+    int64_t have = s->seq.n_tokens, keep = 0;
     while (keep < have && keep < want && s->seen[keep] == all[keep]) keep++;
     if (keep < have) {
         if (s->state == NULL) {
@@ -543,6 +682,10 @@ static int draft_catch_up(spec_drafter *d, spec_seq *s, const int32_t *all, int6
         model_state_snapshot(s->state, s->snap);
         s->snap_pos = s->seq.n_tokens;
     }
+    if (s->side_pending > 0 && s->seq.n_tokens >= s->side_pending) { /* the post-prefill store */
+        draft_side_store(d, s, all, s->side_pending);
+        s->side_pending = 0;
+    }
     return 0;
 }
 
@@ -555,6 +698,7 @@ static int model_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t
         if (remember(s, s->seq.n_tokens, x) < 0 ||
             model_eval_state(d->ctx, &s->seq, s->state, &x, 1, false, s->logits, &err) < 0)
             break;
+        d->draft_rows++;
         x = argmax_row(s->logits, d->n_vocab);
         out[got++] = x;
     }

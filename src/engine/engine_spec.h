@@ -36,10 +36,18 @@
  *    spec_observe of a request whose target starts at p0 > 0 looks for an
  *    entry of the same salt whose tokens extend the request's first p0 and
  *    adopts exactly p0 rows. Entries pin blocks of the head's own pool, live
- *    in their own LRU (entry count and byte budget) and never touch the
- *    prompt cache's tiers. Exactness: a restored head holds the same bits a
+ *    in their own LRU (entry count and byte budget) and are mirrored to the
+ *    SSD tier (below). Exactness: a restored head holds the same bits a
  *    cold run computes for those positions, so its drafts, and therefore
- *    the acceptance, are the cold run's. */
+ *    the acceptance, are the cold run's.
+ *  - The same sidecar for a draft model (a second model: its entries pin
+ *    blocks of its own pool, its own namespace, in memory only): its K/V of
+ *    a prompt and, for a recurrent draft model, its state there. Stored
+ *    after its first catch-up over the prompt (post-prefill) and at
+ *    retirement; the first draft of a request adopts the longest entry of
+ *    its salt that shares a prefix with it (a recurrent draft model: an
+ *    entry that is a prefix, its exact length), so the draft model skips
+ *    that prefill. Same bits as computing them: same drafts. */
 #ifndef EMBER_ENGINE_SPEC_H
 #define EMBER_ENGINE_SPEC_H
 
@@ -63,8 +71,8 @@ typedef struct spec_config {
     bool adaptive;           /* shrink k while drafts are rejected, grow it while accepted */
     int ngram_min, ngram_max;/* SPEC_LOOKUP: n-gram lengths tried, longest first */
     const model *draft;      /* SPEC_DRAFT: borrowed, outlives the drafter */
-    int sidecar_entries;     /* SPEC_MTP: sidecar LRU entries (0: no sidecar) */
-    size_t sidecar_bytes;    /* and their byte budget (hidden rows + pinned head blocks) */
+    int sidecar_entries;     /* SPEC_MTP, SPEC_DRAFT: sidecar LRU entries (0: no sidecar) */
+    size_t sidecar_bytes;    /* and their byte budget (hidden rows or draft states + pinned blocks) */
     int prefix_entries;      /* the prefix layer, L0 (engine_prefix.h): entries; 0: off */
     size_t prefix_bytes;     /* its byte budget */
     int prefix_min;          /* shortest prefix it adopts */
@@ -132,6 +140,8 @@ void spec_sidecar_prefetch(spec_drafter *d, const int32_t *tokens, int64_t p, in
 typedef struct spec_sidecar_stats {
     int64_t writes, hits, entries;
     int64_t disk_writes, disk_loads; /* entries queued to / brought back from the SSD tier */
+    int64_t restored_rows;           /* drafter rows restores adopted instead of computing */
+    int64_t draft_rows;              /* SPEC_DRAFT: rows the draft model forwarded */
     size_t bytes;
 } spec_sidecar_stats;
 spec_sidecar_stats spec_sidecar_get_stats(spec_drafter *d);

@@ -477,12 +477,15 @@ static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool 
             cJSON_AddNumberToObject(sp, "drafted", (double)drafted);
             cJSON_AddNumberToObject(sp, "accepted", (double)accepted);
             cJSON_AddNumberToObject(sp, "acceptance", drafted ? (double)accepted / (double)drafted : 0.0);
-            if (d && spec_drafter_config(d)->kind == SPEC_MTP) {
+            if (d && (spec_drafter_config(d)->kind == SPEC_MTP || spec_drafter_config(d)->kind == SPEC_DRAFT)) {
                 spec_sidecar_stats side = spec_sidecar_get_stats(engine_drafter(srv->e));
                 cJSON_ReplaceItemInObject(o, "sidecar_writes", cJSON_CreateNumber((double)side.writes));
                 cJSON_AddNumberToObject(sp, "sidecar_hits", (double)side.hits);
                 cJSON_AddNumberToObject(sp, "sidecar_entries", (double)side.entries);
                 cJSON_AddNumberToObject(sp, "sidecar_bytes", (double)side.bytes);
+                cJSON_AddNumberToObject(sp, "sidecar_restored_rows", (double)side.restored_rows);
+                cJSON_AddNumberToObject(sp, "sidecar_disk_writes", (double)side.disk_writes);
+                cJSON_AddNumberToObject(sp, "sidecar_disk_loads", (double)side.disk_loads);
             }
         }
         return send_cjson(srv, c, label, 200, o);

@@ -124,12 +124,16 @@ static const serve_setting table[] = {
      "At k = 0 a request probes with one draft every 8 steps, so a drafter that keeps missing costs one extra "
      "row in 8 steps.", false, SRV(spec_adaptive)},
     {"spec.sidecar_entries", "EMBER_SPEC_SIDECAR_ENTRIES", "spec-sidecar-entries", SETTING_INT, "12", 0, 64, NULL,
-     NULL, "MTP head sidecar: entries kept (the head's K/V and hidden rows per stored prompt); 0: none",
+     NULL, "drafter sidecar: entries kept (the MTP head's K/V and hidden rows, or the draft model's K/V and state, "
+     "per stored prompt); 0: none",
      "A warm request whose target prefix came from the prompt cache restores the head for exactly that prefix, "
-     "so it drafts what a cold run drafts (`sidecar_writes`, `spec.sidecar_hits` in /v1/cache/stats).", false,
+     "so it drafts what a cold run drafts (`sidecar_writes`, `spec.sidecar_hits` in /v1/cache/stats). The head's "
+     "entries are mirrored to the SSD tier (side files under a sidecar salt in the model's namespace), so a "
+     "restart restores target and head together. A draft model's entries (memory only) spare it the prompt's "
+     "prefill.", false,
      SRV(spec_sidecar_entries)},
     {"spec.sidecar_mb", "EMBER_SPEC_SIDECAR_MB", "spec-sidecar-mb", SETTING_MIB, "512", 1, 1 << 20, NULL, NULL,
-     "MTP head sidecar: byte budget; an entry larger than it is not stored", NULL, false, SRV(spec_sidecar_bytes)},
+     "drafter sidecar: byte budget; an entry larger than it is not stored", NULL, false, SRV(spec_sidecar_bytes)},
     {"spec.ngram_max", "EMBER_SPEC_NGRAM_MAX", "spec-ngram-max", SETTING_INT, "3", 1, 16, NULL, NULL,
      "prompt lookup: longest n-gram matched (tried first)", NULL, false, SRV(spec_ngram_max)},
     {"spec.prefix_entries", "EMBER_SPEC_PREFIX_ENTRIES", "spec-prefix-entries", SETTING_INT, "4", 0, 1024, NULL, NULL,
