@@ -7,8 +7,9 @@
  *     n); both give the plain engine's tokens and logits bit for bit
  *     (memcmp), on the MTP hybrid fixture (gated delta net + attention,
  *     the head teacher-forced from the stored hidden rows: its drafts, and
- *     so its acceptance, equal the cold run's, digest for digest) and on a
- *     dense llama with prompt lookup;
+ *     so its acceptance, equal the cold run's, digest for digest), on a
+ *     dense llama, a sliding-window gemma3 and a recurrent-only mamba2
+ *     with prompt lookup;
  *   - counters: spec_prefix_hits / hit_tokens / stores add up;
  *   - an entry larger than the byte budget is skipped and counted, and the
  *     resend then runs cold;
@@ -137,9 +138,11 @@ static void check_model(const char *name, spec_kind kind) {
     if (kind == SPEC_MTP) assert_true(resend.spec.digest == cold.spec.digest);
     assert_int_equal(resend.spec.accepted, cold.spec.accepted);
     print_message("%s: L0 resend adopts %lld of %d, extension %lld of %d; %d entries, %zu bytes; accepted cold %lld "
-                  "resend %lld of %lld drafts\n",
+                  "resend %lld of %lld drafts; TTFT cold %.2f ms, resend %.2f ms, cold extension (plain) %.2f ms, "
+                  "L0 extension %.2f ms\n",
                   name, (long long)resend.cached_tokens, p.n, (long long)longer.cached_tokens, p2.n, st.entries, st.bytes,
-                  (long long)cold.spec.accepted, (long long)resend.spec.accepted, (long long)resend.spec.drafted);
+                  (long long)cold.spec.accepted, (long long)resend.spec.accepted, (long long)resend.spec.drafted,
+                  cold.ttft_s * 1e3, resend.ttft_s * 1e3, want2.ttft_s * 1e3, longer.ttft_s * 1e3);
     test_assert_no_block_leaks(e);
     engine_result_free(&cold);
     engine_result_free(&resend);
@@ -182,6 +185,8 @@ static void test_l0_cache_off(void **unused) {
     (void)unused;
     check_model("qwen35-mtp-normjit-f32", SPEC_MTP);
     check_model("llama-gqa-f32", SPEC_LOOKUP);
+    check_model("gemma3-f32", SPEC_LOOKUP);  /* sliding-window layers */
+    check_model("mamba2-f32", SPEC_LOOKUP);  /* recurrent only: no K/V rows at all */
 }
 
 /* The LRU keeps at most `entries`, the least recently used goes first. */
