@@ -82,6 +82,8 @@ static engine *open_engine(const model *m, spec_kind kind, bool cache_on, size_t
     cfg.spec.prefix_entries = 4;
     cfg.spec.prefix_bytes = prefix_bytes;
     cfg.spec.prefix_min = 8;
+    cfg.spec.sidecar_entries = 4;
+    cfg.spec.sidecar_bytes = (size_t)64 << 20;
     return test_open_engine(m, &cfg);
 }
 
@@ -137,7 +139,11 @@ static void check_model(const char *name, spec_kind kind, bool full) {
     assert_int_equal(st.stores, 2); /* p (the resend found its own entry) and p2 */
     assert_int_equal(st.entries, 2);
     /* The drafter sees the prefix it would have seen cold: same drafts. */
-    if (kind == SPEC_MTP) assert_true(resend.spec.digest == cold.spec.digest);
+    if (kind == SPEC_MTP) {
+        assert_true(resend.spec.digest == cold.spec.digest);
+        /* L0 holds the hidden rows: the sidecar keeps nothing of its own */
+        assert_int_equal(spec_sidecar_get_stats(engine_drafter(e)).writes, 0);
+    }
     assert_int_equal(resend.spec.accepted, cold.spec.accepted);
     print_message("%s: L0 resend adopts %lld of %d, extension %lld of %d; %d entries, %zu bytes; accepted cold %lld "
                   "resend %lld of %lld drafts; TTFT cold %.2f ms, resend %.2f ms, cold extension (plain) %.2f ms, "
@@ -174,6 +180,12 @@ static void check_model(const char *name, spec_kind kind, bool full) {
     assert_int_equal(st.stores, 0);
     assert_true(resend.cached_tokens > 0);
     assert_true(resend.cache_source != APC_SOURCE_PREFIX);
+    if (kind == SPEC_MTP) { /* ... and the sidecar the head beside them */
+        spec_sidecar_stats side = spec_sidecar_get_stats(engine_drafter(e));
+        assert_true(side.writes >= 1);
+        assert_int_equal(side.hits, 1);
+        assert_true(resend.spec.digest == cold.spec.digest);
+    }
     assert_warm_equals_cold(&want, &resend, "cache on: pools");
     engine_result_free(&cold);
     engine_result_free(&resend);

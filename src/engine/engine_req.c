@@ -428,9 +428,16 @@ static void submit_prediction(engine_req *q, int64_t n, bool for_retire) {
     }
 }
 
+/* Whether the drafter's sidecar stores for q: where L0 keeps the request
+ * (the cache will not), an MTP head's hidden rows are in L0 already and
+ * the head is recomputed from them (engine_prefix.c). */
+static bool sidecar_stores(const engine_req *q) {
+    return q->drafter && q->stores && !(q->l0_store && spec_drafter_wants_hidden(q->drafter));
+}
+
 /* The retirement store, once every prediction it depends on has landed. */
 static void retire_now(engine_req *q) {
-    if (q->drafter && q->stores) spec_sidecar_store(q->drafter, q->spec, q->all, q->seq.n_tokens);
+    if (sidecar_stores(q)) spec_sidecar_store(q->drafter, q->spec, q->all, q->seq.n_tokens);
     if (q->predictor && apc_req_retire_wants_prediction(q->ar)) {
         submit_prediction(q, q->seq.n_tokens, true);
         q->phase = ENGINE_REQ_PREDICT;
@@ -464,7 +471,7 @@ void engine_req_forwarded(engine_req *q, int64_t n) {
             prefix_store(q->l0, q->all, q->N, q->salt, &q->seq, q->l0_state_n, q->l0_have_n1 ? q->l0_state_n1 : NULL,
                          spec_hidden_rows(q->drafter, q->spec, q->N));
         }
-        if (q->drafter && q->stores) spec_sidecar_store(q->drafter, q->spec, q->all, q->seq.n_tokens);
+        if (sidecar_stores(q)) spec_sidecar_store(q->drafter, q->spec, q->all, q->seq.n_tokens);
         q->phase = ENGINE_REQ_SAMPLE;
         q->round_decode = false;
         q->round_p0 = q->seq.n_tokens - n;
