@@ -200,7 +200,8 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
                   cfg.spec.k, cfg.spec.adaptive ? " (adaptive)" : "");
     }
     if (l0) {
-        prefix_config pc = {cfg.spec.prefix_entries, cfg.spec.prefix_bytes, cfg.spec.prefix_min};
+        prefix_config pc = {cfg.spec.prefix_entries, cfg.spec.prefix_bytes, cfg.spec.prefix_min,
+                            spec_state_words(e->drafter)};
         e->prefix = prefix_layer_create(&pc, m, e->pool, e->cache, err);
         if (e->prefix == NULL) goto fail;
     }

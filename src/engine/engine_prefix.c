@@ -15,7 +15,7 @@
  *   what                          cache on (the pools keep the prompt)   cache off
  *   target K/V rows               pools (block index, exact, ckpt)       L0 (owned copies)
  *   recurrent state               pools, at their restore points         L0 (at n and n-1)
- *   MTP hidden rows + head K/V    sidecar (engine_spec.c), beside them   L0 hidden rows (head recomputed)
+ *   MTP head K/V + hidden rows    sidecar (engine_spec.c), beside them   L0 (opaque drafter rows)
  *   draft model K/V + state       sidecar (engine_spec.c)                sidecar
  *
  * So with the cache on a speculating request stores nothing in L0: the
@@ -34,11 +34,13 @@
  * (layer by layer: K rows [0, n), then V rows, each kv_pool_row_bytes) and
  * a hit writes them into blocks the request allocates like any prefill.
  *
- * The MTP head is not snapshotted: its K/V rows are a cheap function of
- * (token, hidden row) pairs, one head layer per row, so a hit hands the
- * hidden rows back and the driver lets the head take them in (the same
- * rows, the same batch-invariant kernels: the head's K/V are the cold
- * run's bits, and so are its drafts).
+ * The drafter's part is opaque here: spec_export gives an MTP head's K/V
+ * rows and the hidden rows it read, a fixed number of words a position,
+ * and spec_import puts them back (or, when the head's pool is full,
+ * recomputes the head from the hidden rows: the same bits). Recomputing
+ * is not the default because the head's attention over a long prompt
+ * costs about what one trunk layer does (3000 tokens, qwen35 small: 1.8 s
+ * against a 0.1 s copy). A draft model's state is the sidecar's.
  *
  * Exactness: K/V rows are copied word for word, the recurrent state is a
  * snapshot taken at exactly the adopted position (model.h: the state after
@@ -59,7 +61,7 @@ typedef struct prefix_entry {
     uint8_t *kv;        /* rows of [0, n), layer by layer: K rows then V rows */
     void *state_n;      /* snapshot at n, or NULL */
     void *state_n1;     /* snapshot at n-1, or NULL */
-    float *hidden;      /* (n, n_embd), or NULL */
+    uint32_t *drafter;  /* (n, drafter_words), or NULL */
     size_t bytes;
     uint64_t used;      /* LRU clock */
 } prefix_entry;
@@ -71,7 +73,7 @@ struct prefix_layer {
     int n_layer;
     size_t token_bytes;   /* K + V row bytes of one position, every layer */
     size_t state_bytes;   /* 0: no recurrent layers */
-    int n_embd;
+    size_t dw;            /* drafter words a position */
     pthread_mutex_t lock;
     prefix_entry **e;     /* (cfg.entries) */
     int n;
@@ -94,7 +96,7 @@ prefix_layer *prefix_layer_create(const prefix_config *cfg, const model *m, kv_p
     if (l->cfg.min_tokens < 1) l->cfg.min_tokens = 1;
     l->pool = pool;
     l->cache = cache;
-    l->n_embd = model_get_hparams(m)->n_embd;
+    l->dw = cfg->drafter_words;
     l->state_bytes = model_has_state(m) ? model_state_bytes(m) : 0;
     kv_pool_config kc;
     model_kv_config(m, 1, &kc);
@@ -115,7 +117,7 @@ static void entry_free(prefix_entry *e) {
     free(e->kv);
     free(e->state_n);
     free(e->state_n1);
-    free(e->hidden);
+    free(e->drafter);
     free(e);
 }
 
@@ -195,6 +197,7 @@ static void put_rows(prefix_layer *l, const prefix_entry *e, int64_t p, kv_seq *
 prefix_hit prefix_lookup(prefix_layer *l, const int32_t *tokens, int64_t n, uint64_t salt, kv_seq *seq,
                          model_state *state) {
     prefix_hit hit = {0, NULL};
+    const size_t W = l->dw;
     if (!prefix_layer_on(l) || n < 2) return hit;
     pthread_mutex_lock(&l->lock);
     int64_t p;
@@ -202,7 +205,7 @@ prefix_hit prefix_lookup(prefix_layer *l, const int32_t *tokens, int64_t n, uint
     if (at < 0) goto done;
     prefix_entry *e = l->e[at];
     ember_error err;
-    if (e->hidden && (hit.hidden = malloc((size_t)p * (size_t)l->n_embd * sizeof(float))) == NULL) goto done;
+    if (e->drafter && (hit.drafter = malloc((size_t)p * W * sizeof(uint32_t))) == NULL) goto done;
     if (apc_seq_prepare_append(l->cache, seq, p, &err) < 0) goto miss;
     if (state && l->state_bytes) {
         const void *snap = p == e->n ? e->state_n : e->state_n1;
@@ -213,15 +216,15 @@ prefix_hit prefix_lookup(prefix_layer *l, const int32_t *tokens, int64_t n, uint
     }
     put_rows(l, e, p, seq);
     seq->n_tokens = p;
-    if (hit.hidden) memcpy(hit.hidden, e->hidden, (size_t)p * (size_t)l->n_embd * sizeof(float));
+    if (hit.drafter) memcpy(hit.drafter, e->drafter, (size_t)p * W * sizeof(uint32_t));
     hit.n_tokens = p;
     e->used = ++l->clock;
     l->st.hits++;
     l->st.hit_tokens += (uint64_t)p;
     goto done;
 miss:
-    free(hit.hidden);
-    hit.hidden = NULL;
+    free(hit.drafter);
+    hit.drafter = NULL;
 done:
     pthread_mutex_unlock(&l->lock);
     return hit;
@@ -245,10 +248,11 @@ static void copy_rows(const prefix_layer *l, const kv_seq *seq, int64_t n, uint8
 }
 
 void prefix_store(prefix_layer *l, const int32_t *tokens, int64_t n, uint64_t salt, const kv_seq *seq,
-                  const void *state_n, const void *state_n1, const float *hidden) {
+                  const void *state_n, const void *state_n1, const uint32_t *drafter) {
     if (!prefix_layer_on(l) || n < l->cfg.min_tokens || seq->n_tokens < n) return;
-    const size_t D = (size_t)l->n_embd;
-    size_t bytes = (size_t)n * (sizeof(int32_t) + l->token_bytes + (hidden ? D * sizeof(float) : 0)) +
+    const size_t W = l->dw;
+    if (W == 0) drafter = NULL;
+    size_t bytes = (size_t)n * (sizeof(int32_t) + l->token_bytes + (drafter ? W * sizeof(uint32_t) : 0)) +
                    (state_n ? l->state_bytes : 0) + (state_n1 ? l->state_bytes : 0);
     pthread_mutex_lock(&l->lock);
     if (bytes > l->cfg.max_bytes) {
@@ -278,8 +282,8 @@ void prefix_store(prefix_layer *l, const int32_t *tokens, int64_t n, uint64_t sa
     e->kv = malloc((size_t)n * l->token_bytes + 1);
     if (state_n) e->state_n = malloc(l->state_bytes);
     if (state_n1) e->state_n1 = malloc(l->state_bytes);
-    if (hidden) e->hidden = malloc((size_t)n * D * sizeof(float));
-    if (!e->ids || !e->kv || (state_n && !e->state_n) || (state_n1 && !e->state_n1) || (hidden && !e->hidden)) {
+    if (drafter) e->drafter = malloc((size_t)n * W * sizeof(uint32_t));
+    if (!e->ids || !e->kv || (state_n && !e->state_n) || (state_n1 && !e->state_n1) || (drafter && !e->drafter)) {
         entry_free(e);
         goto done;
     }
@@ -287,7 +291,7 @@ void prefix_store(prefix_layer *l, const int32_t *tokens, int64_t n, uint64_t sa
     copy_rows(l, seq, n, e->kv);
     if (state_n) memcpy(e->state_n, state_n, l->state_bytes);
     if (state_n1) memcpy(e->state_n1, state_n1, l->state_bytes);
-    if (hidden) memcpy(e->hidden, hidden, (size_t)n * D * sizeof(float));
+    if (drafter) memcpy(e->drafter, drafter, (size_t)n * W * sizeof(uint32_t));
     e->salt = salt;
     e->n = n;
     e->bytes = bytes;

@@ -6,8 +6,9 @@
  *    keyed by (salt, the request's full prompt ids). An entry holds what a
  *    later request needs to resume at the end of that prompt and that the
  *    pools do not keep: the target's K/V rows (copies, as the pool encodes
- *    them), the recurrent state at n (and at n-1), and the target's hidden
- *    rows of [0, n) that an MTP head reads.
+ *    them), the recurrent state at n (and at n-1), and the drafter's own
+ *    rows (an MTP head's K/V and the target's hidden rows it read: opaque
+ *    here, spec_export / spec_import).
  *  - Lookup: the longest entry of the request's salt whose key is a strict
  *    prefix of the prompt (adopting the key's n tokens, state at n), or the
  *    whole prompt (an identical resend adopts n-1: the K/V rows cut there,
@@ -37,6 +38,7 @@ typedef struct prefix_config {
     int entries;        /* most entries; < 1: the layer is off */
     size_t max_bytes;   /* byte budget of every entry together */
     int min_tokens;     /* shortest prefix adopted (reference: 32) */
+    size_t drafter_words; /* 32-bit words of drafter state a position (spec_state_words); 0: none */
 } prefix_config;
 
 typedef struct prefix_stats {
@@ -54,13 +56,13 @@ typedef struct prefix_stats {
 /* What a hit restored beside the K/V rows and the state. */
 typedef struct prefix_hit {
     int64_t n_tokens;     /* adopted: seq->n_tokens; 0: miss */
-    float *hidden;        /* (n_tokens, n_embd) the target's hidden rows, malloc'd, or NULL */
+    uint32_t *drafter;    /* (n_tokens, drafter_words) the drafter's rows, malloc'd, or NULL */
 } prefix_hit;
 
 typedef struct prefix_layer prefix_layer;
 
 /* ---- Lifetime ---- */
-/* m: the target (its state size and n_embd); pool: the target's K/V pool,
+/* m: the target (its state size); pool: the target's K/V pool,
  * whose row encoding the entries copy; cache: the prompt cache through
  * which restored rows are allocated. All outlive the layer. NULL with err
  * set when out of memory; a config with entries < 1 gives a layer that
@@ -82,10 +84,10 @@ prefix_hit prefix_lookup(prefix_layer *l, const int32_t *tokens, int64_t n, uint
 /* ---- Store ---- */
 /* The post-prefill snapshot of tokens[0, n): seq holds their K/V, state_n
  * is the state snapshot at n and state_n1 at n-1 (NULL: none; both NULL
- * for models without recurrent layers), hidden the target's hidden rows of
- * [0, n) (NULL: none). Copies everything. */
+ * for models without recurrent layers), drafter the drafter's rows of
+ * [0, n) (drafter_words a position; NULL: none). Copies everything. */
 void prefix_store(prefix_layer *l, const int32_t *tokens, int64_t n, uint64_t salt, const kv_seq *seq,
-                  const void *state_n, const void *state_n1, const float *hidden);
+                  const void *state_n, const void *state_n1, const uint32_t *drafter);
 
 /* ---- Stats and reset ---- */
 prefix_stats prefix_get_stats(prefix_layer *l);

@@ -299,10 +299,10 @@ apc_hit engine_req_lookup(engine_req *q) {
         prefix_hit ph = prefix_lookup(q->l0, q->all, q->N, q->salt, &q->seq, q->state);
         if (ph.n_tokens > 0) {
             apc_req_adopted(q->ar, &q->seq, ph.n_tokens);
-            /* The MTP head takes in the stored hidden rows: its K/V of the
-             * prefix are then the cold run's, so are its drafts. */
-            if (ph.hidden) spec_observe(q->drafter, q->spec, q->all, 0, ph.n_tokens, ph.hidden);
-            free(ph.hidden);
+            /* The MTP head gets its rows of the prefix back: the cold
+             * run's bits, so the cold run's drafts. */
+            if (ph.drafter) spec_import(q->drafter, q->spec, q->all, ph.n_tokens, ph.drafter);
+            free(ph.drafter);
             hit.n_tokens = ph.n_tokens;
             hit.source = APC_SOURCE_PREFIX;
         }
@@ -429,8 +429,8 @@ static void submit_prediction(engine_req *q, int64_t n, bool for_retire) {
 }
 
 /* Whether the drafter's sidecar stores for q: where L0 keeps the request
- * (the cache will not), an MTP head's hidden rows are in L0 already and
- * the head is recomputed from them (engine_prefix.c). */
+ * (the cache will not), an MTP head's rows are in L0 already
+ * (engine_prefix.c). */
 static bool sidecar_stores(const engine_req *q) {
     return q->drafter && q->stores && !(q->l0_store && spec_drafter_wants_hidden(q->drafter));
 }
@@ -468,8 +468,10 @@ void engine_req_forwarded(engine_req *q, int64_t n) {
         /* An identical resend's entry is the one it came from. */
         if (q->l0_store && !(q->source == APC_SOURCE_PREFIX && q->cached == q->N - 1)) {
             if (q->l0_state_n) model_state_snapshot(q->state, q->l0_state_n);
+            uint32_t *drafter = spec_export(q->drafter, q->spec, q->N);
             prefix_store(q->l0, q->all, q->N, q->salt, &q->seq, q->l0_state_n, q->l0_have_n1 ? q->l0_state_n1 : NULL,
-                         spec_hidden_rows(q->drafter, q->spec, q->N));
+                         drafter);
+            free(drafter);
         }
         if (sidecar_stores(q)) spec_sidecar_store(q->drafter, q->spec, q->all, q->seq.n_tokens);
         q->phase = ENGINE_REQ_SAMPLE;

@@ -739,9 +739,71 @@ static int mtp_rows(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0
 
 bool spec_drafter_wants_hidden(const spec_drafter *d) { return d->cfg.kind == SPEC_MTP; }
 
-const float *spec_hidden_rows(const spec_drafter *d, const spec_seq *s, int64_t n) {
-    if (d->cfg.kind != SPEC_MTP || !s->faithful || s->mtp_done < n || s->hist_cap < n) return NULL;
-    return s->hist;
+size_t spec_state_words(const spec_drafter *d) { return d->cfg.kind == SPEC_MTP ? d->side_words : 0; }
+
+uint32_t *spec_export(spec_drafter *d, spec_seq *s, int64_t n) {
+    if (d->cfg.kind != SPEC_MTP || n < 1) return NULL;
+    pthread_mutex_lock(&d->lock);
+    uint32_t *rows = NULL;
+    if (s->faithful && s->mtp_done >= n && s->hist_cap >= n && s->seq.n_tokens >= n &&
+        (rows = malloc((size_t)n * d->side_words * sizeof(uint32_t))) != NULL) {
+        sidecar_entry view; /* s's rows seen as an entry */
+        memset(&view, 0, sizeof view);
+        view.n = n;
+        view.seq = s->seq;
+        view.hidden = s->hist;
+        side_rows_out(d, &view, rows);
+    }
+    pthread_mutex_unlock(&d->lock);
+    return rows;
+}
+
+void spec_import(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, const uint32_t *rows) {
+    if (d->cfg.kind != SPEC_MTP || n < 1) return;
+    const size_t D = (size_t)d->n_embd;
+    pthread_mutex_lock(&d->lock);
+    if (s->mtp_done != 0 || s->seq.n_tokens != 0) {
+        pthread_mutex_unlock(&d->lock);
+        return;
+    }
+    ember_error err;
+    int rc = kv_seq_prepare_append(d->pool, &s->seq, n, &err);
+    while (rc < 0 && d->n_side > 0) { /* sidecar entries give their blocks back first */
+        side_evict_lru(d);
+        rc = kv_seq_prepare_append(d->pool, &s->seq, n, &err);
+    }
+    for (int64_t t = 0; rc == 0 && t < n; t++) {
+        const uint32_t *row = rows + (size_t)t * d->side_words;
+        int32_t b = s->seq.blocks[t / KV_BLOCK_TOKENS];
+        int r = (int)(t % KV_BLOCK_TOKENS);
+        for (int l = 0; l < d->pool_layers; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                size_t w = kv_pool_row_bytes(d->pool, l, kv) / 4;
+                if (w == 0) continue;
+                float *dst = kv ? kv_block_v(d->pool, b, l) : kv_block_k(d->pool, b, l);
+                memcpy(dst + (size_t)r * w, row, w * 4);
+                row += w;
+            }
+        if (hist_put(d, s, t, (const float *)row) < 0) rc = -1;
+    }
+    if (rc == 0) {
+        s->seq.n_tokens = n;
+        memcpy(s->h_last, s->hist + (size_t)(n - 1) * D, D * sizeof(float));
+        s->mtp_done = n;
+        s->looked = true;
+        d->side_rows += n;
+        pthread_mutex_unlock(&d->lock);
+        return;
+    }
+    kv_seq_release(d->pool, &s->seq);
+    pthread_mutex_unlock(&d->lock);
+    /* No room for the rows: the head computes them from the hidden rows. */
+    float *hidden = malloc((size_t)n * D * sizeof(float));
+    if (hidden == NULL) return;
+    for (int64_t t = 0; t < n; t++)
+        memcpy(hidden + (size_t)t * D, rows + (size_t)t * d->side_words + (d->side_words - D), D * sizeof(float));
+    spec_observe(d, s, all, 0, n, hidden);
+    free(hidden);
 }
 
 void spec_observe(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0, int64_t n, const float *hidden) {

@@ -120,10 +120,17 @@ void spec_observe(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0, 
 /* The target verified a round: `drafted` proposed, `accepted` of them
  * emitted. Updates the counters and the adaptive k. */
 void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted);
-/* SPEC_MTP: the target's hidden rows of [0, n) that s's head read, when
- * every one of them was a real row (a faithful head); else NULL. Valid
- * until s observes again. */
-const float *spec_hidden_rows(const spec_drafter *d, const spec_seq *s, int64_t n);
+/* The drafter's own state of a prompt as opaque rows, for the prefix
+ * layer (engine_prefix.h): SPEC_MTP only, spec_state_words words a
+ * position (the head's K/V rows as its pool encodes them, then the
+ * target's hidden row it read); 0 for other drafters. spec_export copies
+ * s's rows [0, n) (malloc'd; NULL unless the head is faithful and holds
+ * them); spec_import puts them into a request whose head holds nothing
+ * yet, and when the head's pool has no room, computes the head's rows
+ * from the hidden rows instead (the same bits either way). */
+size_t spec_state_words(const spec_drafter *d);
+uint32_t *spec_export(spec_drafter *d, spec_seq *s, int64_t n);
+void spec_import(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, const uint32_t *rows);
 /* SPEC_MTP: saves s's head state over all[0, n) (clamped to the rows it
  * has observed) in the sidecar; no-op when the head was not faithful. */
 void spec_sidecar_store(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n);
