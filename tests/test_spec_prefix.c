@@ -282,6 +282,14 @@ static void test_l0_api(void **unused) {
     assert_int_equal((int)serve_metrics_text_sum(metrics, "ember_apc_spec_prefix_hits_total"), 1);
     assert_int_equal((int)serve_metrics_text_sum(metrics, "ember_apc_spec_prefix_hit_tokens_total"), 18);
     assert_int_equal((int)serve_metrics_text_sum(metrics, "ember_apc_spec_prefix_stores_total"), 1);
+    assert_int_equal(json_num(stats, "spec_prefix_entries"), 1);
+    char *reset = NULL, *after = NULL; /* a cache reset empties L0 too, the counters stay */
+    assert_int_equal(http_call(port, "POST", "/v1/cache/reset", NULL, "{}", &reset), 200);
+    assert_int_equal(http_call(port, "GET", "/v1/cache/stats", NULL, NULL, &after), 200);
+    assert_int_equal(json_num(after, "spec_prefix_entries"), 0);
+    assert_int_equal(json_num(after, "spec_prefix_hits"), 1);
+    free(reset);
+    free(after);
     assert_int_equal(http_stop_server(&pid, 5000), 0);
     char *text = read_whole_file(log, NULL);
     assert_non_null(text);
