@@ -110,7 +110,8 @@ static void test_routing_log(void **state) {
     char *text = read_whole_file(tmpl, NULL);
     unlink(tmpl);
     assert_non_null(text);
-    if (strstr(text, "ember info: APC tier: block (layers: 5 kv / 0 rot / 0 arr)\n") == NULL)
+    /* the line also says whether speculation and L0 are on */
+    if (strstr(text, "ember info: APC tier: block (layers: 5 kv / 0 rot / 0 arr); speculation off, L0 off\n") == NULL)
         fail_msg("no routing line in: %s", text);
     if (strstr(text, "ember warn: APC OFF for this model: ") == NULL) fail_msg("no OFF line in: %s", text);
     assert_non_null(strstr(text, "num_blocks="));
