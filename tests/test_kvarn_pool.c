@@ -513,12 +513,12 @@ static void test_routing_lines(void **state) {
     char *log;
     engine *e = open_logged(m, "kvarn-k6v5-t0", NULL, &log);
     if (strstr(log, "APC kvarn KV: 128-token records do not split into 16-token blocks; block tier -> exact\n") == NULL ||
-        strstr(log, "APC tier: exact (layers: 5 kv / 0 rot / 0 arr; kv_format=kvarn-k6v5-t0 records)\n") == NULL)
+        strstr(log, "APC tier: exact (layers: 5 kv / 0 rot / 0 arr; kv_format=kvarn-k6v5-t0 records); speculation off, L0 off\n") == NULL)
         fail_msg("dense routing lines missing:\n%s", log);
     free(log);
     engine_free(e);
     e = open_logged(m, "f16", NULL, &log);
-    assert_non_null(strstr(log, "APC tier: block (layers: 5 kv / 0 rot / 0 arr)\n"));
+    assert_non_null(strstr(log, "APC tier: block (layers: 5 kv / 0 rot / 0 arr); speculation off, L0 off\n"));
     assert_null(strstr(log, "kvarn"));
     free(log);
     engine_free(e);
@@ -526,7 +526,7 @@ static void test_routing_lines(void **state) {
     REQUIRE_FIXTURE(g3, GEMMA3);
     m = test_load_model(g3);
     e = open_logged(m, "kvarn-k6v5-t0", NULL, &log);
-    if (strstr(log, "APC tier: ckpt (layers: ") == NULL || strstr(log, "kv_format=kvarn-k6v5-t0 records)\n") == NULL)
+    if (strstr(log, "APC tier: ckpt (layers: ") == NULL || strstr(log, "kv_format=kvarn-k6v5-t0 records); speculation off, L0 off\n") == NULL)
         fail_msg("ckpt routing line missing:\n%s", log);
     free(log);
     engine_free(e);
@@ -536,7 +536,7 @@ static void test_routing_lines(void **state) {
     m = test_load_model(m2);
     e = open_logged(m, "kvarn-k6v5-t0", NULL, &log);
     if (strstr(log, "APC tier: exact (layers: 0 kv / 0 rot / ") == NULL ||
-        strstr(log, "kv_format=kvarn-k6v5-t0 records)\n") == NULL || strstr(log, "block tier -> exact") != NULL)
+        strstr(log, "kv_format=kvarn-k6v5-t0 records); speculation off, L0 off\n") == NULL || strstr(log, "block tier -> exact") != NULL)
         fail_msg("exact routing lines:\n%s", log);
     free(log);
     engine_free(e);

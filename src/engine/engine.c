@@ -171,7 +171,10 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
     if (e->stateful) state_ops.bytes = model_state_bytes(m);
     /* The routing line also says whether speculation and L0 are on. */
     char note[192];
-    bool l0 = cfg.spec.kind != SPEC_OFF && cfg.spec.prefix_entries > 0;
+    /* L0 copies a pool's rows word for word; kvarn's sealed records are not
+     * copied that way yet, so L0 stays off on a kvarn pool (said below). */
+    bool kvarn = kv_format_is_kvarn(cfg.kv_format);
+    bool l0 = cfg.spec.kind != SPEC_OFF && cfg.spec.prefix_entries > 0 && !kvarn;
     if (cfg.spec.kind == SPEC_OFF)
         snprintf(note, sizeof note, "speculation off, L0 off");
     else if (l0)
@@ -179,7 +182,8 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
                  spec_kind_name(cfg.spec.kind), cfg.spec.k, cfg.spec.prefix_entries,
                  (double)cfg.spec.prefix_bytes / (1024.0 * 1024.0), cfg.spec.prefix_min);
     else
-        snprintf(note, sizeof note, "speculation %s (k=%d), L0 off", spec_kind_name(cfg.spec.kind), cfg.spec.k);
+        snprintf(note, sizeof note, "speculation %s (k=%d), L0 off%s", spec_kind_name(cfg.spec.kind), cfg.spec.k,
+                 kvarn && cfg.spec.prefix_entries > 0 ? " (kvarn pool)" : "");
     cfg.cache.route_note = note;
     e->cache = apc_create(e->pool, &kc, model_cache_stack(m), &state_ops, &cfg.cache, err);
     cfg.cache.route_note = NULL;
