@@ -25,14 +25,33 @@
  * Adaptive k: a round whose drafts were all accepted doubles k (up to the
  * configured k), one whose first draft was rejected halves it; at 0 the
  * request probes with one draft every SPEC_PROBE rounds, so a drafter that
- * keeps missing costs one draft row in SPEC_PROBE steps. */
+ * keeps missing costs one draft row in SPEC_PROBE steps.
+ *
+ * Acceptance alone does not say whether speculation pays: a draft model
+ * that is as slow as the target (tiny models, where a step is overhead), or
+ * a verification that costs more than the accepted tokens save, loses even
+ * at high acceptance. So adaptive k also keeps a cost governor, one per
+ * drafter (what one request learnt the next keeps): the wall time between
+ * two verified rounds of a request, per committed token, averaged over
+ * speculative rounds and over plain ones (a plain round is forced every
+ * SPEC_REPLAIN speculative rounds to keep that figure fresh; it emits what
+ * any round would). When speculative tokens cost more than plain ones,
+ * requests decode plainly for SPEC_PAUSE rounds, then speculation is
+ * measured again. Output never depends on k, so the governor, timing-dependent as it
+ * is, cannot change a token; it only changes the speed and the counters. */
 #include "engine/engine_spec.h"
+
+#include "core/clock.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 enum { SPEC_PROBE = 8, SIDECAR_MAX = 64 };
+/* The cost governor: a plain round every SPEC_REPLAIN speculative ones;
+ * SPEC_PAUSE plain rounds after speculation measured slower; SPEC_SAMPLES
+ * rounds of each kind before judging. */
+enum { SPEC_REPLAIN = 32, SPEC_PAUSE = 128, SPEC_SAMPLES = 3 };
 
 /* One sidecar entry: the head's (or the draft model's) K/V rows [0, n)
  * (blocks of the drafter's pool, referenced) and the target hidden rows the
@@ -71,12 +90,20 @@ struct spec_drafter {
     int64_t side_disk_writes, side_disk_loads;
     int64_t draft_rows;      /* SPEC_DRAFT: rows the draft model forwarded */
     int64_t side_rows;       /* rows a sidecar restore saved it (or the head) */
+    /* the cost governor (adaptive only): shared by the requests, which all
+     * verify on the same target, so what one learnt the next one keeps;
+     * touched only by the driver's thread */
+    double spec_cost, plain_cost; /* moving average of seconds per committed token */
+    int spec_samples, plain_samples;
+    int since_plain;         /* speculative rounds since the last plain one */
+    int paused;              /* plain rounds left before speculation is measured again */
 };
 
 struct spec_seq {
     spec_stats stats;
     int k_now;               /* adaptive k; 0: probing */
     int idle_rounds;         /* rounds without a draft while k_now == 0 */
+    double t_last;           /* cost governor: ember_now() at the previous verified round; 0: none yet */
     /* SPEC_DRAFT */
     kv_seq seq;              /* K/V of seen[0, seq.n_tokens) */
     model_state *state;      /* recurrent draft models; at seq.n_tokens */
@@ -883,6 +910,30 @@ int spec_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int 
     return got;
 }
 
+/* Folds one round's wall time into the governor and decides whether the
+ * next rounds speculate (see the top comment). */
+static void govern(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
+    double now = ember_now(), t_prev = s->t_last;
+    s->t_last = now;
+    if (t_prev <= 0) return;
+    double per_token = (now - t_prev) / (double)(accepted + 1);
+    double *avg = drafted > 0 ? &d->spec_cost : &d->plain_cost;
+    int *n = drafted > 0 ? &d->spec_samples : &d->plain_samples;
+    *avg = *n == 0 ? per_token : 0.75 * *avg + 0.25 * per_token;
+    (*n)++;
+    if (drafted > 0) {
+        d->since_plain++;
+    } else {
+        d->since_plain = 0;
+        if (d->paused > 0 && --d->paused == 0) d->spec_samples = 0; /* measure speculation afresh */
+    }
+    if (d->paused == 0 && d->spec_samples >= SPEC_SAMPLES && d->plain_samples >= 1 &&
+        d->spec_cost > d->plain_cost * 1.02) {
+        d->paused = SPEC_PAUSE;
+        s->stats.paused++;
+    }
+}
+
 void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
     if (drafted > 0) {
         s->stats.rounds++;
@@ -890,6 +941,7 @@ void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
         s->stats.accepted += accepted;
     }
     if (!d->cfg.adaptive) return;
+    govern(d, s, drafted, accepted);
     if (drafted == 0) {
         if (s->k_now == 0) s->idle_rounds++;
         return;
@@ -904,6 +956,9 @@ void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
 
 int spec_next_k(const spec_drafter *d, const spec_seq *s) {
     if (!d->cfg.adaptive) return d->cfg.k;
+    if (d->paused > 0) return 0;
+    /* a plain round to time against: first after a few speculative ones, then every SPEC_REPLAIN */
+    if (d->plain_samples == 0 ? d->spec_samples >= SPEC_SAMPLES : d->since_plain >= SPEC_REPLAIN) return 0;
     if (s->k_now > 0) return s->k_now;
     return s->idle_rounds >= SPEC_PROBE ? 1 : 0;
 }

@@ -88,6 +88,7 @@ typedef struct spec_stats {
     int64_t rounds;          /* verification forwards that carried drafts */
     int64_t drafted;         /* tokens proposed */
     int64_t accepted;        /* of those, equal to what the target emitted */
+    int64_t paused;          /* adaptive: times the cost governor paused speculation */
     uint64_t digest;         /* FNV-1a over every (position, draft) proposed: two runs
                               * drafted the same tokens at the same places iff equal */
 } spec_stats;
@@ -118,7 +119,8 @@ bool spec_drafter_wants_hidden(const spec_drafter *d);
  * well, until the sidecar restores its K/V. No-op for other drafters. */
 void spec_observe(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0, int64_t n, const float *hidden);
 /* The target verified a round: `drafted` proposed, `accepted` of them
- * emitted. Updates the counters and the adaptive k. */
+ * emitted. Updates the counters, the adaptive k and its cost governor
+ * (the wall time since the previous call: call it once per round). */
 void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted);
 /* The drafter's own state of a prompt as opaque rows, for the prefix
  * layer (engine_prefix.h): SPEC_MTP only, spec_state_words words a
