@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "tensor/quant_iq4.h"
+#include "tensor/quant_avx512_reduce.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
@@ -44,48 +45,6 @@ ALWAYS_INLINE float load_f16(const void *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
-}
-
-ALWAYS_INLINE int32_t hsum256_epi32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
-/* 16 vectors of 8 lanes -> their 16 sums: out[0] = sums 0..7, out[1] = 8..15. */
-ALWAYS_INLINE void reduce16_256(const __m256i t[16], __m256i out[2]) {
-    __m256i u[8], w[4];
-    UNROLL
-    for (int k = 0; k < 8; k++)
-        u[k] = _mm256_add_epi32(_mm256_unpacklo_epi32(t[2 * k], t[2 * k + 1]),
-                                _mm256_unpackhi_epi32(t[2 * k], t[2 * k + 1]));
-    UNROLL
-    for (int k = 0; k < 4; k++)
-        w[k] = _mm256_add_epi32(_mm256_unpacklo_epi64(u[2 * k], u[2 * k + 1]),
-                                _mm256_unpackhi_epi64(u[2 * k], u[2 * k + 1]));
-    UNROLL
-    for (int k = 0; k < 2; k++)
-        out[k] = _mm256_add_epi32(_mm256_permute2x128_si256(w[2 * k], w[2 * k + 1], 0x20),
-                                  _mm256_permute2x128_si256(w[2 * k], w[2 * k + 1], 0x31));
-}
-
-/* 16 vectors of 16 lanes -> one vector of their 16 sums. */
-ALWAYS_INLINE __m512i reduce16_512(const __m512i t[16]) {
-    __m512i u[8], w[4];
-    UNROLL
-    for (int k = 0; k < 8; k++)
-        u[k] = _mm512_add_epi32(_mm512_unpacklo_epi32(t[2 * k], t[2 * k + 1]),
-                                _mm512_unpackhi_epi32(t[2 * k], t[2 * k + 1]));
-    UNROLL
-    for (int k = 0; k < 4; k++)
-        w[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2 * k], u[2 * k + 1]),
-                                _mm512_unpackhi_epi64(u[2 * k], u[2 * k + 1]));
-    __m512i x0 = _mm512_add_epi32(_mm512_shuffle_i32x4(w[0], w[1], 0x88),
-                                  _mm512_shuffle_i32x4(w[0], w[1], 0xdd));
-    __m512i x1 = _mm512_add_epi32(_mm512_shuffle_i32x4(w[2], w[3], 0x88),
-                                  _mm512_shuffle_i32x4(w[2], w[3], 0xdd));
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(x0, x1, 0x88), _mm512_shuffle_i32x4(x0, x1, 0xdd));
 }
 
 /* ------------------------------------------------------------- IQ4_NL */
