@@ -122,7 +122,8 @@ static const serve_setting table[] = {
     {"spec.adaptive", "EMBER_SPEC_ADAPTIVE", "spec-adaptive", SETTING_BOOL, "true", 0, 0, NULL, NULL,
      "halve k after a step whose first draft was rejected, double it after one whose drafts all held",
      "At k = 0 a request probes with one draft every 8 steps, so a drafter that keeps missing costs one extra "
-     "row in 8 steps.", false, SRV(spec_adaptive)},
+     "row in 8 steps. A cost governor also times speculative and plain steps (a plain one every 32) and decodes "
+     "plainly for 128 steps whenever a speculated token costs more than a plain one.", false, SRV(spec_adaptive)},
     {"spec.sidecar_entries", "EMBER_SPEC_SIDECAR_ENTRIES", "spec-sidecar-entries", SETTING_INT, "12", 0, 64, NULL,
      NULL, "drafter sidecar: entries kept (the MTP head's K/V and hidden rows, or the draft model's K/V and state, "
      "per stored prompt); 0: none",
