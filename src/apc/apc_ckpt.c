@@ -962,14 +962,13 @@ static int64_t ckpt_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t 
     return mem;
 }
 
-/* Fills the empty seq with the checkpoint chain [0, p) from Redis (fresh
- * pool blocks, private until adopted); false: seq stays empty. */
-static bool remote_chain(apc *c, apc_remote *remote, const int32_t *tokens, int64_t p, uint64_t salt, kv_seq *seq,
-                         double deadline) {
+bool apc__ckpt_load_chain(apc *c, const int32_t *tokens, int64_t p, uint64_t salt, kv_seq *seq, apc_chain_loader load,
+                          void *ctx, bool *blocks_short) {
     const uint64_t csalt = salt ^ APC_DISK_CKPT_SALT;
     int64_t nf = p / KV_BLOCK_TOKENS;
     int tail = (int)(p % KV_BLOCK_TOKENS);
     int64_t total = nf + (tail ? 1 : 0);
+    *blocks_short = false;
     apc_key *keys = malloc((size_t)total * sizeof *keys);
     apc_disk_want *want = malloc((size_t)total * sizeof *want);
     if (keys == NULL || want == NULL) {
@@ -993,7 +992,8 @@ static bool remote_chain(apc *c, apc_remote *remote, const int32_t *tokens, int6
         want[got].dst = b;
     }
     apc__unlock(c);
-    int64_t loaded = got == total ? apc_remote_load_blocks(remote, &zero, csalt, want, total, deadline) : 0;
+    *blocks_short = got < total;
+    int64_t loaded = got == total ? load(ctx, &zero, csalt, want, total) : 0;
     bool ok = loaded == total;
     apc__lock(c);
     for (int64_t i = 0; i < got; i++) {
@@ -1009,6 +1009,17 @@ static bool remote_chain(apc *c, apc_remote *remote, const int32_t *tokens, int6
     free(keys);
     free(want);
     return ok;
+}
+
+typedef struct remote_chain_ctx {
+    apc_remote *remote;
+    double deadline;
+} remote_chain_ctx;
+
+static int64_t remote_chain_load(void *ctx, const apc_key *parent, uint64_t salt, const apc_disk_want *want,
+                                 int64_t n) {
+    const remote_chain_ctx *r = ctx;
+    return apc_remote_load_blocks(r->remote, parent, salt, want, n, r->deadline);
 }
 
 /* The same repair from Redis, after the disk's: the deepest skeleton there
@@ -1028,6 +1039,8 @@ int64_t apc__ckpt_prefetch_remote(apc *c, const int32_t *tokens, int64_t n, uint
         return mem;
     }
     double deadline = apc__remote_deadline(c, n - mem);
+    remote_chain_ctx rctx = {remote, deadline};
+    bool short_of_blocks;
     for (int64_t max_p = n - 1; max_p > mem;) {
         int kind = APC_CKPT_BOUNDARY;
         int64_t p = apc_remote_find_skeleton(remote, tokens, max_p, mem, k->has_arr ? n - 1 : -1, salt, buf, &kind,
@@ -1037,7 +1050,7 @@ int64_t apc__ckpt_prefetch_remote(apc *c, const int32_t *tokens, int64_t n, uint
         if (sb && !apc__state_restore(c, scratch, buf, p)) continue;
         kv_seq seq;
         kv_seq_init(&seq);
-        bool stored = remote_chain(c, remote, tokens, p, salt, &seq, deadline) &&
+        bool stored = apc__ckpt_load_chain(c, tokens, p, salt, &seq, remote_chain_load, &rctx, &short_of_blocks) &&
                       ck_store(k, (apc_ckpt_kind)kind, tokens, p, salt, &seq, scratch, NULL, false, CK_FROM_DISK);
         apc_seq_release(c, &seq);
         if (stored) {

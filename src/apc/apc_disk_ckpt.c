@@ -29,58 +29,30 @@
 #include "apc/apc_internal.h"
 #include "core/log.h"
 
+typedef struct disk_chain_ctx {
+    apc_disk *disk;
+    bool no_rows;            /* a stack without K/V rows (pure recurrent) writes no shards: its
+                              * blocks only carry the chain, so there is nothing to read */
+    int64_t loaded;          /* what the last load filled, for the miss line */
+} disk_chain_ctx;
+
+static int64_t disk_chain_load(void *ctx, const apc_key *parent, uint64_t salt, const struct apc_disk_want *want,
+                               int64_t n) {
+    disk_chain_ctx *dc = ctx;
+    dc->loaded = dc->no_rows ? n : apc_disk_load_blocks(dc->disk, parent, salt, want, n);
+    return dc->loaded;
+}
+
 /* Fills seq with the ckpt chain [0, p) from disk; false: seq stays empty. */
-static bool load_chain(apc *c, apc_disk *d, const int32_t *tokens, int64_t p, uint64_t salt, kv_seq *seq,
-                       apc_hash_kind hash) {
-    const uint64_t csalt = salt ^ APC_DISK_CKPT_SALT;
-    int64_t nf = p / KV_BLOCK_TOKENS;
-    int tail = (int)(p % KV_BLOCK_TOKENS);
-    int64_t total = nf + (tail ? 1 : 0);
-    apc_key *keys = malloc((size_t)total * sizeof *keys);
-    apc_disk_want *want = malloc((size_t)total * sizeof *want);
-    if (keys == NULL || want == NULL) {
-        free(keys);
-        free(want);
-        return false;
-    }
-    static const apc_key zero;
-    apc_chain_keys(hash, tokens, nf, csalt, keys);
-    if (tail) keys[nf] = apc_partial_key(hash, nf > 0 ? &keys[nf - 1] : &zero, csalt, tokens + nf * KV_BLOCK_TOKENS, tail);
-    kv_pool *pool = apc__pool(c);
-    int64_t got = 0;
-    apc__lock(c);
-    for (; got < total; got++) {
-        int32_t b = kv_block_alloc(pool);
-        if (b < 0) break;
-        want[got].key = keys[got];
-        want[got].tokens = tokens + got * KV_BLOCK_TOKENS;
-        want[got].rows = got < nf ? KV_BLOCK_TOKENS : tail;
-        want[got].dst = b;
-    }
-    apc__unlock(c);
-    /* A stack without K/V rows (pure recurrent) writes no shards: its
-     * blocks only carry the chain, so there is nothing to read. */
-    int64_t loaded = got < total ? 0
-                     : apc__layout(c)->row_floats == 0 ? total
-                                                       : apc_disk_load_blocks(d, &zero, csalt, want, total);
-    bool ok = loaded == total;
-    apc__lock(c);
-    for (int64_t i = 0; i < got; i++) {
-        if (ok && kv_seq_adopt_block(pool, seq, want[i].dst, NULL) < 0) ok = false;
-        kv_block_unref(pool, want[i].dst);
-    }
-    if (ok) {
-        if (seq->n_tokens > p) kv_seq_truncate(pool, seq, p);
-        ok = seq->n_tokens == p && kv_seq_kvarn_check(pool, seq, p);
-    }
-    if (!ok && seq->n_blocks > 0) kv_seq_release(pool, seq);
-    apc__unlock(c);
-    if (got < total)
+static bool load_chain(apc *c, apc_disk *d, const int32_t *tokens, int64_t p, uint64_t salt, kv_seq *seq) {
+    disk_chain_ctx dc = {d, apc__layout(c)->row_floats == 0, 0};
+    bool short_of_blocks;
+    bool ok = apc__ckpt_load_chain(c, tokens, p, salt, seq, disk_chain_load, &dc, &short_of_blocks);
+    int64_t total = (p + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+    if (short_of_blocks)
         ember_log(EMBER_LOG_DEBUG, "APC ckpt disk miss: no free pool blocks for a %lld-token chain", (long long)p);
-    else if (loaded < total)
-        ember_log(EMBER_LOG_DEBUG, "APC ckpt disk miss: main chain %lld/%lld", (long long)loaded, (long long)total);
-    free(keys);
-    free(want);
+    else if (dc.loaded < total)
+        ember_log(EMBER_LOG_DEBUG, "APC ckpt disk miss: main chain %lld/%lld", (long long)dc.loaded, (long long)total);
     return ok;
 }
 
@@ -91,7 +63,6 @@ int64_t apc_disk_restore_skeleton(apc *c, apc_disk *d, const int32_t *tokens, in
     if (n < 3 || min_p >= n - 1 || seq->n_tokens != 0 || seq->n_blocks != 0 || (sb && state == NULL)) return 0;
     void *buf = NULL;
     if (sb && (buf = malloc(sb)) == NULL) return 0;
-    apc_hash_kind hash = apc__hash(c);
     int64_t max_p = n - 1, got = 0;
     while (max_p > min_p && got == 0) {
         apc_key name;
@@ -104,7 +75,7 @@ int64_t apc_disk_restore_skeleton(apc *c, apc_disk *d, const int32_t *tokens, in
                 continue;
             }
         }
-        if (!load_chain(c, d, tokens, p, salt, seq, hash)) {
+        if (!load_chain(c, d, tokens, p, salt, seq)) {
             if (sb) apc__state_reset(c, state);
             continue;
         }

@@ -246,6 +246,17 @@ int64_t apc__peek_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t salt)
 void apc_ckpt_anchor_store(apc_ckpt *k, const int32_t *tokens, int64_t p, uint64_t salt, const kv_seq *seq,
                            const model_state *state);
 int64_t apc_ckpt_anchor_best_locked(apc_ckpt *k, const int32_t *tokens, int64_t max_len, uint64_t salt);
+/* A checkpoint chain read back from a lower tier (apc_ckpt.c): load fills
+ * want[0, n) (keys, token spans, rows, destination pool blocks) from the
+ * SSD or Redis and returns how many, in order, it filled.
+ * apc__ckpt_load_chain fills the empty seq with the chain [0, p) through
+ * it (fresh pool blocks, private until adopted); false: seq stays empty,
+ * *blocks_short says whether the pool had no blocks for it. */
+struct apc_disk_want;
+typedef int64_t (*apc_chain_loader)(void *ctx, const apc_key *parent, uint64_t salt, const struct apc_disk_want *want,
+                                    int64_t n);
+bool apc__ckpt_load_chain(apc *c, const int32_t *tokens, int64_t p, uint64_t salt, kv_seq *seq, apc_chain_loader load,
+                          void *ctx, bool *blocks_short);
 
 /* What the tiers need of the cache (apc.c). */
 void apc__lock(apc *c);
