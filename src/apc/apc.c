@@ -781,14 +781,23 @@ int64_t apc__prefetch_exact(apc *c, const int32_t *tokens, int64_t n, uint64_t s
 
 bool apc_has_disk(const apc *c) { return c->disk != NULL; }
 
-bool apc_side_store(apc *c, uint64_t salt, const int32_t *tokens, int64_t n, const uint32_t *rows, size_t words) {
-    return c->disk && apc_disk_store_side(c->disk, salt ^ APC_DISK_SIDE_SALT, tokens, n, rows, words) == 0;
+/* The salt a side entry is written under (apc_disk.h: Names). */
+static uint64_t side_salt(uint64_t salt, const apc_side_owner *owner) {
+    static const uint8_t zero[16];
+    if (owner == NULL || memcmp(owner->ns, zero, 16) == 0) return salt ^ APC_DISK_SIDE_SALT;
+    return salt ^ APC_DISK_DRAFT_SIDE_SALT ^ apc_get_u64(owner->ns) ^ apc_get_u64(owner->ns + 8);
 }
 
-uint32_t *apc_side_load(apc *c, uint64_t salt, const int32_t *tokens, int64_t p, int64_t n, size_t words,
-                        int64_t *n_out) {
+bool apc_side_store(apc *c, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens, int64_t n,
+                    const uint32_t *rows, size_t words, const void *state) {
+    return c->disk && apc_disk_store_side(c->disk, side_salt(salt, owner), owner, tokens, n, rows, words, state) == 0;
+}
+
+uint32_t *apc_side_load(apc *c, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens, int64_t p,
+                        int64_t n, size_t words, void **state_out, int64_t *n_out) {
+    if (state_out) *state_out = NULL;
     if (c->disk == NULL || p < 1 || p > n) return NULL;
-    return apc_disk_load_side(c->disk, salt ^ APC_DISK_SIDE_SALT, tokens, p, n, words, n_out);
+    return apc_disk_load_side(c->disk, side_salt(salt, owner), owner, tokens, p, n, words, state_out, n_out);
 }
 bool apc_has_remote(const apc *c) { return c->remote != NULL; }
 

@@ -329,14 +329,24 @@ int64_t apc_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
  * Opaque rows (words 32-bit words per token) of a drafter's state for
  * tokens[0, n), in this cache's SSD namespace under salt ^ a sidecar salt
  * (apc_disk.h: side files), so a restart restores target and drafter
- * together; they never answer the cache's own lookups. Without a disk tier
- * both do nothing. apc_side_store copies and queues the write (false: not
- * queued); apc_side_load (blocks on the disk: fetch threads only) returns
- * the longest entry of n' in [p, n] tokens matching tokens[0, n'],
- * malloc'd, *n_out = n'; NULL: none. */
-bool apc_side_store(apc *c, uint64_t salt, const int32_t *tokens, int64_t n, const uint32_t *rows, size_t words);
-uint32_t *apc_side_load(apc *c, uint64_t salt, const int32_t *tokens, int64_t p, int64_t n, size_t words,
-                        int64_t *n_out);
+ * together; they never answer the cache's own lookups. owner NULL: the
+ * target's own MTP head. A draft model (a second model) passes its own
+ * namespace (its fingerprint, KV format and shape, hashed by the caller)
+ * and state size: its entries live under a salt of their own derived from
+ * it, carry the state after the rows, and are read back only by the same
+ * owner. Without a disk tier both do nothing. apc_side_store copies and
+ * queues the write (false: not queued); apc_side_load (blocks on the disk:
+ * fetch threads only) returns the longest entry of n' in [p, n] tokens
+ * matching tokens[0, n'], malloc'd, *n_out = n' (and its state malloc'd
+ * into *state_out when owner has one); NULL: none. */
+typedef struct apc_side_owner {
+    uint8_t ns[16];          /* the drafter's namespace; zero: the target's MTP head */
+    size_t state_bytes;      /* a state snapshot stored after the rows; 0: none */
+} apc_side_owner;
+bool apc_side_store(apc *c, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens, int64_t n,
+                    const uint32_t *rows, size_t words, const void *state);
+uint32_t *apc_side_load(apc *c, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens, int64_t p,
+                        int64_t n, size_t words, void **state_out, int64_t *n_out);
 
 /* ---- The remote tier, on the same fetch path ----
  * apc_prefetch also reads the remote tier where memory and disk stop, under

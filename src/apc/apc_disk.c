@@ -1401,11 +1401,12 @@ apc_exact_entry *apc_disk_load_exact(apc_disk *d, const int32_t *tokens, int64_t
 
 /* ---- Side entries (a drafter's sidecar) ---- */
 
-int apc_disk_store_side(apc_disk *d, uint64_t salt, const int32_t *tokens, int64_t n, const uint32_t *rows,
-                        size_t words) {
-    if (n < 1 || words < 1) return -1;
+int apc_disk_store_side(apc_disk *d, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens, int64_t n,
+                        const uint32_t *rows, size_t words, const void *state) {
+    size_t sb = owner ? owner->state_bytes : 0;
+    if (n < 1 || words < 1 || sb > APC_DISK_SIDE_MAX_STATE || (sb && state == NULL)) return -1;
     int width[1];
-    apc_layout lay = apc_disk_side_layout(width, words);
+    apc_layout lay = apc_disk_side_layout(width, words, sb);
     apc_key key = apc_disk_side_key(salt, tokens, n);
     size_t payload = (size_t)n * words * sizeof(float);
     size_t head_bytes = APC_DISK_HEADER_BYTES + 4 * (size_t)n;
@@ -1416,7 +1417,7 @@ int apc_disk_store_side(apc_disk *d, uint64_t salt, const int32_t *tokens, int64
         pthread_mutex_unlock(&d->lock);
         return -1;
     }
-    if (!reserve(d, payload + head_bytes)) {
+    if (!reserve(d, payload + sb + head_bytes)) {
         d->write_drops++;
         pthread_mutex_unlock(&d->lock);
         return -1;
@@ -1427,37 +1428,59 @@ int apc_disk_store_side(apc_disk *d, uint64_t salt, const int32_t *tokens, int64
     if (j) {
         j->head = malloc(head_bytes);
         j->own = malloc(payload);
+        if (sb) j->own_state = malloc(sb);
     }
-    if (j == NULL || j->head == NULL || j->own == NULL) {
+    if (j == NULL || j->head == NULL || j->own == NULL || (sb && j->own_state == NULL)) {
         pthread_mutex_lock(&d->lock);
         if (km_get(&d->exact, &key) == PENDING) km_del(&d->exact, &key);
-        unreserve(d, payload + head_bytes);
+        unreserve(d, payload + sb + head_bytes);
         d->write_drops++;
         pthread_mutex_unlock(&d->lock);
         job_free(j);
         return -1;
     }
     memcpy(j->own, rows, payload);
-    j->reserved = payload + head_bytes;
+    j->reserved = payload + sb + head_bytes;
     j->hdr.kind = APC_DISK_KIND_SIDE;
     j->hdr.salt = salt;
     j->hdr.content = key;
+    if (owner) memcpy(j->hdr.parent.b, owner->ns, 16);
     j->hdr.n_tokens = (uint64_t)n;
     j->hdr.created_ns = now_ns();
+    j->hdr.state_bytes = sb;
     apc_disk_write_header(j->head, d->ns, &j->hdr, &lay);
     uint8_t *tp = j->head + APC_DISK_HEADER_BYTES;
     for (int64_t r = 0; r < n; r++) apc_put_u32(tp + 4 * r, (uint32_t)tokens[r]);
     j->head_bytes = head_bytes;
     j->payload = j->own;
     j->payload_bytes = payload;
+    if (sb) {
+        memcpy(j->own_state, state, sb);
+        j->state = j->own_state;
+        j->state_bytes = sb;
+    }
     pthread_mutex_lock(&d->lock);
     push(d, j);
     pthread_mutex_unlock(&d->lock);
     return 0;
 }
 
-uint32_t *apc_disk_load_side(apc_disk *d, uint64_t salt, const int32_t *tokens, int64_t p, int64_t n, size_t words,
-                             int64_t *n_out) {
+/* Logs a side file that is sound but not this drafter's (another owner,
+ * row width or state size under the same salt and tokens: a forgery or a
+ * hash collision, never a store of this drafter): refused, left alone. */
+static void side_refused(apc_disk *d, const apc_key *name, const char *why) {
+    char hex[33];
+    apc_disk_key_hex(name, hex);
+    ember_log(EMBER_LOG_WARN, "APC disk: s-%s.apc in %s refused: %s; counted as a miss", hex, d->dir, why);
+}
+
+uint32_t *apc_disk_load_side(apc_disk *d, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens,
+                             int64_t p, int64_t n, size_t words, void **state_out, int64_t *n_out) {
+    static const apc_side_owner none;
+    if (owner == NULL) owner = &none;
+    size_t sb = owner->state_bytes;
+    if (state_out) *state_out = NULL;
+    if ((sb && state_out == NULL) || sb > APC_DISK_SIDE_MAX_STATE) return NULL;
     pthread_mutex_lock(&d->lock);
     cand *c = malloc((size_t)(d->n_files ? d->n_files : 1) * sizeof *c);
     int nc = 0;
@@ -1473,7 +1496,7 @@ uint32_t *apc_disk_load_side(apc_disk *d, uint64_t salt, const int32_t *tokens, 
     if (c == NULL) return NULL;
     qsort(c, (size_t)nc, sizeof *c, cand_cmp);
     int width[1];
-    apc_layout lay = apc_disk_side_layout(width, words);
+    apc_layout lay = apc_disk_side_layout(width, words, sb);
     apc_disk_expect ex = d->ex;
     ex.layout = &lay;
     uint32_t *got = NULL;
@@ -1496,24 +1519,35 @@ uint32_t *apc_disk_load_side(apc_disk *d, uint64_t salt, const int32_t *tokens, 
             rc = -1;
             snprintf(err.msg, sizeof err.msg, "header does not match its name");
         }
-        if (rc == 0 && h.row_floats != words) { /* another drafter's rows: not this reader's, not bad */
+        const char *foreign = NULL;
+        if (rc == 0 && memcmp(h.parent.b, owner->ns, 16) != 0) foreign = "written by another drafter (owner namespace)";
+        else if (rc == 0 && h.row_floats != words) foreign = "rows of another width";
+        else if (rc == 0 && h.state_bytes != sb) foreign = "a state of another size";
+        if (foreign) {
+            char why[160];
+            snprintf(why, sizeof why, "%s: %llu words a row and %llu state bytes, this drafter reads %zu and %zu",
+                     foreign, (unsigned long long)h.row_floats, (unsigned long long)h.state_bytes, words, sb);
             apc_disk_header_free(&h);
             close_read(&of, false);
+            side_refused(d, &c[k].name, why);
             continue;
         }
         uint32_t *rows = NULL;
         int32_t *tok = NULL;
+        void *state = NULL;
         if (rc == 0) {
             rows = malloc((size_t)c[k].n * words * sizeof(uint32_t));
             tok = malloc((size_t)c[k].n * sizeof(int32_t));
-            if (rows == NULL || tok == NULL) {
+            if (sb) state = malloc(sb);
+            if (rows == NULL || tok == NULL || (sb && state == NULL)) {
                 free(rows);
                 free(tok);
+                free(state);
                 apc_disk_header_free(&h);
                 close_read(&of, false);
                 break;
             }
-            apc_disk_exact_dst x = {&lay, (float *)rows, c[k].n, NULL};
+            apc_disk_exact_dst x = {&lay, (float *)rows, c[k].n, state};
             rc = apc_disk_read_body(&of.src, &ex, &h, tok, apc_disk_exact_dst_fn, &x, &err);
             apc_disk_header_free(&h);
         }
@@ -1521,6 +1555,7 @@ uint32_t *apc_disk_load_side(apc_disk *d, uint64_t salt, const int32_t *tokens, 
         if (rc < 0) {
             free(rows);
             free(tok);
+            free(state);
             corrupt_file(d, APC_DISK_KIND_SIDE, &c[k].name, err.msg);
             continue;
         }
@@ -1528,9 +1563,11 @@ uint32_t *apc_disk_load_side(apc_disk *d, uint64_t salt, const int32_t *tokens, 
         free(tok);
         if (!same) {
             free(rows);
+            free(state);
             continue;
         }
         got = rows;
+        if (state_out) *state_out = state;
         *n_out = c[k].n;
         pthread_mutex_lock(&d->lock);
         d->hits++;

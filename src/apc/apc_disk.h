@@ -15,8 +15,11 @@
  *    block. x-<32 hex>.apc: an exact snapshot, named by its exact key
  *    XXH3-128("x", salt, token ids). k-<32 hex>.apc: a checkpoint skeleton,
  *    named XXH3-128("k", salt, token ids). s-<32 hex>.apc: a side entry
- *    (a drafter's sidecar, apc_side_store), named XXH3-128("s", salt ^
- *    APC_DISK_SIDE_SALT, token ids). .lock: held (flock, shared) by
+ *    (a drafter's sidecar, apc_side_store), named XXH3-128("s", side salt,
+ *    token ids), the side salt being salt ^ APC_DISK_SIDE_SALT for the
+ *    target's MTP head and salt ^ APC_DISK_DRAFT_SIDE_SALT ^ both halves of
+ *    the draft model's owner namespace for a draft model (apc.c,
+ *    side_salt). .lock: held (flock, shared) by
  *    every open tier. Anything else in the namespace directory (foreign
  *    names, files of format version 1) is deleted at start-up, and so are
  *    temp files .tmp-<pid>-<n>.apc when no other tier has the directory
@@ -39,8 +42,16 @@
  *                every skeleton of one conversation (dedup by name);
  *      side      an opaque blob of n rows of `row_floats` 32-bit words for
  *                the tokens [0, n), written and read by the drafter's
- *                sidecar (engine_spec.c); n_layer 1, no state. The reader
- *                checks the row width the caller expects.
+ *                sidecar (engine_spec.c); n_layer 1. The MTP head's: no
+ *                state, owner zero. A draft model's (a second model, its
+ *                own namespace inside the target's directory): owner = its
+ *                16-byte namespace (engine_spec.c: XXH3-128 of the draft
+ *                model's fingerprint, its pool's KV format, every layer's
+ *                K/V row bytes and its state size), rows = its pool's K/V
+ *                rows, and for a recurrent draft model its model_state
+ *                snapshot at n after them. The reader checks owner, row
+ *                width and state size against its drafter's and refuses
+ *                (logs, leaves) a file that differs.
  *  - File format, version 2, every integer little-endian:
  *
  *      off  size  field
@@ -51,7 +62,8 @@
  *       32     8  salt (the request's; a ckpt shard: salt ^ CKPT_SALT)
  *       40    16  content key (= the file name)
  *       56    16  shard: key of the block before the first one (zero for a
- *                 chain start); else zero
+ *                 chain start); side: the owner namespace (zero: the MTP
+ *                 head; a draft model's namespace); else zero
  *       72     4  shard: chain index of the first block; skeleton: the
  *                 checkpoint kind (apc_ckpt_kind, 0..3); exact: 0
  *       76     4  shard: number of blocks nb (1..APC_DISK_MAX_BLOCKS); else 0
@@ -64,14 +76,18 @@
  *      104     8  created, ns since the epoch (informational)
  *      112     8  state bytes: exact and skeleton: the namespace's
  *                 model_state_bytes (0 on stacks without recurrent
- *                 layers); shard: 0
+ *                 layers); side: the owner's state size (0: the MTP head
+ *                 and KV-only draft models; at most
+ *                 APC_DISK_SIDE_MAX_STATE); shard: 0
  *      120     8  header checksum: XXH3-64 of bytes [0, 120) and the key table
  *      128 16*nb  shard: the key of every block (the last = content key)
  *        .  4*n   token ids, int32
  *        .        K/V payload (shard, exact; none in a skeleton), layer by
  *                 layer: K rows [0, n) (k_width words each) then V rows
- *                 [0, n), encoded in the namespace's KV format (kv_rows.h)
- *        .     s  the model_state snapshot (state bytes; model.h format)
+ *                 [0, n), encoded in the namespace's KV format (kv_rows.h);
+ *                 side: n rows of row_floats words (the owner's layout)
+ *        .     s  the model_state snapshot (state bytes; model.h format; a
+ *                 side file: the draft model's state at n)
  *        .     8  checksum: XXH3-64 of every byte before it
  *
  *    Start-up reads the fixed header and the key table only (the header
@@ -120,6 +136,12 @@
 /* Side entries are written under salt ^ this, so they never answer a
  * lookup of the target's own files. */
 #define APC_DISK_SIDE_SALT UINT64_C(0x005d1eca12b07e55)
+/* A draft model's side entries: salt ^ this ^ both 64-bit halves of its
+ * owner namespace, so two draft models (or one under two KV formats) never
+ * see each other's entries, nor the MTP head's. */
+#define APC_DISK_DRAFT_SIDE_SALT UINT64_C(0x00d7af75de5a1750)
+/* The largest state a side file may carry (a reader bound, 4 GiB). */
+#define APC_DISK_SIDE_MAX_STATE (UINT64_C(1) << 32)
 #define APC_DISK_HEADER_BYTES 128u
 #define APC_DISK_HEADER_SUM_AT 120u  /* the header checksum covers [0, 120) */
 /* Checkpoint chains are written under salt ^ this (a fixed 56-bit constant). */
@@ -156,8 +178,9 @@ uint64_t apc_disk_file_bytes(const apc_layout *lay, uint32_t kind, uint32_t n_bl
 apc_key apc_disk_exact_key(uint64_t salt, const int32_t *tokens, int64_t n);
 /* The name key of a side entry of tokens[0, n) under (already salted) salt. */
 apc_key apc_disk_side_key(uint64_t salt, const int32_t *tokens, int64_t n);
-/* The one-layer layout of a side file of rows of `words` words. */
-apc_layout apc_disk_side_layout(int *width, size_t words);
+/* The one-layer layout of a side file of rows of `words` words and a state
+ * of state_bytes. */
+apc_layout apc_disk_side_layout(int *width, size_t words, size_t state_bytes);
 /* The name key of a checkpoint skeleton of tokens[0, n) under salt. */
 apc_key apc_disk_skel_key(uint64_t salt, const int32_t *tokens, int64_t n);
 /* "b-<hex>.apc" / "x-<hex>.apc" / "k-<hex>.apc" -> kind and key; false for
@@ -327,15 +350,19 @@ void apc_disk_skeleton_bad(apc_disk *d, const apc_key *name, const char *why);
 int64_t apc_disk_restore_skeleton(apc *c, apc_disk *d, const int32_t *tokens, int64_t n, uint64_t salt, int64_t min_p,
                                   bool replay_gate, kv_seq *seq, model_state *state, int *kind_out);
 
-/* Side entries (a drafter's sidecar; salt already xored with
- * APC_DISK_SIDE_SALT by the caller). store copies rows (n * words words)
- * into an asynchronous write; -1: not queued (exists, queue full, out of
- * memory). load returns the longest entry of n' in [p, n] tokens whose
- * tokens are tokens[0, n') and whose rows are `words` wide, malloc'd
- * (n' * words words), *n_out = n'; NULL: none. Blocks on the disk. */
-int apc_disk_store_side(apc_disk *d, uint64_t salt, const int32_t *tokens, int64_t n, const uint32_t *rows,
-                        size_t words);
-uint32_t *apc_disk_load_side(apc_disk *d, uint64_t salt, const int32_t *tokens, int64_t p, int64_t n, size_t words,
-                             int64_t *n_out);
+/* Side entries (a drafter's sidecar; salt already the side salt, see
+ * Names). owner: NULL or zero for the MTP head; a draft model's namespace
+ * and state size. store copies rows (n * words words) and the state
+ * (owner->state_bytes) into an asynchronous write; -1: not queued (exists,
+ * queue full, out of memory). load returns the longest entry of n' in
+ * [p, n] tokens whose tokens are tokens[0, n') and whose owner, row width
+ * and state size are the caller's, malloc'd (n' * words words; the state
+ * malloc'd into *state_out when it has one), *n_out = n'; NULL: none (a
+ * corrupt file is counted and deleted, a foreign one logged and left).
+ * Blocks on the disk. */
+int apc_disk_store_side(apc_disk *d, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens, int64_t n,
+                        const uint32_t *rows, size_t words, const void *state);
+uint32_t *apc_disk_load_side(apc_disk *d, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens,
+                             int64_t p, int64_t n, size_t words, void **state_out, int64_t *n_out);
 
 #endif

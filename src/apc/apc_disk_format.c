@@ -60,7 +60,7 @@ apc_key apc_disk_exact_key(uint64_t salt, const int32_t *tokens, int64_t n) { re
 apc_key apc_disk_skel_key(uint64_t salt, const int32_t *tokens, int64_t n) { return tagged_key('k', salt, tokens, n); }
 apc_key apc_disk_side_key(uint64_t salt, const int32_t *tokens, int64_t n) { return tagged_key('s', salt, tokens, n); }
 
-apc_layout apc_disk_side_layout(int *width, size_t words) {
+apc_layout apc_disk_side_layout(int *width, size_t words, size_t state_bytes) {
     static int zero[1];
     apc_layout lay;
     memset(&lay, 0, sizeof lay);
@@ -69,6 +69,7 @@ apc_layout apc_disk_side_layout(int *width, size_t words) {
     lay.k_width = width;
     lay.v_width = zero;
     lay.row_floats = words;
+    lay.state_bytes = state_bytes;
     return lay;
 }
 
@@ -221,15 +222,17 @@ int apc_disk_read_header(apc_disk_src *s, const apc_disk_expect *ex, apc_disk_he
     h->state_bytes = apc_get_u64(b + 112);
     uint64_t want_sum = apc_get_u64(b + APC_DISK_HEADER_SUM_AT);
     h->row_floats = row_floats;
-    /* A side file carries its own row width (its reader checks it): one
-     * layer, no state. */
+    /* A side file carries its own row width and state size (its reader
+     * checks both against its drafter's): one layer. */
     int side_width[1];
     apc_layout side_lay;
     const apc_layout *lay = ex->layout;
     if (h->kind == APC_DISK_KIND_SIDE) {
         if (n_layer != 1 || row_floats < 1 || row_floats > (UINT64_C(1) << 24))
             return ember_fail(err, "side file of %u layers / %llu words per row", n_layer, (unsigned long long)row_floats);
-        side_lay = apc_disk_side_layout(side_width, (size_t)row_floats);
+        if (h->state_bytes > APC_DISK_SIDE_MAX_STATE)
+            return ember_fail(err, "side file with a state of %llu bytes", (unsigned long long)h->state_bytes);
+        side_lay = apc_disk_side_layout(side_width, (size_t)row_floats, (size_t)h->state_bytes);
         lay = &side_lay;
     } else if (n_layer != (uint32_t)ex->layout->n_layer || row_floats != (uint64_t)ex->layout->row_floats)
         return ember_fail(err, "layout %u layers / %llu floats per row, expected %d / %zu", n_layer,
@@ -249,7 +252,10 @@ int apc_disk_read_header(apc_disk_src *s, const apc_disk_expect *ex, apc_disk_he
             return ember_fail(err, "parent key does not fit first block %u", h->first_block);
     } else {
         uint32_t max_first = h->kind == APC_DISK_KIND_SKEL ? 3 : 0; /* skeleton: the ckpt kind */
-        if (h->n_blocks != 0 || h->last_rows != 0 || h->first_block > max_first || memcmp(h->parent.b, zero, 16) != 0)
+        /* a side file's parent field is its owner (zero: the target's own head) */
+        bool parent_free = h->kind == APC_DISK_KIND_SIDE;
+        if (h->n_blocks != 0 || h->last_rows != 0 || h->first_block > max_first ||
+            (!parent_free && memcmp(h->parent.b, zero, 16) != 0))
             return ember_fail(err, "exact file with block fields");
         uint64_t least = h->kind == APC_DISK_KIND_SKEL ? 2 : 1;
         if (h->n_tokens < least || h->n_tokens > (UINT64_C(1) << 31)) return ember_fail(err, "%llu tokens", (unsigned long long)h->n_tokens);
@@ -299,8 +305,8 @@ int apc_disk_read_body(apc_disk_src *s, const apc_disk_expect *ex, const apc_dis
     const apc_layout *lay = ex->layout;
     int side_width[1];
     apc_layout side_lay;
-    if (h->kind == APC_DISK_KIND_SIDE) { /* its own row width (read_header checked it) */
-        side_lay = apc_disk_side_layout(side_width, (size_t)h->row_floats);
+    if (h->kind == APC_DISK_KIND_SIDE) { /* its own row width and state (read_header checked them) */
+        side_lay = apc_disk_side_layout(side_width, (size_t)h->row_floats, (size_t)h->state_bytes);
         lay = &side_lay;
     }
     uint64_t n = h->n_tokens;

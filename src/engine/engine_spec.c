@@ -42,10 +42,13 @@
 #include "engine/engine_spec.h"
 
 #include "core/clock.h"
+#include "core/log.h"
+#include "engine/engine.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 enum { SPEC_PROBE = 8, SIDECAR_MAX = 64 };
 /* The cost governor: a plain round every SPEC_REPLAIN speculative ones;
@@ -85,8 +88,10 @@ struct spec_drafter {
     int64_t side_writes, side_hits;
     /* the SSD mirror */
     apc *cache;              /* the target's prompt cache (its SSD tier), or NULL */
-    int pool_layers;         /* layers of the head's pool */
-    size_t side_words;       /* 32-bit words of one position in a side file: head K/V rows + hidden row */
+    int pool_layers;         /* layers of the head's (draft model's) pool */
+    size_t side_words;       /* 32-bit words of one position in a side file: head K/V rows + hidden row
+                              * (a draft model: its K/V rows) */
+    apc_side_owner owner;    /* SPEC_DRAFT: the draft model's own namespace and state size */
     int64_t side_disk_writes, side_disk_loads;
     int64_t draft_rows;      /* SPEC_DRAFT: rows the draft model forwarded */
     int64_t side_rows;       /* rows a sidecar restore saved it (or the head) */
@@ -323,21 +328,72 @@ static void side_rows_out(const spec_drafter *d, const sidecar_entry *e, uint32_
                 memcpy(row, src + (size_t)r * w, w * 4);
                 row += w;
             }
-        memcpy(row, e->hidden + (size_t)t * D, D * sizeof(float));
+        if (e->hidden) memcpy(row, e->hidden + (size_t)t * D, D * sizeof(float)); /* SPEC_MTP */
     }
 }
 
-/* Under the lock. */
+/* Under the lock: the entry's side file (a draft model's: under its own
+ * owner namespace, its state after the rows), queued. */
 static void side_to_disk(spec_drafter *d, const sidecar_entry *e) {
     if (d->cache == NULL || !apc_has_disk(d->cache)) return;
+    const apc_side_owner *owner = d->cfg.kind == SPEC_DRAFT ? &d->owner : NULL;
+    if (owner && owner->state_bytes && e->state == NULL) return;
     uint32_t *rows = malloc((size_t)e->n * d->side_words * sizeof(uint32_t));
     if (rows == NULL) return;
     side_rows_out(d, e, rows);
-    if (apc_side_store(d->cache, e->salt, e->ids, e->n, rows, d->side_words)) d->side_disk_writes++;
+    if (apc_side_store(d->cache, e->salt, owner, e->ids, e->n, rows, d->side_words, e->state)) d->side_disk_writes++;
     free(rows);
 }
 
-void spec_sidecar_attach(spec_drafter *d, apc *cache) { d->cache = cache; }
+/* A draft model's owner namespace (apc_side_owner): what its side files
+ * must match verbatim to be adopted, beside the target's namespace that
+ * the directory already names. */
+static void draft_owner_ns(const spec_drafter *d, uint8_t ns[16]) {
+    XXH3_state_t *st = XXH3_createState();
+    memset(ns, 0, 16);
+    if (st == NULL) return;
+    uint8_t fp[16];
+    engine_model_fingerprint(model_get_gguf(d->cfg.draft), fp);
+    uint64_t v[4] = {1, kv_format_id(kv_pool_format(d->pool)), (uint64_t)d->pool_layers, d->owner.state_bytes};
+    XXH3_128bits_reset(st);
+    XXH3_128bits_update(st, "ember-draft-side", 16);
+    XXH3_128bits_update(st, fp, sizeof fp);
+    for (int i = 0; i < 4; i++) {
+        uint8_t b[8];
+        for (int j = 0; j < 8; j++) b[j] = (uint8_t)(v[i] >> (8 * j));
+        XXH3_128bits_update(st, b, 8);
+    }
+    for (int l = 0; l < d->pool_layers; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            uint8_t b[8];
+            uint64_t w = kv_pool_row_bytes(d->pool, l, kv);
+            for (int j = 0; j < 8; j++) b[j] = (uint8_t)(w >> (8 * j));
+            XXH3_128bits_update(st, b, 8);
+        }
+    XXH128_hash_t h = XXH3_128bits_digest(st);
+    XXH3_freeState(st);
+    for (int i = 0; i < 8; i++) {
+        ns[i] = (uint8_t)(h.low64 >> (8 * i));
+        ns[8 + i] = (uint8_t)(h.high64 >> (8 * i));
+    }
+}
+
+void spec_sidecar_attach(spec_drafter *d, apc *cache) {
+    if (d->cfg.sidecar_memory_only) return;
+    if (d->cfg.kind == SPEC_DRAFT) {
+        /* Rows are copied word for word: not from a kvarn pool (sealed
+         * groups), nor without a file to fingerprint. */
+        if (kv_format_is_kvarn(kv_pool_format(d->pool)) || model_get_gguf(d->cfg.draft) == NULL) return;
+        d->pool_layers = model_get_hparams(d->cfg.draft)->n_layer;
+        d->side_words = 0;
+        for (int l = 0; l < d->pool_layers; l++)
+            d->side_words += (kv_pool_row_bytes(d->pool, l, 0) + kv_pool_row_bytes(d->pool, l, 1)) / 4;
+        if (d->side_words == 0) return; /* a draft model without K/V: nothing of it is per position */
+        d->owner.state_bytes = model_has_state(d->cfg.draft) ? model_state_bytes(d->cfg.draft) : 0;
+        draft_owner_ns(d, d->owner.ns);
+    }
+    d->cache = cache;
+}
 
 /* Under the lock: a memory entry of n rows from a side file's rows. */
 static void side_from_rows(spec_drafter *d, uint64_t salt, const int32_t *tokens, int64_t n, const uint32_t *rows) {
@@ -391,7 +447,13 @@ static void side_from_rows(spec_drafter *d, uint64_t salt, const int32_t *tokens
     d->side_disk_loads++;
 }
 
+static void draft_side_prefetch(spec_drafter *d, const int32_t *tokens, int64_t n, uint64_t salt);
+
 void spec_sidecar_prefetch(spec_drafter *d, const int32_t *tokens, int64_t p, int64_t n, uint64_t salt) {
+    if (d && d->cfg.kind == SPEC_DRAFT && d->cfg.sidecar_entries > 0 && d->cache && apc_has_disk(d->cache)) {
+        draft_side_prefetch(d, tokens, n, salt);
+        return;
+    }
     if (d == NULL || d->cfg.kind != SPEC_MTP || d->cfg.sidecar_entries < 1 || d->cache == NULL ||
         !apc_has_disk(d->cache) || p < 1)
         return;
@@ -404,7 +466,7 @@ void spec_sidecar_prefetch(spec_drafter *d, const int32_t *tokens, int64_t p, in
     pthread_mutex_unlock(&d->lock);
     if (have) return;
     int64_t got_n = 0;
-    uint32_t *rows = apc_side_load(d->cache, salt, tokens, p, n, d->side_words, &got_n);
+    uint32_t *rows = apc_side_load(d->cache, salt, NULL, tokens, p, n, d->side_words, NULL, &got_n);
     if (rows == NULL) return;
     pthread_mutex_lock(&d->lock);
     side_from_rows(d, salt, tokens, got_n, rows);
@@ -463,6 +525,7 @@ static void draft_side_put(spec_drafter *d, spec_seq *s, const int32_t *all, int
     d->side[d->n_side++] = e;
     d->side_bytes += bytes;
     d->side_writes++;
+    side_to_disk(d, e); /* the SSD mirror: its rows copied now, written by the disk's writers */
 }
 
 /* Under the lock: what of all[0, n) s's draft model holds with a state to
@@ -525,6 +588,91 @@ static void draft_side_restore(spec_drafter *d, spec_seq *s, const int32_t *all,
     e->used = ++d->side_clock;
     d->side_hits++;
     d->side_rows += best_n;
+}
+
+/* Under the lock: a memory entry of n rows (and the state) from a draft
+ * model's side file. */
+static void draft_side_from_rows(spec_drafter *d, uint64_t salt, const int32_t *tokens, int64_t n,
+                                 const uint32_t *rows, const void *state) {
+    size_t sb = d->owner.state_bytes;
+    int32_t n_blocks = (int32_t)((n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    size_t bytes = (size_t)n * sizeof(int32_t) + (size_t)n_blocks * kv_pool_block_bytes(d->pool) + sb;
+    if (n < 1 || bytes > d->cfg.sidecar_bytes || (sb && state == NULL)) return;
+    while (d->n_side > 0 && (d->n_side >= d->cfg.sidecar_entries || d->n_side >= SIDECAR_MAX ||
+                             d->side_bytes + bytes > d->cfg.sidecar_bytes))
+        side_evict_lru(d);
+    sidecar_entry *e = calloc(1, sizeof *e);
+    if (e == NULL) return;
+    kv_seq_init(&e->seq);
+    e->ids = malloc((size_t)n * sizeof(int32_t));
+    if (sb) e->state = malloc(sb);
+    ember_error err;
+    int rc = e->ids && (!sb || e->state) ? kv_seq_prepare_append(d->pool, &e->seq, n, &err) : -1;
+    while (rc < 0 && e->ids && (!sb || e->state) && d->n_side > 0) { /* the pool is full: older entries go */
+        side_evict_lru(d);
+        rc = kv_seq_prepare_append(d->pool, &e->seq, n, &err);
+    }
+    if (rc < 0) {
+        kv_seq_release(d->pool, &e->seq);
+        free(e->ids);
+        free(e->state);
+        free(e);
+        return;
+    }
+    for (int64_t t = 0; t < n; t++) {
+        const uint32_t *row = rows + (size_t)t * d->side_words;
+        int32_t b = e->seq.blocks[t / KV_BLOCK_TOKENS];
+        int r = (int)(t % KV_BLOCK_TOKENS);
+        for (int l = 0; l < d->pool_layers; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                size_t w = kv_pool_row_bytes(d->pool, l, kv) / 4;
+                if (w == 0) continue;
+                float *dst = kv ? kv_block_v(d->pool, b, l) : kv_block_k(d->pool, b, l);
+                memcpy(dst + (size_t)r * w, row, w * 4);
+                row += w;
+            }
+    }
+    e->seq.n_tokens = n;
+    memcpy(e->ids, tokens, (size_t)n * sizeof(int32_t));
+    if (sb) memcpy(e->state, state, sb);
+    e->salt = salt;
+    e->n = n;
+    e->bytes = bytes;
+    e->used = ++d->side_clock;
+    d->side[d->n_side++] = e;
+    d->side_bytes += bytes;
+    d->side_disk_loads++;
+}
+
+/* A miss of the draft model's memory sidecar for the prompt tokens[0, n)
+ * (nothing there serves a longer prefix than the disk might): the longest
+ * side file of this draft model that does, brought into memory, where the
+ * request's first draft adopts it (draft_side_restore). Off the engine
+ * thread; the disk read runs without the lock. */
+static void draft_side_prefetch(spec_drafter *d, const int32_t *tokens, int64_t n, uint64_t salt) {
+    if (n < 1) return;
+    bool recurrent = d->owner.state_bytes > 0;
+    int64_t best = 0;
+    pthread_mutex_lock(&d->lock);
+    for (int i = 0; i < d->n_side; i++) { /* what draft_side_restore would adopt */
+        const sidecar_entry *e = d->side[i];
+        if (e->salt != salt) continue;
+        int64_t l = 0, lim = e->n < n ? e->n : n;
+        while (l < lim && e->ids[l] == tokens[l]) l++;
+        if (recurrent && l != e->n) continue;
+        if (l > best) best = l;
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (best >= n) return;
+    void *state = NULL;
+    int64_t got_n = 0;
+    uint32_t *rows = apc_side_load(d->cache, salt, &d->owner, tokens, best + 1, n, d->side_words, &state, &got_n);
+    if (rows == NULL) return;
+    pthread_mutex_lock(&d->lock);
+    draft_side_from_rows(d, salt, tokens, got_n, rows, state);
+    pthread_mutex_unlock(&d->lock);
+    free(rows);
+    free(state);
 }
 
 void spec_sidecar_store(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n) {

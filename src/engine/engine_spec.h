@@ -41,13 +41,19 @@
  *    cold run computes for those positions, so its drafts, and therefore
  *    the acceptance, are the cold run's.
  *  - The same sidecar for a draft model (a second model: its entries pin
- *    blocks of its own pool, its own namespace, in memory only): its K/V of
- *    a prompt and, for a recurrent draft model, its state there. Stored
+ *    blocks of its own pool, its own namespace): its K/V of a prompt and,
+ *    for a recurrent draft model, its state there. Stored
  *    after its first catch-up over the prompt (post-prefill) and at
  *    retirement; the first draft of a request adopts the longest entry of
  *    its salt that shares a prefix with it (a recurrent draft model: an
  *    entry that is a prefix, its exact length), so the draft model skips
- *    that prefill. Same bits as computing them: same drafts. */
+ *    that prefill. Same bits as computing them: same drafts. Its entries
+ *    are mirrored to the SSD tier too, as side files of their own owner
+ *    namespace (XXH3-128 of the draft model's fingerprint, its pool's KV
+ *    format, its layers' row sizes and its state size) under a salt derived
+ *    from it, the state after the rows: a restart with another draft model
+ *    (or format) adopts none of them. spec_sidecar_prefetch reads one when
+ *    memory holds nothing as long for the prompt. */
 #ifndef EMBER_ENGINE_SPEC_H
 #define EMBER_ENGINE_SPEC_H
 
@@ -73,6 +79,7 @@ typedef struct spec_config {
     const model *draft;      /* SPEC_DRAFT: borrowed, outlives the drafter */
     int sidecar_entries;     /* SPEC_MTP, SPEC_DRAFT: sidecar LRU entries (0: no sidecar) */
     size_t sidecar_bytes;    /* and their byte budget (hidden rows or draft states + pinned blocks) */
+    bool sidecar_memory_only;/* no SSD mirror of the sidecar (default: mirrored where the cache has a disk) */
     int prefix_entries;      /* the prefix layer, L0 (engine_prefix.h): entries; 0: off */
     size_t prefix_bytes;     /* its byte budget */
     int prefix_min;          /* shortest prefix it adopts */
@@ -138,11 +145,13 @@ void spec_import(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, co
 void spec_sidecar_store(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n);
 /* The SSD mirror (reference §13.2): every sidecar entry is also written to
  * cache's SSD tier (apc_side_store: the target's namespace, a sidecar
- * salt), and spec_sidecar_prefetch, run where the driver reads the disk
- * (off the engine thread), brings the entry for a prompt whose target
- * prefix memory now holds (p tokens of tokens[0, n)) back into memory
- * when memory has none, so a restart restores target and drafter
- * together. No-op without a disk tier or a sidecar. */
+ * salt; a draft model's under its own owner namespace), and
+ * spec_sidecar_prefetch, run where the driver reads the disk (off the
+ * engine thread), brings the entry for a prompt whose target prefix memory
+ * now holds (p tokens of tokens[0, n); a draft model: the longest prefix
+ * of tokens[0, n) memory lacks) back into memory when memory has none, so
+ * a restart restores target and drafter together. No-op without a disk
+ * tier, a sidecar, or with sidecar_memory_only. */
 void spec_sidecar_attach(spec_drafter *d, apc *cache);
 void spec_sidecar_prefetch(spec_drafter *d, const int32_t *tokens, int64_t p, int64_t n, uint64_t salt);
 /* Sidecar counters: entries stored, requests whose head was restored. */

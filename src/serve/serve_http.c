@@ -509,7 +509,7 @@ static enum MHD_Result handle_metrics(server *srv, struct MHD_Connection *c) {
     }
     if (engine_drafter(srv->e)) {
         spec_sidecar_stats side = spec_sidecar_get_stats(engine_drafter(srv->e));
-        serve_metrics_set_sidecar(srv->metrics, side.writes, side.hits);
+        serve_metrics_set_sidecar(srv->metrics, side.writes, side.hits, side.disk_writes, side.disk_loads);
     }
     sched_counts(srv->s, &running, &waiting);
     size_t len;

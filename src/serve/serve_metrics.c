@@ -46,7 +46,7 @@ struct serve_metrics {
     int n_rows;
     uint64_t prompt_tokens, cached_tokens, completion_tokens, generations;
     uint64_t spec_rounds, spec_drafted, spec_accepted;
-    int64_t sidecar_writes, sidecar_hits;
+    int64_t sidecar_writes, sidecar_hits, sidecar_disk_writes, sidecar_disk_loads;
     prefix_stats prefix;            /* L0, as of the last serve_metrics_set_prefix */
     char finish_name[MAX_FINISH][16];
     uint64_t finish_n[MAX_FINISH];
@@ -125,10 +125,13 @@ void serve_metrics_set_prefix(serve_metrics *m, const prefix_stats *st) {
     pthread_mutex_unlock(&m->lock);
 }
 
-void serve_metrics_set_sidecar(serve_metrics *m, int64_t writes, int64_t hits) {
+void serve_metrics_set_sidecar(serve_metrics *m, int64_t writes, int64_t hits, int64_t disk_writes,
+                               int64_t disk_loads) {
     pthread_mutex_lock(&m->lock);
     m->sidecar_writes = writes;
     m->sidecar_hits = hits;
+    m->sidecar_disk_writes = disk_writes;
+    m->sidecar_disk_loads = disk_loads;
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -276,10 +279,15 @@ char *serve_metrics_render(serve_metrics *m, apc *cache, int running, int waitin
     counter(&b, "ember_spec_steps_total", "Verification forwards that carried draft tokens.", (double)m->spec_rounds);
     counter(&b, "ember_spec_draft_tokens_total", "Tokens proposed by the drafter.", (double)m->spec_drafted);
     counter(&b, "ember_spec_accepted_tokens_total", "Drafted tokens the target emitted.", (double)m->spec_accepted);
-    counter(&b, "ember_apc_sidecar_writes_total", "Drafter sidecar stores (the MTP head's K/V and hidden rows).",
+    counter(&b, "ember_apc_sidecar_writes_total",
+            "Drafter sidecar stores (the MTP head's K/V and hidden rows, or the draft model's K/V and state).",
             (double)m->sidecar_writes);
-    counter(&b, "ember_apc_sidecar_hits_total", "Requests whose MTP head was restored from the sidecar.",
+    counter(&b, "ember_apc_sidecar_hits_total", "Requests whose drafter was restored from the sidecar.",
             (double)m->sidecar_hits);
+    counter(&b, "ember_apc_sidecar_disk_writes_total", "Drafter sidecar entries queued to the SSD tier (side files).",
+            (double)m->sidecar_disk_writes);
+    counter(&b, "ember_apc_sidecar_disk_loads_total", "Drafter sidecar entries read back from the SSD tier.",
+            (double)m->sidecar_disk_loads);
     /* L0 works with the prompt cache off: always rendered. */
     counter(&b, "ember_apc_spec_prefix_hits_total", "L0 prefix-layer hits.", (double)m->prefix.hits);
     counter(&b, "ember_apc_spec_prefix_hit_tokens_total", "Tokens adopted from the L0 prefix layer.",

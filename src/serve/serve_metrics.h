@@ -42,7 +42,8 @@ void serve_metrics_spec(serve_metrics *m, int64_t rounds, int64_t drafted, int64
 /* The prefix layer's (L0) counters as of now (read before a render). */
 void serve_metrics_set_prefix(serve_metrics *m, const prefix_stats *st);
 /* The drafter's sidecar counters as of now (read before a render). */
-void serve_metrics_set_sidecar(serve_metrics *m, int64_t writes, int64_t hits);
+void serve_metrics_set_sidecar(serve_metrics *m, int64_t writes, int64_t hits, int64_t disk_writes,
+                               int64_t disk_loads);
 /* The totals so far (for /v1/cache/stats). */
 void serve_metrics_spec_totals(serve_metrics *m, int64_t *rounds, int64_t *drafted, int64_t *accepted);
 /* The model_name label of the vLLM-compatible families (copied; default ""). */
