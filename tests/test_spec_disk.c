@@ -10,7 +10,7 @@
  *   - the draft model forwards exactly the prompt's rows fewer than the
  *     cold run, its drafts are the cold run's (digest, acceptance), and the
  *     output is the plain engine's bit for bit;
- *   - with the mirror off (spec.sidecar_disk false) the restarted draft
+ *   - with the mirror off (spec.sidecar_mirror false) the restarted draft
  *     model forwards every row again (and drafts the same);
  *   - a restart with another draft model of the same shape (llama256 q4_0
  *     instead of q8_0: same row widths, another fingerprint) adopts
@@ -30,13 +30,24 @@
  * same root counts the side file it wrote (spec.sidecar_disk_writes,
  * ember_apc_sidecar_disk_writes_total) and the one the restart read
  * (spec.sidecar_disk_loads, ember_apc_sidecar_disk_loads_total) and answers
- * the same text and logprobs; --no-spec-sidecar-disk reads none. */
+ * the same text and logprobs; --no-spec-sidecar-mirror reads none.
+ *
+ * The remote tier (a redis-server of the test's own, no SSD tier): a
+ * second engine on the same Redis (a replica) restores the draft model's
+ * sidecar (dense pair and recurrent pair) and the MTP head's (qwen35 MTP
+ * fixture) that the first one stored: the same drafts, the plain output;
+ * a value altered in Redis (SETRANGE) is refused (remote_corrupt), deleted,
+ * and the replica drafts from scratch. */
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <hiredis/hiredis.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -76,15 +87,25 @@ static void generate(engine *e, const prompt_ids *p, engine_result *r) {
     if (engine_generate(e, &req, r, &err) < 0) fail_msg("engine_generate: %s", err.msg);
 }
 
-/* draft NULL: plain, no speculation. */
-static engine *open_engine(const model *m, const model *draft, const char *dir, bool mirror) {
+/* draft NULL: plain, no speculation; draft == m with mtp: the MTP head.
+ * redis: the remote tier's URL, or NULL. */
+static engine *open_any(const model *m, const model *draft, bool mtp, const char *dir, const char *redis, bool mirror) {
     engine_config cfg = engine_default_config();
     cfg.n_threads = 2;
     cfg.n_ctx = 1024;
     cfg.cache.disk.path = dir;
+    if (redis) {
+        cfg.cache.remote.url = redis;
+        cfg.cache.remote.min_wait_ms = 3000;
+        cfg.cache.remote.max_wait_ms = 3000;
+        cfg.cache.remote.timeout_ms = 1000;
+        /* recurrent stacks share through their exact and ckpt tiers (block
+         * chains with recurrent snapshots keep their records local) */
+        cfg.cache.ckpt.snapshot_interval = 0;
+    }
     if (draft) {
-        cfg.spec.kind = SPEC_DRAFT;
-        cfg.spec.draft = draft;
+        cfg.spec.kind = mtp ? SPEC_MTP : SPEC_DRAFT;
+        cfg.spec.draft = mtp ? NULL : draft;
         cfg.spec.k = 4;
         cfg.spec.adaptive = false;
         cfg.spec.sidecar_entries = 4;
@@ -92,6 +113,10 @@ static engine *open_engine(const model *m, const model *draft, const char *dir, 
         cfg.spec.sidecar_memory_only = !mirror;
     }
     return test_open_engine(m, &cfg);
+}
+
+static engine *open_engine(const model *m, const model *draft, const char *dir, bool mirror) {
+    return open_any(m, draft, false, dir, NULL, mirror);
 }
 
 /* ---- side files on disk ---- */
@@ -426,6 +451,171 @@ static void test_damaged_side_files(void **unused) {
     }
 }
 
+/* ---- the remote tier ---- */
+
+typedef struct redis_srv {
+    char *dir;
+    char sock[300];
+    char url[320];
+    pid_t pid;
+} redis_srv;
+
+/* A redis-server on dir/redis.sock, no persistence; false when there is
+ * no redis-server to run. */
+static bool redis_start(redis_srv *r) {
+    if (system("command -v redis-server >/dev/null 2>&1") != 0) return false;
+    r->dir = make_temp_dir();
+    snprintf(r->sock, sizeof r->sock, "%.280s/redis.sock", r->dir);
+    snprintf(r->url, sizeof r->url, "unix://%s", r->sock);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        char log[400];
+        snprintf(log, sizeof log, "%.300s/redis.log", r->dir);
+        if (freopen(log, "a", stdout) == NULL || freopen(log, "a", stderr) == NULL) _exit(126);
+        const char *argv[] = {"redis-server", "--port", "0", "--unixsocket", r->sock, "--unixsocketperm", "700",
+                              "--save", "", "--appendonly", "no", "--dir", r->dir, NULL};
+        execvp("redis-server", (char *const *)argv);
+        _exit(127);
+    }
+    r->pid = pid;
+    for (int i = 0; i < 200; i++) {
+        struct timeval tv = {1, 0};
+        redisContext *c = redisConnectUnixWithTimeout(r->sock, tv);
+        bool ok = false;
+        if (c && !c->err) {
+            redisReply *rep = redisCommand(c, "PING");
+            ok = rep && rep->type == REDIS_REPLY_STATUS;
+            if (rep) freeReplyObject(rep);
+        }
+        if (c) redisFree(c);
+        if (ok) return true;
+        usleep(50 * 1000);
+    }
+    fail_msg("redis-server did not come up on %s", r->sock);
+    return false;
+}
+
+static void redis_stop(redis_srv *r) {
+    if (r->pid > 0) {
+        kill(r->pid, SIGKILL);
+        waitpid(r->pid, NULL, 0);
+    }
+    remove_tree(r->dir);
+    free(r->dir);
+}
+
+/* Alters one byte in the middle of every side value ("ember:apc:*:s:*");
+ * returns how many. */
+static int redis_damage_sides(const redis_srv *r) {
+    struct timeval tv = {5, 0};
+    redisContext *c = redisConnectUnixWithTimeout(r->sock, tv);
+    assert_true(c && !c->err);
+    redisReply *keys = redisCommand(c, "KEYS ember:apc:*:s:*");
+    assert_non_null(keys);
+    int n = 0;
+    for (size_t i = 0; keys->type == REDIS_REPLY_ARRAY && i < keys->elements; i++) {
+        const char *k = keys->element[i]->str;
+        redisReply *len = redisCommand(c, "STRLEN %s", k);
+        long long at = len && len->type == REDIS_REPLY_INTEGER ? len->integer / 2 : 100;
+        if (len) freeReplyObject(len);
+        redisReply *get = redisCommand(c, "GETRANGE %s %lld %lld", k, at, at);
+        char b = get && get->type == REDIS_REPLY_STRING && get->len == 1 ? get->str[0] : 0;
+        if (get) freeReplyObject(get);
+        b ^= 0x20;
+        redisReply *set = redisCommand(c, "SETRANGE %s %lld %b", k, at, &b, (size_t)1);
+        if (set) freeReplyObject(set);
+        n++;
+    }
+    freeReplyObject(keys);
+    redisFree(c);
+    return n;
+}
+
+/* target drafted by draft (mtp: its own MTP head) through Redis only: A
+ * stores, replica B restores; then the values altered, replica C refuses
+ * them. */
+static void remote_pair(const redis_srv *rs, const char *target, const char *draft, bool mtp) {
+    pair pr;
+    if (!pair_open(&pr, target, draft, NULL)) return;
+    engine *a = open_any(pr.m, pr.dm, mtp, NULL, rs->url, true);
+    generate(a, &pr.p, &pr.cold);
+    apc_flush(engine_cache(a));
+    spec_sidecar_stats sa = spec_sidecar_get_stats(engine_drafter(a));
+    pr.cold_rows = sa.draft_rows;
+    assert_true(sa.disk_writes >= 1);
+    assert_true(pr.cold.spec.drafted > 0);
+    char what[256];
+    snprintf(what, sizeof what, "%s drafted by %s%s through Redis: cold", target, draft, mtp ? " (MTP)" : "");
+    assert_warm_equals_cold(&pr.want, &pr.cold, what);
+    engine_free(a);
+
+    engine *b = open_any(pr.m, pr.dm, mtp, NULL, rs->url, true); /* a replica */
+    engine_result warm;
+    generate(b, &pr.p, &warm);
+    spec_sidecar_stats sb = spec_sidecar_get_stats(engine_drafter(b));
+    apc_stats st;
+    apc_get_stats(engine_cache(b), &st);
+    print_message("%s drafted by %s%s through Redis: %lld entries queued by A; replica B read %lld back (%llu remote "
+                  "hits, %lld rows restored, target %lld of %d cached); draft-model rows cold %lld, B %lld; digests "
+                  "%016llx / %016llx\n",
+                  target, draft, mtp ? " (MTP head)" : "", (long long)sa.disk_writes, (long long)sb.disk_loads,
+                  (unsigned long long)st.remote_hits, (long long)sb.restored_rows, (long long)warm.cached_tokens,
+                  pr.p.n, (long long)pr.cold_rows, (long long)sb.draft_rows, (unsigned long long)pr.cold.spec.digest,
+                  (unsigned long long)warm.spec.digest);
+    snprintf(what, sizeof what, "%s drafted by %s through Redis: replica", target, draft);
+    assert_warm_equals_cold(&pr.want, &warm, what);
+    assert_true(warm.cached_tokens > 0);
+    assert_int_equal(sb.disk_loads, 1);
+    assert_int_equal(sb.hits, 1);
+    assert_true(warm.spec.digest == pr.cold.spec.digest);
+    assert_int_equal(warm.spec.accepted, pr.cold.spec.accepted);
+    if (!mtp) {
+        assert_int_equal(sb.restored_rows, pr.p.n);
+        assert_int_equal(sb.draft_rows, pr.cold_rows - pr.p.n);
+    }
+    engine_result_free(&warm);
+    engine_free(b);
+
+    int damaged = redis_damage_sides(rs);
+    assert_true(damaged >= 1);
+    engine *c = open_any(pr.m, pr.dm, mtp, NULL, rs->url, true);
+    generate(c, &pr.p, &warm);
+    spec_sidecar_stats sc = spec_sidecar_get_stats(engine_drafter(c));
+    apc_get_stats(engine_cache(c), &st);
+    print_message("  %d side values altered in Redis: replica C read %lld, %llu counted corrupt\n", damaged,
+                  (long long)sc.disk_loads, (unsigned long long)st.remote_corrupt);
+    snprintf(what, sizeof what, "%s drafted by %s through Redis: altered values", target, draft);
+    assert_warm_equals_cold(&pr.want, &warm, what);
+    assert_int_equal(sc.disk_loads, 0);
+    assert_int_equal(sc.hits, 0);
+    assert_true(st.remote_corrupt >= 1);
+    if (!mtp) assert_int_equal(sc.draft_rows, pr.cold_rows); /* from scratch: the same drafts */
+    if (mtp) assert_true(warm.spec.digest != pr.cold.spec.digest); /* a cold head drafts otherwise */
+    else assert_true(warm.spec.digest == pr.cold.spec.digest);
+    engine_result_free(&warm);
+    engine_free(c);
+    pair_close(&pr);
+}
+
+static void test_remote_sidecar(void **unused) {
+    (void)unused;
+    const char *pairs[][3] = {{"llama-gqa-f32", "llama256-q8_0", ""},
+                              {"qwen35-f32", "qwen35-f32", ""},
+                              {"qwen35-mtp-normjit-f32", "qwen35-mtp-normjit-f32", "mtp"}};
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        redis_srv rs;
+        memset(&rs, 0, sizeof rs);
+        if (!redis_start(&rs)) {
+            print_message("skipping: no redis-server\n");
+            skip();
+        }
+        remote_pair(&rs, pairs[i][0], pairs[i][1], pairs[i][2][0] != 0);
+        redis_stop(&rs);
+    }
+}
+
 /* ---- through the API ---- */
 
 static double stat_num(const char *body, const char *obj, const char *key) {
@@ -452,7 +642,7 @@ static void api_serve(const char *target, const char *draft, const char *root, b
     snprintf(draft_arg, sizeof draft_arg, "%s", draft);
     snprintf(disk_arg, sizeof disk_arg, "%s/disk", root);
     char *const extra[] = {"--draft", draft_arg, "--disk-path", disk_arg, "--spec-k", "4", "--no-spec-adaptive",
-                           mirror ? "--spec-sidecar-disk" : "--no-spec-sidecar-disk", NULL};
+                           mirror ? "--spec-sidecar-mirror" : "--no-spec-sidecar-mirror", NULL};
     pid_t pid;
     int port = http_spawn_ember(ember_binary(), target, extra, log, &pid);
     assert_true(port > 0);
@@ -525,6 +715,7 @@ int main(void) {
         cmocka_unit_test(test_draft_sidecar_restart),
         cmocka_unit_test(test_damaged_side_files),
         cmocka_unit_test(test_api_counters),
+        cmocka_unit_test(test_remote_sidecar),
     };
     return test_run_group(tests, NULL, NULL);
 }

@@ -790,14 +790,22 @@ static uint64_t side_salt(uint64_t salt, const apc_side_owner *owner) {
 
 bool apc_side_store(apc *c, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens, int64_t n,
                     const uint32_t *rows, size_t words, const void *state) {
-    return c->disk && apc_disk_store_side(c->disk, side_salt(salt, owner), owner, tokens, n, rows, words, state) == 0;
+    uint64_t ss = side_salt(salt, owner);
+    bool queued = c->disk && apc_disk_store_side(c->disk, ss, owner, tokens, n, rows, words, state) == 0;
+    if (c->remote) queued = apc_remote_store_side(c->remote, ss, owner, tokens, n, rows, words, state) == 0 || queued;
+    return queued;
 }
 
 uint32_t *apc_side_load(apc *c, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens, int64_t p,
                         int64_t n, size_t words, void **state_out, int64_t *n_out) {
     if (state_out) *state_out = NULL;
-    if (c->disk == NULL || p < 1 || p > n) return NULL;
-    return apc_disk_load_side(c->disk, side_salt(salt, owner), owner, tokens, p, n, words, state_out, n_out);
+    if (p < 1 || p > n) return NULL;
+    uint64_t ss = side_salt(salt, owner);
+    uint32_t *rows = c->disk ? apc_disk_load_side(c->disk, ss, owner, tokens, p, n, words, state_out, n_out) : NULL;
+    if (rows == NULL && c->remote) /* under the deadline of reading what a prefill of n would cost */
+        rows = apc_remote_load_side(c->remote, ss, owner, tokens, p, n, words, state_out, n_out,
+                                    apc__remote_deadline(c, n));
+    return rows;
 }
 bool apc_has_remote(const apc *c) { return c->remote != NULL; }
 

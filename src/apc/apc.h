@@ -334,11 +334,14 @@ int64_t apc_prefetch(apc *c, const int32_t *tokens, int64_t n, uint64_t salt);
  * namespace (its fingerprint, KV format and shape, hashed by the caller)
  * and state size: its entries live under a salt of their own derived from
  * it, carry the state after the rows, and are read back only by the same
- * owner. Without a disk tier both do nothing. apc_side_store copies and
- * queues the write (false: not queued); apc_side_load (blocks on the disk:
- * fetch threads only) returns the longest entry of n' in [p, n] tokens
- * matching tokens[0, n'], malloc'd, *n_out = n' (and its state malloc'd
- * into *state_out when owner has one); NULL: none. */
+ * owner. The remote tier mirrors them the same way (entries of at least
+ * APC_REMOTE_ANCHOR_TOKENS tokens; apc_remote.h). Without a disk or
+ * remote tier both do nothing. apc_side_store copies and queues the writes
+ * (false: none queued); apc_side_load (blocks on the disk, then on Redis
+ * under the fetch deadline: fetch threads only) returns the longest entry
+ * of n' in [p, n] tokens matching tokens[0, n'] (the disk's first),
+ * malloc'd, *n_out = n' (and its state malloc'd into *state_out when owner
+ * has one); NULL: none. */
 typedef struct apc_side_owner {
     uint8_t ns[16];          /* the drafter's namespace; zero: the target's MTP head */
     size_t state_bytes;      /* a state snapshot stored after the rows; 0: none */

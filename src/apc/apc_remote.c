@@ -958,10 +958,9 @@ static apc_key anchor_of(uint64_t salt, const int32_t *tokens) {
  * skeleton, 'k'): the envelope, then a file of the SSD format of hdr_kind
  * holding tokens[0, n), data (K/V rows; none for a skeleton) and the state.
  * Indexed by length under the anchor in the sorted set of idx_kind. */
-static void queue_record(apc_remote *r, char kind, char idx_kind, uint32_t hdr_kind, uint32_t env_kind,
-                         const apc_key *key, const int32_t *tokens, int64_t n, uint64_t salt, uint32_t first_block,
-                         const float *data, const void *state) {
-    const apc_layout *lay = r->lay;
+static void queue_record(apc_remote *r, const apc_layout *lay, char kind, char idx_kind, uint32_t hdr_kind,
+                         uint32_t env_kind, const apc_key *key, const int32_t *tokens, int64_t n, uint64_t salt,
+                         uint32_t first_block, const uint8_t *owner, const float *data, const void *state) {
     size_t sb = lay->state_bytes;
     uint64_t file = apc_disk_file_bytes(lay, hdr_kind, 0, (uint64_t)n);
     if (file == 0) return;
@@ -1018,6 +1017,7 @@ static void queue_record(apc_remote *r, char kind, char idx_kind, uint32_t hdr_k
     h.first_block = first_block;
     h.n_tokens = (uint64_t)n;
     h.state_bytes = sb;
+    if (owner) memcpy(h.parent.b, owner, 16); /* a side entry's owner namespace */
     apc_disk_write_header(p, r->ns, &h, lay);
     p += APC_DISK_HEADER_BYTES;
     for (int64_t q = 0; q < n; q++) apc_put_u32(p + 4 * q, (uint32_t)tokens[q]);
@@ -1041,8 +1041,8 @@ void apc_remote_store_exact(apc_remote *r, const apc_exact_entry *e) {
     size_t sb = r->lay->state_bytes;
     if ((sb && (e->state == NULL || e->state_bytes != sb)) || (!sb && e->state)) return;
     apc_key key = apc_disk_exact_key(e->salt, e->tokens, e->n);
-    queue_record(r, 'x', 'l', APC_DISK_KIND_EXACT, APC_REMOTE_KIND_EXACT, &key, e->tokens, e->n, e->salt, 0, e->data,
-                 e->state);
+    queue_record(r, r->lay, 'x', 'l', APC_DISK_KIND_EXACT, APC_REMOTE_KIND_EXACT, &key, e->tokens, e->n, e->salt, 0,
+                 NULL, e->data, e->state);
 }
 
 void apc_remote_store_skeleton(apc_remote *r, const int32_t *tokens, int64_t p, uint64_t salt, int ckpt_kind,
@@ -1062,8 +1062,166 @@ void apc_remote_store_skeleton(apc_remote *r, const int32_t *tokens, int64_t p, 
     apc_remote_store_chain(r, keys, nf, tail, tokens, csalt, seq);
     free(keys);
     apc_key key = apc_disk_skel_key(salt, tokens, p);
-    queue_record(r, 'k', 'm', APC_DISK_KIND_SKEL, APC_REMOTE_KIND_SKEL, &key, tokens, p, salt, (uint32_t)ckpt_kind,
-                 NULL, state);
+    queue_record(r, r->lay, 'k', 'm', APC_DISK_KIND_SKEL, APC_REMOTE_KIND_SKEL, &key, tokens, p, salt,
+                 (uint32_t)ckpt_kind, NULL, NULL, state);
+}
+
+/* ---- Side entries (a drafter's sidecar) ----
+ * As on the SSD tier: a side file (its owner namespace at the parent field,
+ * its rows, its state) inside an envelope of kind side, under "s:<side
+ * key>", its lengths indexed under the anchor in "t:<anchor>". */
+
+int apc_remote_store_side(apc_remote *r, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens,
+                          int64_t n, const uint32_t *rows, size_t words, const void *state) {
+    size_t sb = owner ? owner->state_bytes : 0;
+    if (n < APC_REMOTE_ANCHOR_TOKENS || n > INT32_MAX || words < 1 || sb > APC_DISK_SIDE_MAX_STATE ||
+        (sb && state == NULL))
+        return -1;
+    int width[1];
+    apc_layout lay = apc_disk_side_layout(width, words, sb);
+    apc_key key = apc_disk_side_key(salt, tokens, n);
+    queue_record(r, &lay, 's', 't', APC_DISK_KIND_SIDE, APC_REMOTE_KIND_SIDE, &key, tokens, n, salt, 0,
+                 owner ? owner->ns : NULL, (const float *)rows, state);
+    return 0;
+}
+
+/* A value that should be the side entry of tokens[0, n) under salt of this
+ * owner and row width: its rows and state into rows_out / state_out; NULL
+ * when it is, else why not. */
+static const char *parse_side(apc_remote *r, const uint8_t *v, size_t len, const int32_t *tokens, int64_t n,
+                              uint64_t salt, const apc_side_owner *owner, size_t words, uint32_t *rows_out,
+                              void *state_out) {
+    static const apc_key zero;
+    apc_key key = apc_disk_side_key(salt, tokens, n);
+    const char *why = check_envelope(r, v, len, APC_REMOTE_KIND_SIDE, &key, &zero, tokens, (size_t)n);
+    if (why) return why;
+    int32_t *tok = malloc((size_t)n * sizeof(int32_t));
+    if (tok == NULL) return "out of memory";
+    apc_disk_src src;
+    ember_error err;
+    const uint8_t *payload = v + APC_REMOTE_ENVELOPE_BYTES + 4 * (size_t)n;
+    if (apc_disk_src_init(&src, -1, payload, apc_get_u64(v + 72)) < 0) {
+        free(tok);
+        return "out of memory";
+    }
+    int width[1];
+    apc_layout lay = apc_disk_side_layout(width, words, owner->state_bytes);
+    apc_disk_expect ex = r->ex;
+    ex.layout = &lay;
+    apc_disk_header h;
+    if (apc_disk_read_header(&src, &ex, &h, &err) < 0) {
+        why = "payload header rejected";
+    } else {
+        if (h.kind != APC_DISK_KIND_SIDE || (int64_t)h.n_tokens != n || h.salt != salt || !apc_key_eq(&h.content, &key)) {
+            why = "payload describes another side entry";
+        } else if (memcmp(h.parent.b, owner->ns, 16) != 0 || h.row_floats != words ||
+                   h.state_bytes != owner->state_bytes) {
+            why = "payload written by another drafter (owner, row width or state size)";
+        } else {
+            apc_disk_exact_dst x = {&lay, (float *)rows_out, n, state_out};
+            if (apc_disk_read_body(&src, &ex, &h, tok, apc_disk_exact_dst_fn, &x, &err) < 0) why = "payload rejected";
+            else if (memcmp(tok, tokens, (size_t)n * sizeof(int32_t)) != 0) why = "payload holds other tokens";
+        }
+        apc_disk_header_free(&h);
+    }
+    apc_disk_src_free(&src);
+    free(tok);
+    return why;
+}
+
+static uint32_t *load_side(apc_remote *r, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens,
+                           int64_t p, int64_t n, size_t words, void **state_out, int64_t *n_out, double deadline) {
+    if (p < APC_REMOTE_ANCHOR_TOKENS) p = APC_REMOTE_ANCHOR_TOKENS;
+    if (n < p || !apc_remote_up(r)) return NULL;
+    bool pooled;
+    redisContext *c = conn_get(r, deadline, &pooled);
+    if (c == NULL) {
+        fail_conn(r, NULL, deadline, "connect");
+        return NULL;
+    }
+    char idx[96], lo[24], hi[24];
+    apc_key anchor = anchor_of(salt, tokens);
+    key_name_of(r, 't', &anchor, idx);
+    snprintf(lo, sizeof lo, "%lld", (long long)p);
+    snprintf(hi, sizeof hi, "%lld", (long long)n);
+    redisReply *lens = redisCommand(c, "ZREVRANGEBYSCORE %s %s %s", idx, hi, lo);
+    if (lens == NULL) {
+        fail_conn(r, c, deadline, "ZREVRANGEBYSCORE");
+        return NULL;
+    }
+    size_t sb = owner->state_bytes;
+    uint32_t *got = NULL;
+    for (size_t k = 0; lens->type == REDIS_REPLY_ARRAY && k < lens->elements && got == NULL; k++) {
+        const redisReply *el = lens->element[k];
+        int64_t m = el->type == REDIS_REPLY_STRING ? strtoll(el->str, NULL, 10) : 0;
+        if (m < p || m > n) continue;
+        if (ember_now() >= deadline) {
+            pthread_mutex_lock(&r->lock);
+            r->timeouts++;
+            pthread_mutex_unlock(&r->lock);
+            break;
+        }
+        redisSetTimeout(c, tv_of(deadline - ember_now()));
+        apc_key key = apc_disk_side_key(salt, tokens, m);
+        char name[96];
+        key_name_of(r, 's', &key, name);
+        redisReply *v = redisCommand(c, "GET %s", name);
+        if (v == NULL) {
+            freeReplyObject(lens);
+            fail_conn(r, c, deadline, "GET");
+            return NULL;
+        }
+        uint32_t *rows = v->type == REDIS_REPLY_STRING ? malloc((size_t)m * words * sizeof(uint32_t)) : NULL;
+        void *state = rows && sb ? malloc(sb) : NULL;
+        if (rows && (!sb || state)) {
+            const char *why = parse_side(r, (const uint8_t *)v->str, (size_t)v->len, tokens, m, salt, owner, words,
+                                         rows, state);
+            if (why == NULL) {
+                got = rows;
+                *state_out = state;
+                *n_out = m;
+                rows = NULL;
+                state = NULL;
+                pthread_mutex_lock(&r->lock);
+                r->hits++;
+                known_add(r, &key, now_ms());
+                pthread_mutex_unlock(&r->lock);
+            } else {
+                ember_log(EMBER_LOG_WARN, "APC remote: side entry of %lld tokens rejected (%s); deleted, counted as a miss",
+                          (long long)m, why);
+                pthread_mutex_lock(&r->lock);
+                r->corrupt++;
+                known_forget(r, &key);
+                pthread_mutex_unlock(&r->lock);
+                redisReply *d = redisCommand(c, "DEL %s", name);
+                if (d) freeReplyObject(d);
+            }
+        }
+        free(rows);
+        free(state);
+        freeReplyObject(v);
+    }
+    freeReplyObject(lens);
+    if (c->err) {
+        fail_conn(r, c, deadline, "DEL");
+        return got;
+    }
+    note_ok(r);
+    conn_put(r, c);
+    return got;
+}
+
+uint32_t *apc_remote_load_side(apc_remote *r, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens,
+                               int64_t p, int64_t n, size_t words, void **state_out, int64_t *n_out, double deadline) {
+    static const apc_side_owner none;
+    void *state = NULL;
+    pipe_guard g;
+    guard_on(&g);
+    uint32_t *rows = load_side(r, salt, owner ? owner : &none, tokens, p, n, words, &state, n_out, deadline);
+    guard_off(&g);
+    if (state_out) *state_out = state;
+    else free(state);
+    return rows;
 }
 
 

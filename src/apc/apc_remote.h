@@ -18,6 +18,11 @@
  *    (a record's tokens, kind and recurrent state), indexed the same way in
  *    "ember:apc:<ns>:m:<anchor>"; their K/V is the chain [0, p) as block
  *    values under salt ^ APC_DISK_CKPT_SALT, as on the SSD.
+ *    Side entries (a drafter's sidecar, apc_side_store): "ember:apc:<ns>:
+ *    s:<side key>" (the SSD tier's side key over the side salt and the
+ *    token ids), lengths indexed in "ember:apc:<ns>:t:<anchor>" (the
+ *    anchor under the side salt); entries shorter than the anchor stay
+ *    local.
  *  - Values. One block (or one snapshot, one skeleton) per key,
  *    self-describing, every integer little-endian:
  *
@@ -25,7 +30,7 @@
  *        0     8  magic "EMBRRMT1"
  *        8     4  version (1)
  *       12     4  kind (1: a block of a chain, 2: an exact snapshot,
- *                 3: a checkpoint skeleton)
+ *                 3: a checkpoint skeleton, 4: a side entry)
  *       16    16  namespace
  *       32    16  key (= the Redis key's)
  *       48    16  parent key (zero for a chain's first block and snapshots)
@@ -40,7 +45,8 @@
  *                 tier (apc_disk.h format, its own header, key chain and
  *                 checksum); a snapshot as an exact file of that format
  *                 (K/V rows and, on recurrent stacks, the state); a
- *                 skeleton as a skeleton file (tokens, kind, state)
+ *                 skeleton as a skeleton file (tokens, kind, state); a
+ *                 side entry as a side file (owner, rows, state)
  *
  *    A read checks all of it against what the request expects (namespace,
  *    key, parent, rows, tokens, length, both checksums, the key recomputed
@@ -83,6 +89,7 @@
 #define APC_REMOTE_KIND_BLOCK 1u
 #define APC_REMOTE_KIND_EXACT 2u
 #define APC_REMOTE_KIND_SKEL 3u
+#define APC_REMOTE_KIND_SIDE 4u
 #define APC_REMOTE_ANCHOR_TOKENS 16 /* snapshots shorter than this stay local */
 #define APC_REMOTE_ENVELOPE_BYTES 88u
 
@@ -138,6 +145,18 @@ void apc_remote_store_exact(apc_remote *r, const apc_exact_entry *e);
  * NULL if none by the deadline. The entry is not listed. */
 apc_exact_entry *apc_remote_load_exact(apc_remote *r, const int32_t *tokens, int64_t max_len, int64_t min_len,
                                        uint64_t salt, size_t max_bytes, double deadline);
+
+/* Side entries (a drafter's sidecar; salt already the side salt, owner as
+ * for apc_disk_store_side). store queues a copy (-1: not queued: shorter
+ * than the anchor, or bad arguments; a full queue drops it, counted);
+ * load returns the longest verified entry of n' in [p, n] tokens of this
+ * owner and row width by the deadline (rows malloc'd, the state malloc'd
+ * into *state_out when the owner has one), NULL if none; a value that
+ * fails is counted (remote_corrupt), deleted, and the next shorter tried. */
+int apc_remote_store_side(apc_remote *r, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens,
+                          int64_t n, const uint32_t *rows, size_t words, const void *state);
+uint32_t *apc_remote_load_side(apc_remote *r, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens,
+                               int64_t p, int64_t n, size_t words, void **state_out, int64_t *n_out, double deadline);
 
 /* Checkpoint tier. Queues the skeleton of a record of tokens[0, p) of
  * kind ckpt_kind under salt (its state copied now; lay->state_bytes, NULL

@@ -332,10 +332,17 @@ static void side_rows_out(const spec_drafter *d, const sidecar_entry *e, uint32_
     }
 }
 
+/* Whether the sidecar has a tier beyond memory: the cache's SSD tier, its
+ * remote (Redis) tier, or both. */
+static bool side_shared(const spec_drafter *d) {
+    return d->cache && (apc_has_disk(d->cache) || apc_has_remote(d->cache));
+}
+
 /* Under the lock: the entry's side file (a draft model's: under its own
- * owner namespace, its state after the rows), queued. */
+ * owner namespace, its state after the rows), queued for the SSD and remote
+ * tiers. */
 static void side_to_disk(spec_drafter *d, const sidecar_entry *e) {
-    if (d->cache == NULL || !apc_has_disk(d->cache)) return;
+    if (!side_shared(d)) return;
     const apc_side_owner *owner = d->cfg.kind == SPEC_DRAFT ? &d->owner : NULL;
     if (owner && owner->state_bytes && e->state == NULL) return;
     uint32_t *rows = malloc((size_t)e->n * d->side_words * sizeof(uint32_t));
@@ -450,12 +457,12 @@ static void side_from_rows(spec_drafter *d, uint64_t salt, const int32_t *tokens
 static void draft_side_prefetch(spec_drafter *d, const int32_t *tokens, int64_t n, uint64_t salt);
 
 void spec_sidecar_prefetch(spec_drafter *d, const int32_t *tokens, int64_t p, int64_t n, uint64_t salt) {
-    if (d && d->cfg.kind == SPEC_DRAFT && d->cfg.sidecar_entries > 0 && d->cache && apc_has_disk(d->cache)) {
+    if (d && d->cfg.kind == SPEC_DRAFT && d->cfg.sidecar_entries > 0 && side_shared(d)) {
         draft_side_prefetch(d, tokens, n, salt);
         return;
     }
     if (d == NULL || d->cfg.kind != SPEC_MTP || d->cfg.sidecar_entries < 1 || d->cache == NULL ||
-        !apc_has_disk(d->cache) || p < 1)
+        !side_shared(d) || p < 1)
         return;
     pthread_mutex_lock(&d->lock);
     bool have = false;

@@ -150,14 +150,16 @@ void spec_sidecar_store(spec_drafter *d, spec_seq *s, const int32_t *all, int64_
  * engine thread), brings the entry for a prompt whose target prefix memory
  * now holds (p tokens of tokens[0, n); a draft model: the longest prefix
  * of tokens[0, n) memory lacks) back into memory when memory has none, so
- * a restart restores target and drafter together. No-op without a disk
- * tier, a sidecar, or with sidecar_memory_only. */
+ * a restart restores target and drafter together. The cache's remote
+ * (Redis) tier, when it has one, gets the same entries, so a replica
+ * restores them too. No-op without a disk or remote tier, a sidecar, or
+ * with sidecar_memory_only. */
 void spec_sidecar_attach(spec_drafter *d, apc *cache);
 void spec_sidecar_prefetch(spec_drafter *d, const int32_t *tokens, int64_t p, int64_t n, uint64_t salt);
 /* Sidecar counters: entries stored, requests whose head was restored. */
 typedef struct spec_sidecar_stats {
     int64_t writes, hits, entries;
-    int64_t disk_writes, disk_loads; /* entries queued to / brought back from the SSD tier */
+    int64_t disk_writes, disk_loads; /* entries queued to / brought back from the SSD (or remote) tier */
     int64_t restored_rows;           /* drafter rows restores adopted instead of computing */
     int64_t draft_rows;              /* SPEC_DRAFT: rows the draft model forwarded */
     size_t bytes;

@@ -318,7 +318,7 @@ void serve_config_engine(const serve_config *c, engine_config *ec) {
     ec->spec.ngram_min = 1;
     ec->spec.sidecar_entries = c->spec_sidecar_entries;
     ec->spec.sidecar_bytes = c->spec_sidecar_bytes;
-    ec->spec.sidecar_memory_only = !c->spec_sidecar_disk;
+    ec->spec.sidecar_memory_only = !c->spec_sidecar_mirror;
     ec->spec.prefix_entries = c->spec_prefix_entries;
     ec->spec.prefix_bytes = c->spec_prefix_bytes;
     ec->spec.prefix_min = c->spec_prefix_min;

@@ -65,7 +65,7 @@ typedef struct serve_config {
     int spec_ngram_max;
     int spec_sidecar_entries;
     size_t spec_sidecar_bytes;
-    bool spec_sidecar_disk;   /* the sidecar's SSD mirror */
+    bool spec_sidecar_mirror; /* the sidecar's SSD / remote mirror */
     int spec_prefix_entries;  /* L0 (engine_prefix.h) */
     size_t spec_prefix_bytes;
     int spec_prefix_min;

@@ -131,7 +131,7 @@ static const serve_setting table[] = {
      "so it drafts what a cold run drafts (`sidecar_writes`, `spec.sidecar_hits` in /v1/cache/stats). The head's "
      "entries are mirrored to the SSD tier (side files under a sidecar salt in the model's namespace), so a "
      "restart restores target and head together. A draft model's entries spare it the prompt's prefill, and are "
-     "mirrored too (`spec.sidecar_disk`).", false,
+     "mirrored too (`spec.sidecar_mirror`).", false,
      SRV(spec_sidecar_entries)},
     {"spec.sidecar_mb", "EMBER_SPEC_SIDECAR_MB", "spec-sidecar-mb", SETTING_MIB, "512", 1, 1 << 20, NULL, NULL,
      "drafter sidecar: byte budget; an entry larger than it is not stored", NULL, false, SRV(spec_sidecar_bytes)},
@@ -149,13 +149,14 @@ static const serve_setting table[] = {
      SRV(spec_prefix_bytes)},
     {"spec.prefix_min", "EMBER_SPEC_PREFIX_MIN", "spec-prefix-min", SETTING_INT, "32", 1, 1 << 20, NULL, NULL,
      "prefix layer (L0): shortest prefix adopted, in tokens", NULL, false, SRV(spec_prefix_min)},
-    {"spec.sidecar_disk", "EMBER_SPEC_SIDECAR_DISK", "spec-sidecar-disk", SETTING_BOOL, "true", 0, 0, NULL, NULL,
-     "mirror the drafter sidecar to the SSD tier (needs cache.disk.path); false: memory only",
+    {"spec.sidecar_mirror", "EMBER_SPEC_SIDECAR_MIRROR", "spec-sidecar-mirror", SETTING_BOOL, "true", 0, 0, NULL,
+     NULL, "mirror the drafter sidecar to the SSD tier and the remote tier (those configured); false: memory only",
      "A draft model's side files carry its K/V rows (and a recurrent draft model's state) under a namespace of its "
-     "own: its fingerprint, KV format and shape. A restart with another draft model adopts none of them "
-     "(`spec.sidecar_disk_writes`, `spec.sidecar_disk_loads` in /v1/cache/stats, "
-     "`ember_apc_sidecar_disk_writes_total`, `ember_apc_sidecar_disk_loads_total` in /metrics).",
-     false, SRV(spec_sidecar_disk)},
+     "own: its fingerprint, KV format and shape. A restart (or a replica, through Redis) with another draft model "
+     "adopts none of them (`spec.sidecar_disk_writes`, `spec.sidecar_disk_loads` in /v1/cache/stats, "
+     "`ember_apc_sidecar_disk_writes_total`, `ember_apc_sidecar_disk_loads_total` in /metrics: entries written to "
+     "and read back from either tier).",
+     false, SRV(spec_sidecar_mirror)},
     /* ---- chat ---- */
     {"chat.parse_special_in_content", "EMBER_CHAT_PARSE_SPECIAL_IN_CONTENT", "parse-special-in-content", SETTING_BOOL,
      "false", 0, 0, NULL, NULL, "let control-token text inside message content become control tokens (unsafe)",
