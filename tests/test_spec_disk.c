@@ -143,7 +143,7 @@ static void list_sides(const char *root, side_files *out) {
         while ((f = readdir(dir)) != NULL)
             if (strncmp(f->d_name, "s-", 2) == 0 && out->n < 8) {
                 snprintf(out->path[out->n++], sizeof out->path[0], "%s/%.256s", sub, f->d_name);
-                snprintf(out->ns_hex, sizeof out->ns_hex, "%s", de->d_name);
+                snprintf(out->ns_hex, sizeof out->ns_hex, "%.32s", de->d_name);
             }
         closedir(dir);
     }
