@@ -42,7 +42,6 @@
 #include "engine/engine_spec.h"
 
 #include "core/clock.h"
-#include "core/log.h"
 #include "engine/engine.h"
 
 #include <pthread.h>
@@ -332,6 +331,22 @@ static void side_rows_out(const spec_drafter *d, const sidecar_entry *e, uint32_
     }
 }
 
+/* The inverse for one position: the K/V of side row `row` into row t of
+ * seq's blocks (allocated); returns where the row's hidden part starts. */
+static const uint32_t *side_row_in(spec_drafter *d, const kv_seq *seq, int64_t t, const uint32_t *row) {
+    int32_t b = seq->blocks[t / KV_BLOCK_TOKENS];
+    int r = (int)(t % KV_BLOCK_TOKENS);
+    for (int l = 0; l < d->pool_layers; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            size_t w = kv_pool_row_bytes(d->pool, l, kv) / 4;
+            if (w == 0) continue;
+            float *dst = kv ? kv_block_v(d->pool, b, l) : kv_block_k(d->pool, b, l);
+            memcpy(dst + (size_t)r * w, row, w * 4);
+            row += w;
+        }
+    return row;
+}
+
 /* Whether the sidecar has a tier beyond memory: the cache's SSD tier, its
  * remote (Redis) tier, or both. */
 static bool side_shared(const spec_drafter *d) {
@@ -430,17 +445,7 @@ static void side_from_rows(spec_drafter *d, uint64_t salt, const int32_t *tokens
         return;
     }
     for (int64_t t = 0; t < n; t++) {
-        const uint32_t *row = rows + (size_t)t * d->side_words;
-        int32_t b = e->seq.blocks[t / KV_BLOCK_TOKENS];
-        int r = (int)(t % KV_BLOCK_TOKENS);
-        for (int l = 0; l < d->pool_layers; l++)
-            for (int kv = 0; kv < 2; kv++) {
-                size_t w = kv_pool_row_bytes(d->pool, l, kv) / 4;
-                if (w == 0) continue;
-                float *dst = kv ? kv_block_v(d->pool, b, l) : kv_block_k(d->pool, b, l);
-                memcpy(dst + (size_t)r * w, row, w * 4);
-                row += w;
-            }
+        const uint32_t *row = side_row_in(d, &e->seq, t, rows + (size_t)t * d->side_words);
         memcpy(e->hidden + (size_t)t * D, row, D * sizeof(float));
     }
     e->seq.n_tokens = n;
@@ -487,7 +492,12 @@ static int remember(spec_seq *s, int64_t pos, int32_t token);
  * The same LRU holds a draft model's K/V (blocks of its own pool: its own
  * namespace, never the target's cache) and, for a recurrent draft model,
  * its state at n. A KV-only draft model's entry serves any common prefix
- * (rows are causal); a recurrent one's only its exact length. */
+ * (rows are causal); a recurrent one's only its exact length.
+ * Mirrored like the head's (side_to_disk), but under the draft model's own
+ * owner namespace (draft_owner_ns): the directory (or the Redis prefix)
+ * names the target, the owner the second model, and only a reader with
+ * both adopts an entry. Read back by draft_side_prefetch, on the fetch
+ * path, into a memory entry that the first draft then adopts as usual. */
 
 /* Under the lock: pins s's rows [0, n) (state: the draft state at n, or
  * NULL for KV-only draft models). */
@@ -626,19 +636,7 @@ static void draft_side_from_rows(spec_drafter *d, uint64_t salt, const int32_t *
         free(e);
         return;
     }
-    for (int64_t t = 0; t < n; t++) {
-        const uint32_t *row = rows + (size_t)t * d->side_words;
-        int32_t b = e->seq.blocks[t / KV_BLOCK_TOKENS];
-        int r = (int)(t % KV_BLOCK_TOKENS);
-        for (int l = 0; l < d->pool_layers; l++)
-            for (int kv = 0; kv < 2; kv++) {
-                size_t w = kv_pool_row_bytes(d->pool, l, kv) / 4;
-                if (w == 0) continue;
-                float *dst = kv ? kv_block_v(d->pool, b, l) : kv_block_k(d->pool, b, l);
-                memcpy(dst + (size_t)r * w, row, w * 4);
-                row += w;
-            }
-    }
+    for (int64_t t = 0; t < n; t++) side_row_in(d, &e->seq, t, rows + (size_t)t * d->side_words);
     e->seq.n_tokens = n;
     memcpy(e->ids, tokens, (size_t)n * sizeof(int32_t));
     if (sb) memcpy(e->state, state, sb);
