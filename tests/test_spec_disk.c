@@ -14,7 +14,8 @@
  *     model forwards every row again (and drafts the same);
  *   - a restart with another draft model of the same shape (llama256 q4_0
  *     instead of q8_0: same row widths, another fingerprint) adopts
- *     nothing of the old draft model's files, though they are there;
+ *     nothing of the old draft model's files, though they are there; nor
+ *     does one whose target pool stores q8_0 instead of f32;
  * on a dense pair (llama-gqa drafted by llama256-q8_0) and a recurrent one
  * (qwen35 drafting itself: the state travels with the rows).
  *
@@ -89,8 +90,11 @@ static void generate(engine *e, const prompt_ids *p, engine_result *r) {
 
 /* draft NULL: plain, no speculation; draft == m with mtp: the MTP head.
  * redis: the remote tier's URL, or NULL. */
+static kv_format open_format; /* the next engines' KV format (zero: f32) */
+
 static engine *open_any(const model *m, const model *draft, bool mtp, const char *dir, const char *redis, bool mirror) {
     engine_config cfg = engine_default_config();
+    cfg.kv_format = open_format;
     cfg.n_threads = 2;
     cfg.n_ctx = 1024;
     cfg.cache.disk.path = dir;
@@ -366,6 +370,27 @@ static void restart(const char *target, const char *draft, const char *other) {
         assert_true(after.n > sf.n); /* the old files stay; this model writes under its own owner */
         engine_result_free(&warm);
         engine_free(d);
+
+        /* the same draft model under another KV format of the target's
+         * pool: another namespace, so none of the old files either */
+        open_format = (kv_format){KV_FORMAT_Q8_0, 0, 0, 0};
+        engine *plain = open_engine(pr.m, NULL, NULL, false);
+        engine_result want_q8;
+        generate(plain, &pr.p, &want_q8);
+        engine_free(plain);
+        engine *f = open_engine(pr.m, pr.dm, dir, true);
+        generate(f, &pr.p, &warm);
+        spec_sidecar_stats sf8 = spec_sidecar_get_stats(engine_drafter(f));
+        print_message("  restarted with kv_format q8_0: %lld side files read, %lld rows restored, target %lld cached\n",
+                      (long long)sf8.disk_loads, (long long)sf8.restored_rows, (long long)warm.cached_tokens);
+        assert_warm_equals_cold(&want_q8, &warm, "kv_format q8_0 after f32");
+        assert_int_equal(sf8.disk_loads, 0);
+        assert_int_equal(sf8.hits, 0);
+        assert_int_equal(warm.cached_tokens, 0);
+        engine_result_free(&warm);
+        engine_result_free(&want_q8);
+        engine_free(f);
+        open_format = (kv_format){KV_FORMAT_F32, 0, 0, 0};
     }
     remove_tree(dir);
     free(dir);
