@@ -196,6 +196,15 @@ static void sleep_ms(int ms) {
 }
 
 int http_spawn_server(char *const argv[], const char *log_path, int wait_s, pid_t *pid) {
+    /* Empty the log before the child exists: otherwise the first poll below
+     * can read a previous server's "listening on" line from a reused path
+     * and hand back that server's port. */
+    FILE *truncate_log = fopen(log_path, "w");
+    if (truncate_log == NULL) {
+        *pid = 0;
+        return -1;
+    }
+    fclose(truncate_log);
     pid_t parent = getpid();
     *pid = fork();
     if (*pid < 0) {
@@ -204,7 +213,7 @@ int http_spawn_server(char *const argv[], const char *log_path, int wait_s, pid_
     }
     if (*pid == 0) {
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(126);
-        if (freopen(log_path, "w", stderr) == NULL) _exit(127);
+        if (freopen(log_path, "a", stderr) == NULL) _exit(127);
         execv(argv[0], argv);
         _exit(127);
     }
