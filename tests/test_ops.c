@@ -5,8 +5,11 @@
  * identical), for the head sizes real models use - 64, 128, 256 and odd
  * small ones - with GQA groups, sliding windows and key counts that do and
  * do not fill whole 16-token blocks, in every KV row format (f32, f16,
- * q8_0), where attention over encoded rows must also equal attention over
- * the decoded rows bit for bit. Also: the formats' round-trip error, and
+ * q8_0 with its K rows in q12h), where attention over encoded rows must
+ * also equal attention over the decoded rows bit for bit (for q12h keys,
+ * with the query rotated by kv_row_query: the decoded keys are rotated).
+ * Also: the formats' round-trip error, q12h's rotation against the
+ * Hadamard matrix written out, q8_0 attention against exact attention, and
  * rmsnorm and rope against plain formulas. */
 #include <math.h>
 #include <stdlib.h>
@@ -59,10 +62,14 @@ static void check_rows_equal_single(kv_row_type type, int n_head, int n_head_kv,
     uint64_t seed = (uint64_t)(n_head * 131 + d * 7 + n_keys);
     int n_blocks = (n_keys + 15) / 16;
     int k_row = n_head_kv * d;
-    enc_blocks kb = make_blocks(type, n_blocks, k_row, &seed), vb = make_blocks(type, n_blocks, k_row, &seed);
+    kv_row_type k_type = kv_row_key_type(type);
+    enc_blocks kb = make_blocks(k_type, n_blocks, k_row, &seed), vb = make_blocks(type, n_blocks, k_row, &seed);
     int q_width = n_head * d;
     float *q = malloc((size_t)n_rows * q_width * sizeof(float));
     for (int i = 0; i < n_rows * q_width; i++) q[i] = frand(&seed) * 2.0f;
+    /* the decoded keys of a rotated type are rotated: so is the query against them */
+    float *q_dec = malloc((size_t)n_rows * q_width * sizeof(float));
+    kv_row_query(k_type, q, q_dec, n_rows * q_width);
     int64_t *pos = malloc((size_t)n_rows * sizeof *pos);
     for (int r = 0; r < n_rows; r++) pos[r] = n_keys - n_rows + r; /* the last n_rows positions */
     float *fast = calloc((size_t)n_rows * q_width, sizeof(float));
@@ -84,7 +91,7 @@ static void check_rows_equal_single(kv_row_type type, int n_head, int n_head_kv,
     for (int r = 0; r < n_rows; r++) {
         op_attention_paged(slow + (size_t)r * q_width, q + (size_t)r * q_width, ke, ve, type, pos[r] + 1, pos[r],
                            n_head, n_head_kv, d, d, scale, window, 0, n_head, scratch);
-        op_attention_paged(plain + (size_t)r * q_width, q + (size_t)r * q_width, kd, vd, KV_ROW_F32, pos[r] + 1,
+        op_attention_paged(plain + (size_t)r * q_width, q_dec + (size_t)r * q_width, kd, vd, KV_ROW_F32, pos[r] + 1,
                            pos[r], n_head, n_head_kv, d, d, scale, window, 0, n_head, scratch);
     }
     if (memcmp(fast, slow, (size_t)n_rows * q_width * sizeof(float)) != 0)
@@ -95,7 +102,7 @@ static void check_rows_equal_single(kv_row_type type, int n_head, int n_head_kv,
                  kv_row_type_name(type), n_head, n_head_kv, d, n_keys);
     free_blocks(&kb);
     free_blocks(&vb);
-    free(q); free(pos); free(fast); free(slow); free(plain); free(scratch);
+    free(q); free(q_dec); free(pos); free(fast); free(slow); free(plain); free(scratch);
 }
 
 static void test_attention_rows_bit_identical(void **state) {
@@ -125,30 +132,41 @@ static void test_attention_rows_bit_identical(void **state) {
 /* Each format round-trips a known pattern within its stated error: f32
  * exactly, f16 within half an ulp of binary16 (relative 2^-11 for normal
  * values), q8_0 within 0.6 of a quantization step (amax / 127) per block
- * of 32 (half a step, plus the fp16 rounding of the scale). */
+ * of 32 (half a step, plus the fp16 rounding of the scale), q12h to the
+ * rotated values H x (H the 8x8 +-1 Hadamard, written out here as
+ * (-1)^popcount(i & j)) within 0.6 of its step (amax |H x| / 2047). */
 static void test_kv_rows_round_trip(void **state) {
     (void)state;
     enum { W = 256 };
     float x[W], y[W];
     uint8_t buf[W * 4];
     for (int i = 0; i < W; i++) x[i] = (float)((i * 37) % 101 - 50) * (i < 128 ? 0.013f : 3.7f) + 0.001f * (float)i;
-    const kv_row_type types[] = {KV_ROW_F32, KV_ROW_F16, KV_ROW_Q8_0};
-    for (int t = 0; t < 3; t++) {
+    float hx[W];
+    for (int s0 = 0; s0 < W; s0 += 8)
+        for (int i = 0; i < 8; i++) {
+            double acc = 0;
+            for (int j = 0; j < 8; j++) acc += (__builtin_popcount((unsigned)(i & j)) % 2 ? -1.0 : 1.0) * x[s0 + j];
+            hx[s0 + i] = (float)acc;
+        }
+    const kv_row_type types[] = {KV_ROW_F32, KV_ROW_F16, KV_ROW_Q8_0, KV_ROW_Q12H};
+    for (int t = 0; t < 4; t++) {
         assert_true(kv_row_supported(types[t], W));
         assert_true(kv_row_bytes(types[t], W) % 4 == 0);
         kv_row_encode(types[t], x, buf, W);
         kv_row_decode(types[t], buf, 0, W, y);
+        const float *want = types[t] == KV_ROW_Q12H ? hx : x;
         for (int b = 0; b < W / 32; b++) {
             float amax = 0;
-            for (int i = 32 * b; i < 32 * b + 32; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+            for (int i = 32 * b; i < 32 * b + 32; i++) amax = fabsf(want[i]) > amax ? fabsf(want[i]) : amax;
             for (int i = 32 * b; i < 32 * b + 32; i++) {
-                float err = fabsf(y[i] - x[i]);
-                float bound = types[t] == KV_ROW_F32 ? 0.0f
-                              : types[t] == KV_ROW_F16 ? fabsf(x[i]) * 0x1p-11f
-                                                       : 0.6f * amax / 127.0f;
+                float err = fabsf(y[i] - want[i]);
+                float bound = types[t] == KV_ROW_F32    ? 0.0f
+                              : types[t] == KV_ROW_F16  ? fabsf(x[i]) * 0x1p-11f
+                              : types[t] == KV_ROW_Q8_0 ? 0.6f * amax / 127.0f
+                                                        : 0.6f * amax / 2047.0f + 1e-6f * amax;
                 if (err > bound)
                     fail_msg("%s: value %d (%g) came back as %g, error %g > %g", kv_row_type_name(types[t]), i,
-                             (double)x[i], (double)y[i], (double)err, (double)bound);
+                             (double)want[i], (double)y[i], (double)err, (double)bound);
             }
         }
         /* a slice decodes to the same values as the whole row */
@@ -160,6 +178,55 @@ static void test_kv_rows_round_trip(void **state) {
     assert_int_equal(kv_row_bytes(KV_ROW_Q8_0, W), W / 32 * 34);
     assert_int_equal(kv_row_bytes(KV_ROW_Q8_0, 32), 36); /* 34 padded to a word */
     assert_false(kv_row_supported(KV_ROW_Q8_0, 48));
+    assert_int_equal(kv_row_bytes(KV_ROW_Q12H, W), W / 32 * 50);
+    assert_int_equal(kv_row_bytes(KV_ROW_Q12H, 32), 52);
+    assert_false(kv_row_supported(KV_ROW_Q12H, 48));
+    assert_int_equal(kv_row_key_type(KV_ROW_Q8_0), KV_ROW_Q12H);
+    assert_int_equal(kv_row_key_type(KV_ROW_F16), KV_ROW_F16);
+    /* the query's rotation undoes the keys': (H q / 8) . (H k) = q . k */
+    float qr[W], kd = 0, rd = 0;
+    kv_row_query(KV_ROW_Q12H, x, qr, W);
+    for (int i = 0; i < W; i++) kd += x[i] * x[i], rd += qr[i] * hx[i];
+    assert_true(fabsf(kd - rd) <= 1e-5f * kd);
+}
+
+/* A q8_0 pool (K in q12h, rotated; V in Q8_0) attends like exact f32
+ * attention over the same values, in every ISA: the rotation of the keys
+ * is undone by the query's, and what is left is quantization error (V's
+ * step amax / 127 dominates: values here are in [-1, 1]). Heads of 8
+ * (stories260K) and 128, GQA. */
+static void check_q8_0_close_to_exact(int n_head, int n_head_kv, int d, int n_keys) {
+    uint64_t seed = (uint64_t)(d * 977 + n_keys);
+    int n_blocks = (n_keys + 15) / 16, k_row = n_head_kv * d, q_width = n_head * d;
+    enc_blocks k8 = make_blocks(KV_ROW_Q12H, n_blocks, k_row, &seed), v8 = make_blocks(KV_ROW_Q8_0, n_blocks, k_row, &seed);
+    uint64_t again = (uint64_t)(d * 977 + n_keys); /* the same random rows, unencoded */
+    enc_blocks kf = make_blocks(KV_ROW_F32, n_blocks, k_row, &again), vf = make_blocks(KV_ROW_F32, n_blocks, k_row, &again);
+    float *q = malloc((size_t)q_width * sizeof(float)), *got = malloc((size_t)q_width * sizeof(float));
+    float *want = malloc((size_t)q_width * sizeof(float)), *scratch = malloc((size_t)(n_keys + 1) * sizeof(float));
+    for (int i = 0; i < q_width; i++) q[i] = frand(&seed) * 4.0f;
+    float scale = 1.0f / sqrtf((float)d);
+    op_attention_paged(got, q, (const void *const *)k8.enc, (const void *const *)v8.enc, KV_ROW_Q8_0, n_keys,
+                       n_keys - 1, n_head, n_head_kv, d, d, scale, 0, 0, n_head, scratch);
+    op_attention_paged(want, q, (const void *const *)kf.enc, (const void *const *)vf.enc, KV_ROW_F32, n_keys,
+                       n_keys - 1, n_head, n_head_kv, d, d, scale, 0, 0, n_head, scratch);
+    for (int i = 0; i < q_width; i++)
+        if (fabsf(got[i] - want[i]) > 6e-3f)
+            fail_msg("q8_0 attention, heads %d/%d of %d: output %d is %g, exact %g", n_head, n_head_kv, d, i,
+                     (double)got[i], (double)want[i]);
+    free_blocks(&k8); free_blocks(&v8); free_blocks(&kf); free_blocks(&vf);
+    free(q); free(got); free(want); free(scratch);
+}
+
+static void test_q8_0_attention_close_to_exact(void **state) {
+    (void)state;
+    const quant_isa isas[] = {QUANT_ISA_SCALAR, QUANT_ISA_AVX2, QUANT_ISA_AVX512};
+    quant_isa saved = quant_get_isa();
+    for (int i = 0; i < 3; i++) {
+        if (!quant_set_isa(isas[i])) continue;
+        check_q8_0_close_to_exact(8, 4, 8, 100);
+        check_q8_0_close_to_exact(16, 8, 128, 70);
+    }
+    quant_set_isa(saved);
 }
 
 static void test_rmsnorm_and_rope(void **state) {
@@ -210,6 +277,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_rows_bit_identical),
         cmocka_unit_test(test_kv_rows_round_trip),
+        cmocka_unit_test(test_q8_0_attention_close_to_exact),
         cmocka_unit_test(test_rmsnorm_and_rope),
     };
     return test_run_group(tests, NULL, NULL);

@@ -136,7 +136,12 @@ kv_row_type kv_format_row_type(kv_format f) {
     }
 }
 
+/* q8_0's layout: 1 (id 2, never written) kept K in ggml Q8_0 like V; 2 keeps
+ * K in q12h (kv_rows.h), so namespaces of the first are not adopted. */
+#define KV_Q8_0_LAYOUT_VERSION 2
+
 uint64_t kv_format_id(kv_format f) {
+    if (f.kind == KV_FORMAT_Q8_0) return (uint64_t)f.kind | (uint64_t)KV_Q8_0_LAYOUT_VERSION << 16;
     if (f.kind != KV_FORMAT_KVARN) return (uint64_t)f.kind;
     return (uint64_t)f.kind | (uint64_t)f.k_bits << 8 | (uint64_t)f.v_bits << 12 |
            (uint64_t)KVARN_LAYOUT_VERSION << 16 | (uint64_t)(uint32_t)f.tail << 32;
@@ -166,18 +171,23 @@ int kv_format_check(const kv_pool_config *cfg, ember_error *err) {
             }
         return 0;
     }
+    kv_row_type kt = kv_row_key_type(t);
     for (int l = 0; l < cfg->n_layer; l++)
-        if (!kv_row_supported(t, cfg->k_width[l]) || !kv_row_supported(t, cfg->v_width[l]))
+        if (!kv_row_supported(kt, cfg->k_width[l]) || !kv_row_supported(t, cfg->v_width[l]))
             return ember_fail(err, "KV format %s: layer %d has K/V rows of %d/%d values; %s needs multiples of %d",
                               kv_format_name(f), l, cfg->k_width[l], cfg->v_width[l], kv_format_name(f),
                               KV_ROW_Q8_0_BLOCK);
+    /* rotated K: the query is rotated per head, so slices may not straddle heads */
+    if (kv_row_rotated(kt) && cfg->k_head % KV_ROW_Q12H_SLICE != 0)
+        return ember_fail(err, "KV format %s: heads of %d values; %s needs heads of a multiple of %d",
+                          kv_format_name(f), cfg->k_head, kv_format_name(f), KV_ROW_Q12H_SLICE);
     return 0;
 }
 
 size_t kv_format_token_bytes(const kv_pool_config *cfg) {
-    kv_row_type t = kv_format_row_type(cfg->format);
+    kv_row_type t = kv_format_row_type(cfg->format), kt = kv_row_key_type(t);
     size_t bytes = 0;
-    for (int l = 0; l < cfg->n_layer; l++) bytes += kv_row_bytes(t, cfg->k_width[l]) + kv_row_bytes(t, cfg->v_width[l]);
+    for (int l = 0; l < cfg->n_layer; l++) bytes += kv_row_bytes(kt, cfg->k_width[l]) + kv_row_bytes(t, cfg->v_width[l]);
     return bytes;
 }
 
@@ -216,7 +226,7 @@ kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err) {
     for (int l = 0; l < cfg->n_layer; l++) {
         p->k_width[l] = cfg->k_width[l];
         p->v_width[l] = cfg->v_width[l];
-        p->k_bytes[l] = kv_row_bytes(t, cfg->k_width[l]);
+        p->k_bytes[l] = kv_row_bytes(kv_row_key_type(t), cfg->k_width[l]);
         p->v_bytes[l] = kv_row_bytes(t, cfg->v_width[l]);
         p->layer_offset[l] = off;
         off += (size_t)KV_BLOCK_TOKENS * (p->k_bytes[l] + p->v_bytes[l]);
@@ -316,12 +326,14 @@ static uint8_t *row_at(const kv_pool *p, int32_t b, int layer, int kv, int row) 
 }
 
 void kv_row_write(kv_pool *p, int32_t b, int layer, int kv, int row, const float *src) {
-    kv_row_encode(kv_format_row_type(p->format), src, row_at(p, b, layer, kv, row),
+    kv_row_type t = kv_format_row_type(p->format);
+    kv_row_encode(kv == 0 ? kv_row_key_type(t) : t, src, row_at(p, b, layer, kv, row),
                   kv == 0 ? p->k_width[layer] : p->v_width[layer]);
 }
 
 void kv_row_read(const kv_pool *p, int32_t b, int layer, int kv, int row, float *dst) {
-    kv_row_decode(kv_format_row_type(p->format), row_at(p, b, layer, kv, row), 0,
+    kv_row_type t = kv_format_row_type(p->format);
+    kv_row_decode(kv == 0 ? kv_row_key_type(t) : t, row_at(p, b, layer, kv, row), 0,
                   kv == 0 ? p->k_width[layer] : p->v_width[layer], dst);
 }
 

@@ -100,13 +100,16 @@ int kv_format_parse(const char *text, kv_format *out);
  * valid until the fourth next call in the thread). */
 const char *kv_format_name(kv_format f);
 bool kv_format_is_kvarn(kv_format f);
+/* The type of the pool's V rows; K rows are kv_row_key_type of it (q8_0
+ * pools keep K in q12h, rotated: kv_rows.h). */
 kv_row_type kv_format_row_type(kv_format f);
 /* A number that names the format in cache keys and disk namespaces; 0 for
- * f32 (the namespaces written before formats existed); kvarn's holds its
- * widths, tail and KVARN_LAYOUT_VERSION. */
+ * f32 (the namespaces written before formats existed); q8_0's holds its
+ * layout version (K rows in q12h); kvarn's holds its widths, tail and
+ * KVARN_LAYOUT_VERSION. */
 uint64_t kv_format_id(kv_format f);
 /* Why cfg's rows cannot be stored in cfg->format, or 0 (q8_0 needs widths
- * that are multiples of 32). */
+ * that are multiples of 32 and heads of a multiple of 8). */
 int kv_format_check(const kv_pool_config *cfg, ember_error *err);
 /* Bytes one token's K and V take in the pool, all layers: the unit for
  * sizing a pool from a memory budget. */

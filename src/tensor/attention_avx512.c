@@ -7,16 +7,30 @@
  * registers. Every step depends only on this query's row, so the result is
  * the same whatever batch the row is in; decode and prefill share it.
  *
- * f16 and q8_0 rows are decoded with vcvtph2ps and int8 -> f32 products
- * (exact, the same values as kv_row_decode) right where the f32 kernel would
- * load them: per key row in the one-head path, per tile of 16 K rows or 32
- * V rows in the multi-query path, which copies f32 tiles anyway. */
+ * f16, q8_0 and q12h rows are decoded with vcvtph2ps and int -> f32
+ * products (exact, the same values as kv_row_decode) right where the f32
+ * kernel would load them: per key row in the one-head path, per tile of 16
+ * K rows or 32 V rows in the multi-query path, which copies f32 tiles
+ * anyway. K and V may differ in format (a q8_0 pool keeps K in q12h); each
+ * instance has both fixed at compile time. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
 #include "tensor/attention_impl.h"
 #include "tensor/quant.h"
+
+/* The 12-bit integers of q12h values [in, in + n) of one block (in even,
+ * in + n <= 32, n <= 16) in lanes [0, n): 16 hi + lo, lo's nibbles spread
+ * to bytes by one unpack. Lanes from n on are not zero: callers mask. */
+static inline __m512i q12h_ints16(const uint8_t *blk, int in, int n) {
+    __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+    __m512i hi = _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, blk + 2 + in)), 4);
+    __m128i packed = _mm_maskz_loadu_epi8((__mmask16)((1u << ((n + 1) / 2)) - 1), blk + 34 + in / 2);
+    const __m128i nib = _mm_set1_epi8(15);
+    __m128i lo = _mm_unpacklo_epi8(_mm_and_si128(packed, nib), _mm_and_si128(_mm_srli_epi16(packed, 4), nib));
+    return _mm512_add_epi32(hi, _mm512_cvtepu8_epi32(lo));
+}
 
 /* Values [offset, offset + n) of an encoded row into dst. */
 static inline void decode_avx512(kv_row_type type, const uint8_t *row, int offset, int n, float *dst) {
@@ -44,6 +58,17 @@ static inline void decode_avx512(kv_row_type type, const uint8_t *row, int offse
         }
         return;
     }
+    if (type == KV_ROW_Q12H && offset % KV_ROW_Q12H_BLOCK == 0 && n % KV_ROW_Q12H_BLOCK == 0) {
+        const uint8_t *b = row + (size_t)(offset / KV_ROW_Q12H_BLOCK) * sizeof(kv_block_q12h);
+        for (int i = 0; i < n; i += KV_ROW_Q12H_BLOCK, b += sizeof(kv_block_q12h)) {
+            uint16_t h;
+            memcpy(&h, b, 2);
+            __m512 d = _mm512_set1_ps(quant_f16_to_f32(h));
+            _mm512_storeu_ps(dst + i, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q12h_ints16(b, 0, 16))));
+            _mm512_storeu_ps(dst + i + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q12h_ints16(b, 16, 16))));
+        }
+        return;
+    }
     kv_row_decode(type, row, offset, n, dst);
 }
 
@@ -63,6 +88,7 @@ static inline size_t value_byte(kv_row_type type, int offset) {
     switch (type) {
     case KV_ROW_F16: return 2 * (size_t)offset;
     case KV_ROW_Q8_0: return (size_t)(offset / KV_ROW_Q8_0_BLOCK) * sizeof(block_q8_0);
+    case KV_ROW_Q12H: return (size_t)(offset / KV_ROW_Q12H_BLOCK) * sizeof(kv_block_q12h);
     default: return 4 * (size_t)offset;
     }
 }
@@ -103,13 +129,26 @@ static inline __attribute__((always_inline)) __m512 load16(const kv_row_type typ
         kv_row_decode(type, row, e, n, buf);
         return _mm512_maskz_loadu_ps(m, buf);
     }
+    if (type == KV_ROW_Q12H) {
+        int in = e % KV_ROW_Q12H_BLOCK;
+        if (in % 2 == 0 && in + n <= KV_ROW_Q12H_BLOCK) {
+            const uint8_t *b = row + (size_t)(e / KV_ROW_Q12H_BLOCK) * sizeof(kv_block_q12h);
+            uint16_t h;
+            memcpy(&h, b, 2);
+            return _mm512_maskz_mul_ps(m, _mm512_set1_ps(_cvtsh_ss(h)), _mm512_cvtepi32_ps(q12h_ints16(b, in, n)));
+        }
+        float buf[16];
+        kv_row_decode(type, row, e, n, buf);
+        return _mm512_maskz_loadu_ps(m, buf);
+    }
     return _mm512_maskz_loadu_ps(m, row + 4 * (size_t)e);
 }
 
 /* One head, K/V rows of a type fixed at compile time (each instance has its
  * loads inlined). The operation order is dot_avx512's per key, then the
  * same softmax, then fma(p_j, v_j, acc) key by key per 16 lanes. */
-static inline __attribute__((always_inline)) void head_typed(const attention_head_args *a, const kv_row_type type) {
+static inline __attribute__((always_inline)) void head_typed(const attention_head_args *a, const kv_row_type k_type,
+                                                             const kv_row_type type) {
     int64_t n = a->n_keys - a->first;
     float *s = a->scores;
     for (int64_t j = a->first; j < a->n_keys; j++) {
@@ -118,7 +157,7 @@ static inline __attribute__((always_inline)) void head_typed(const attention_hea
         for (int i = 0; i < a->d_k; i += 16) {
             int w = a->d_k - i < 16 ? a->d_k - i : 16;
             __mmask16 m = w == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << w) - 1);
-            acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a->q + i), load16(type, row, a->k_offset + i, w), acc);
+            acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a->q + i), load16(k_type, row, a->k_offset + i, w), acc);
         }
         s[j - a->first] = _mm512_reduce_add_ps(acc) * a->scale;
     }
@@ -179,11 +218,10 @@ static inline __attribute__((always_inline)) void head_typed(const attention_hea
 }
 
 void attention_head_avx512(const attention_head_args *a) {
-    switch (a->type) {
-    case KV_ROW_F16: head_typed(a, KV_ROW_F16); break;
-    case KV_ROW_Q8_0: head_typed(a, KV_ROW_Q8_0); break;
-    default: head_typed(a, KV_ROW_F32); break;
-    }
+    if (a->k_type == KV_ROW_F16 && a->v_type == KV_ROW_F16) head_typed(a, KV_ROW_F16, KV_ROW_F16);
+    else if (a->k_type == KV_ROW_Q12H && a->v_type == KV_ROW_Q8_0) head_typed(a, KV_ROW_Q12H, KV_ROW_Q8_0);
+    else if (a->k_type == KV_ROW_F32 && a->v_type == KV_ROW_F32) head_typed(a, KV_ROW_F32, KV_ROW_F32);
+    else attention_head_scalar(a); /* no pool pairs these */
 }
 
 /* ---------------------------------------------------------------------------
@@ -325,9 +363,9 @@ static void heads_multi(const attention_head_args *a, int n) {
     /* Scores, 16 keys at a time per query: 16 fma chains, then the 16
      * horizontal sums at once by a tree with _mm512_reduce_add_ps's order. */
     int64_t j = first;
-    const kv_row_type type = a[0].type;
-    const size_t k_head = value_byte(type, a[0].k_offset), v_head = value_byte(type, a[0].v_offset);
-    const int head_bytes = (int)value_byte(type, 128);
+    const kv_row_type k_type = a[0].k_type, type = a[0].v_type;
+    const size_t k_head = value_byte(k_type, a[0].k_offset), v_head = value_byte(type, a[0].v_offset);
+    const int k_head_bytes = (int)value_byte(k_type, 128), head_bytes = (int)value_byte(type, 128);
     float kt[16][128] __attribute__((aligned(64)));
     for (; j + 16 <= lo; j += 16) {
         for (int k = 0; k < 16; k++) {
@@ -335,14 +373,14 @@ static void heads_multi(const attention_head_args *a, int n) {
                 const char *nx = (const char *)attention_row(a[0].k_blocks, a[0].k_stride, j + 16 + k) + k_head;
 #pragma GCC unroll 8
                 for (int c = 0; c < 8; c++)
-                    if (64 * c < head_bytes) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
+                    if (64 * c < k_head_bytes) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
             }
-            if (type == KV_ROW_F32) {
+            if (k_type == KV_ROW_F32) {
                 const float *src = (const float *)attention_row(a[0].k_blocks, a[0].k_stride, j + k) + a[0].k_offset;
 #pragma GCC unroll 8
                 for (int c = 0; c < 8; c++) _mm512_store_ps(kt[k] + 16 * c, _mm512_loadu_ps(src + 16 * c));
             } else {
-                decode_avx512(type, attention_row(a[0].k_blocks, a[0].k_stride, j + k), a[0].k_offset, 128, kt[k]);
+                decode_avx512(k_type, attention_row(a[0].k_blocks, a[0].k_stride, j + k), a[0].k_offset, 128, kt[k]);
             }
         }
         for (int i = 0; i < n; i++) {
@@ -361,7 +399,7 @@ static void heads_multi(const attention_head_args *a, int n) {
     }
     /* The rest: one key row in registers against every query that sees it. */
     for (; j < hi; j++) {
-        const float *k = row_at(a[0].k_blocks, a[0].k_stride, j, a[0].k_offset, 128, type, kt[0]);
+        const float *k = row_at(a[0].k_blocks, a[0].k_stride, j, a[0].k_offset, 128, k_type, kt[0]);
         __m512 kv[8];
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++) kv[c] = _mm512_loadu_ps(k + 16 * c);
@@ -410,7 +448,8 @@ void attention_heads_avx512(const attention_head_args *a, int n) {
             while (i + m < n && a[i + m].d_k == 128 && a[i + m].d_v == 128 && a[i + m].k_blocks == a[i].k_blocks &&
                    a[i + m].v_blocks == a[i].v_blocks && a[i + m].k_offset == a[i].k_offset &&
                    a[i + m].v_offset == a[i].v_offset && a[i + m].k_stride == a[i].k_stride &&
-                   a[i + m].v_stride == a[i].v_stride && a[i + m].type == a[i].type && a[i + m].first == a[i].first)
+                   a[i + m].v_stride == a[i].v_stride && a[i + m].k_type == a[i].k_type &&
+                   a[i + m].v_type == a[i].v_type && a[i + m].first == a[i].first)
                 m++;
         if (a[i].d_k == 128 && a[i].d_v == 128)
             heads_multi(a + i, m);

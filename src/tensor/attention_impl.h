@@ -3,10 +3,11 @@
  * with the same ISA as the quantized dot products (quant_get_isa).
  *
  * K and V rows are read in their storage format (kv_rows.h): f32 rows are
- * used in place; f16 and q8_0 rows are decoded one row (or one tile of
- * rows) at a time into registers or a small buffer, never the whole
+ * used in place; f16, q8_0 and q12h rows are decoded one row (or one tile
+ * of rows) at a time into registers or a small buffer, never the whole
  * context. Decoding is exact, so every kernel computes on the decoded
- * values with the f32 kernel's operation order. */
+ * values with the f32 kernel's operation order. `q` is already in the
+ * domain of the decoded keys (kv_row_query: rotated for q12h keys). */
 #ifndef EMBER_TENSOR_ATTENTION_IMPL_H
 #define EMBER_TENSOR_ATTENTION_IMPL_H
 
@@ -25,7 +26,7 @@ typedef struct attention_head_args {
     size_t k_stride, v_stride; /* bytes per K / V row (all kv heads) */
     int k_offset, v_offset;   /* this head's first value within a row */
     int d_k, d_v;
-    kv_row_type type;         /* storage format of K and V rows */
+    kv_row_type k_type, v_type; /* storage formats of K and V rows (kv_row_key_type) */
     float scale;
     float *scores;            /* (n_keys - first) scratch */
 } attention_head_args;

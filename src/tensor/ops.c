@@ -114,13 +114,13 @@ void attention_head_scalar(const attention_head_args *a) {
     int64_t n = a->n_keys - a->first;
     float buf[ATTENTION_MAX_HEAD];
     for (int64_t j = a->first; j < a->n_keys; j++) {
-        const float *k = head_row(a->k_blocks, a->k_stride, j, a->k_offset, a->d_k, a->type, buf);
+        const float *k = head_row(a->k_blocks, a->k_stride, j, a->k_offset, a->d_k, a->k_type, buf);
         a->scores[j - a->first] = dot_f32(a->q, k, a->d_k) * a->scale;
     }
     op_softmax(a->scores, (int)n);
     for (int d = 0; d < a->d_v; d++) a->out[d] = 0.0f;
     for (int64_t j = a->first; j < a->n_keys; j++) {
-        const float *v = head_row(a->v_blocks, a->v_stride, j, a->v_offset, a->d_v, a->type, buf);
+        const float *v = head_row(a->v_blocks, a->v_stride, j, a->v_offset, a->d_v, a->v_type, buf);
         float p = a->scores[j - a->first];
         for (int d = 0; d < a->d_v; d++) a->out[d] += p * v[d];
     }
@@ -134,11 +134,18 @@ void op_attention_paged(float *out, const float *q, const void *const *k_blocks,
     int group = n_head / n_head_kv;
     int64_t first = 0;
     if (window > 0 && query_pos - window + 1 > 0) first = query_pos - window + 1;
+    kv_row_type k_type = kv_row_key_type(type);
+    float qk[ATTENTION_MAX_HEAD];
     for (int h = head_begin; h < head_end; h++) {
         int kvh = h / group;
-        attention_head_args a = {out + (int64_t)h * d_v, q + (int64_t)h * d_k, k_blocks, v_blocks, first, n_keys,
-                                 kv_row_bytes(type, n_head_kv * d_k), kv_row_bytes(type, n_head_kv * d_v),
-                                 kvh * d_k, kvh * d_v, d_k, d_v, type, scale, scratch};
+        const float *qh = q + (int64_t)h * d_k;
+        if (kv_row_rotated(k_type)) { /* heads of a rotated type are at most ATTENTION_MAX_HEAD (forward.c) */
+            kv_row_query(k_type, qh, qk, d_k);
+            qh = qk;
+        }
+        attention_head_args a = {out + (int64_t)h * d_v, qh, k_blocks, v_blocks, first, n_keys,
+                                 kv_row_bytes(k_type, n_head_kv * d_k), kv_row_bytes(type, n_head_kv * d_v),
+                                 kvh * d_k, kvh * d_v, d_k, d_v, k_type, type, scale, scratch};
         head_fn(&a);
     }
 }
@@ -156,8 +163,12 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
                              const int64_t *query_pos,
                              int n_rows, int n_head, int n_head_kv, int d_k, int d_v, float scale,
                              int64_t window, int head_begin, int head_end, float *scratch) {
-    enum { MAX_PAIRS = 64 };
+    enum { MAX_PAIRS = 64, QK_FLOATS = 8192 };
     attention_head_args args[MAX_PAIRS];
+    /* each pair's query in the keys' domain (kv_row_query); flushing early
+     * when it is full changes no bits (pairs are independent) */
+    float qk[QK_FLOATS];
+    kv_row_type k_type = kv_row_key_type(type);
     int group = n_head / n_head_kv, n = 0;
     int64_t max_keys = 0;
     for (int r = 0; r < n_rows; r++)
@@ -165,17 +176,23 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
     /* Head-major within a kv group, rows inner: neighbours share a kv head. */
     for (int h = head_begin; h < head_end; h++) {
         for (int r = 0; r < n_rows; r++) {
-            if (n == MAX_PAIRS) {
+            bool rotated = kv_row_rotated(k_type);
+            if (n == MAX_PAIRS || (rotated && (size_t)(n + 1) * (size_t)d_k > QK_FLOATS)) {
                 run_heads(args, n);
                 n = 0;
             }
             int64_t first = 0;
             if (window > 0 && query_pos[r] - window + 1 > 0) first = query_pos[r] - window + 1;
             int kvh = h / group;
-            args[n] = (attention_head_args){out + r * out_stride + (int64_t)h * d_v, q + r * q_stride + (int64_t)h * d_k,
+            const float *qh = q + r * q_stride + (int64_t)h * d_k;
+            if (rotated) {
+                kv_row_query(k_type, qh, qk + (size_t)n * (size_t)d_k, d_k);
+                qh = qk + (size_t)n * (size_t)d_k;
+            }
+            args[n] = (attention_head_args){out + r * out_stride + (int64_t)h * d_v, qh,
                                             k_blocks, v_blocks, first, query_pos[r] + 1,
-                                            kv_row_bytes(type, n_head_kv * d_k), kv_row_bytes(type, n_head_kv * d_v),
-                                            kvh * d_k, kvh * d_v, d_k, d_v, type, scale,
+                                            kv_row_bytes(k_type, n_head_kv * d_k), kv_row_bytes(type, n_head_kv * d_v),
+                                            kvh * d_k, kvh * d_v, d_k, d_v, k_type, type, scale,
                                             scratch + (size_t)n * (size_t)max_keys};
             n++;
         }

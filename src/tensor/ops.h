@@ -42,15 +42,17 @@ void op_swiglu(float *y, const float *gate, const float *up, int n);
 /* x += y */
 void op_add(float *x, const float *y, int n);
 
-/* The widest head (d_k, d_v) attention reads from f16 or q8_0 rows: they
- * are decoded into stack buffers of this many floats. */
+/* The widest head (d_k, d_v) attention reads from f16, q8_0 or q12h rows:
+ * they are decoded into stack buffers of this many floats. */
 #define ATTENTION_MAX_HEAD 512
 
 /* Causal attention of one query token over keys at positions [0, n_keys)
  * that live in 16-token blocks: key j is row j % 16 of k_blocks[j / 16],
- * rows stored as `type` (kv_rows.h: kv_row_bytes(type, width) bytes each)
- * and read in that format (attention on an encoded cache equals attention
- * on its decoded values, bit for bit).
+ * V rows stored as `type` and K rows as kv_row_key_type(type) (kv_rows.h:
+ * kv_row_bytes(type, width) bytes each), read in those formats (attention
+ * on an encoded cache equals attention on its decoded values with the
+ * query in their domain, kv_row_query, bit for bit: q8_0 pools keep K
+ * rotated in q12h, and the query is rotated here).
  * q: (n_head, d_k); out: (n_head, d_v); K rows are (n_head_kv, d_k) wide,
  * V rows (n_head_kv, d_v). Query head h reads KV head h / (n_head/n_head_kv).
  * window > 0 masks keys with pos - key >= window (sliding window).
