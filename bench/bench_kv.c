@@ -1,7 +1,7 @@
 /* bench_kv.c - what each KV format costs in quality, memory and decode speed.
  *
  * Usage: bench_kv MODEL --text FILE [--window W] [--threads N] [--formats f32,f16,q8_0]
- *                 [--decode-ctx 4096] [--decode-steps 8] [--decode-rounds 4]
+ *                 [--decode-ctx 4096] [--decode-steps 8] [--decode-rounds 4] [--second-halves 1]
  *
  * Quality: the text is tokenized (with BOS) and cut into windows of W tokens
  * (default: the model's training context, at most the text). Each window is
@@ -9,7 +9,9 @@
  * logits kept; against f32 KV (the reference) each format reports the mean
  * KL divergence KL(p_f32 || p_fmt) of the next-token distributions, the
  * top-1 agreement (argmax equal), and the perplexity of the text itself
- * (exp of the mean negative log-likelihood of each actual next token). All
+ * (exp of the mean negative log-likelihood of each actual next token).
+ * --second-halves 1 scores only the second half of each full window, as
+ * llama-perplexity does (its KL and "same top" figures compare then). All
  * formats run side by side on the same chunk so only two chunks of logits
  * are alive at once (a 151936-word vocabulary makes them large).
  *
@@ -243,11 +245,11 @@ static void decode_rates(const model *m, fmt_run *runs, int n_fmt, int n_ctx, in
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: bench_kv MODEL --text FILE [--window W] [--threads N] [--formats f32,f16,q8_0] "
-                        "[--decode-ctx 4096] [--decode-steps 8] [--decode-rounds 4]\n");
+                        "[--decode-ctx 4096] [--decode-steps 8] [--decode-rounds 4] [--second-halves 1]\n");
         return 2;
     }
     const char *path = argv[1], *text_path = NULL;
-    int threads = 2, window = 0, decode_ctx = 4096, decode_steps = 8, decode_rounds = 4;
+    int threads = 2, window = 0, decode_ctx = 4096, decode_steps = 8, decode_rounds = 4, second_halves = 0;
     char formats_arg[128] = "f32,f16,q8_0";
     for (int i = 2; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--text") == 0) text_path = argv[i + 1];
@@ -256,6 +258,7 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--decode-ctx") == 0) decode_ctx = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--decode-steps") == 0) decode_steps = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--decode-rounds") == 0) decode_rounds = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--second-halves") == 0) second_halves = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--formats") == 0) snprintf(formats_arg, sizeof formats_arg, "%s", argv[i + 1]);
         else {
             fprintf(stderr, "bench_kv: unknown option %s\n", argv[i]);
@@ -333,6 +336,7 @@ int main(int argc, char **argv) {
                 for (int i = 0; i < cn; i++) {
                     const float *lr = ref + (size_t)i * V, *lg = out + (size_t)i * V;
                     bool has_next = c0 + i + 1 < wn;
+                    if (second_halves && (wn < window || c0 + i < window / 2)) continue;
                     if (f == 0) {
                         if (has_next) {
                             log_softmax(lr, V, lp_ref);

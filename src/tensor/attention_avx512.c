@@ -20,16 +20,20 @@
 #include "tensor/attention_impl.h"
 #include "tensor/quant.h"
 
-/* The 12-bit integers of q12h values [in, in + n) of one block (in even,
- * in + n <= 32, n <= 16) in lanes [0, n): 16 hi + lo, lo's nibbles spread
- * to bytes by one unpack. Lanes from n on are not zero: callers mask. */
-static inline __m512i q12h_ints16(const uint8_t *blk, int in, int n) {
-    __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+/* The 12-bit integers of q12h values [in, in + n) of one block in lanes
+ * [0, n), for n <= 16 values inside one half of the block (in + n <= 16,
+ * or in >= 16): 16 hi + lo, lo from the low nibbles of bytes [in, in + n)
+ * of the block's lo for the first half, the high nibbles of bytes
+ * [in - 16, ...) for the second. Lanes from n on are not zero: callers
+ * mask. */
+static inline __m512i q12h_ints16(const uint8_t *blk, int in, __mmask16 m) {
     __m512i hi = _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, blk + 2 + in)), 4);
-    __m128i packed = _mm_maskz_loadu_epi8((__mmask16)((1u << ((n + 1) / 2)) - 1), blk + 34 + in / 2);
-    const __m128i nib = _mm_set1_epi8(15);
-    __m128i lo = _mm_unpacklo_epi8(_mm_and_si128(packed, nib), _mm_and_si128(_mm_srli_epi16(packed, 4), nib));
-    return _mm512_add_epi32(hi, _mm512_cvtepu8_epi32(lo));
+    __m512i lo;
+    if (in < 16)
+        lo = _mm512_and_si512(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, blk + 34 + in)), _mm512_set1_epi32(15));
+    else
+        lo = _mm512_srli_epi32(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, blk + 34 + in - 16)), 4);
+    return _mm512_add_epi32(hi, lo);
 }
 
 /* Values [offset, offset + n) of an encoded row into dst. */
@@ -64,8 +68,8 @@ static inline void decode_avx512(kv_row_type type, const uint8_t *row, int offse
             uint16_t h;
             memcpy(&h, b, 2);
             __m512 d = _mm512_set1_ps(quant_f16_to_f32(h));
-            _mm512_storeu_ps(dst + i, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q12h_ints16(b, 0, 16))));
-            _mm512_storeu_ps(dst + i + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q12h_ints16(b, 16, 16))));
+            _mm512_storeu_ps(dst + i, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q12h_ints16(b, 0, 0xFFFF))));
+            _mm512_storeu_ps(dst + i + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q12h_ints16(b, 16, 0xFFFF))));
         }
         return;
     }
@@ -131,11 +135,11 @@ static inline __attribute__((always_inline)) __m512 load16(const kv_row_type typ
     }
     if (type == KV_ROW_Q12H) {
         int in = e % KV_ROW_Q12H_BLOCK;
-        if (in % 2 == 0 && in + n <= KV_ROW_Q12H_BLOCK) {
+        if (in + n <= 16 || (in >= 16 && in + n <= KV_ROW_Q12H_BLOCK)) {
             const uint8_t *b = row + (size_t)(e / KV_ROW_Q12H_BLOCK) * sizeof(kv_block_q12h);
             uint16_t h;
             memcpy(&h, b, 2);
-            return _mm512_maskz_mul_ps(m, _mm512_set1_ps(_cvtsh_ss(h)), _mm512_cvtepi32_ps(q12h_ints16(b, in, n)));
+            return _mm512_maskz_mul_ps(m, _mm512_set1_ps(_cvtsh_ss(h)), _mm512_cvtepi32_ps(q12h_ints16(b, in, m)));
         }
         float buf[16];
         kv_row_decode(type, row, e, n, buf);

@@ -98,7 +98,7 @@ static void encode_q12h(const float *src, kv_block_q12h *blocks, int width) {
             int q = r > 2047.0f ? 2047 : r < -2047.0f ? -2047 : (int)r;
             unsigned u = (unsigned)(q + 2048); /* 1..4095: lo is its low nibble, hi the rest - 128 */
             blk->hi[i] = (int8_t)((int)(u >> 4) - 128);
-            blk->lo[i / 2] |= (uint8_t)((u & 15u) << (4 * (i % 2)));
+            blk->lo[i % 16] |= (uint8_t)((u & 15u) << (4 * (i / 16)));
         }
     }
 }
@@ -153,7 +153,7 @@ void kv_row_decode(kv_row_type type, const void *row, int offset, int n, float *
             int e = offset + i, j = e % KV_ROW_Q12H_BLOCK;
             kv_block_q12h blk;
             memcpy(&blk, p + (size_t)(e / KV_ROW_Q12H_BLOCK) * sizeof(kv_block_q12h), sizeof blk);
-            int q = 16 * blk.hi[j] + ((blk.lo[j / 2] >> (4 * (j % 2))) & 15);
+            int q = 16 * blk.hi[j] + ((blk.lo[j % 16] >> (4 * (j / 16))) & 15);
             dst[i] = quant_f16_to_f32(blk.d) * (float)q;
         }
         return;

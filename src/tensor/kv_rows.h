@@ -53,7 +53,9 @@ typedef enum kv_row_type {
 #define KV_ROW_Q12H_SLICE 8
 
 /* One q12h block: 32 values in 50 bytes. Value j is
- * d * (16 * hi[j] + (lo[j / 2] >> (4 * (j % 2)) & 15)). */
+ * d * (16 * hi[j] + (lo[j % 16] >> (4 * (j / 16)) & 15)): byte i of lo holds
+ * the low 4 bits of value i and, in its high nibble, of value i + 16, so a
+ * decoder widens 16 bytes and masks or shifts them for either half. */
 typedef struct {
     uint16_t d;
     int8_t hi[32];
