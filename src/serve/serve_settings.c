@@ -183,8 +183,9 @@ static const serve_setting table[] = {
      false, SRV(memory_share)},
     {"cache.kv_format", "EMBER_KV_FORMAT", "kv-format", SETTING_STR, "f16", 0, 0, NULL, "FORMAT",
      "how the KV pool stores K/V rows: f32, f16, q8_0, or kvarn[-k<K>v<V>][-t<TAIL>] (default kvarn-k6v5-t1024)",
-     "f16 halves the bytes per token of f32 and q8_0 takes 34 bytes per 32 values, so the same pool (the block "
-     "tier) holds 2x or 3.8x the tokens; measured quality and speed per format: `make bench-kv` (docs/kv-formats.md). "
+     "f16 halves the bytes per token of f32; q8_0 stores V as ggml's Q8_0 (34 bytes per 32 values) and K as 12-bit "
+     "integers after an 8-value Hadamard rotation (50 bytes per 32), so the same pool (the block tier) holds 2x or "
+     "3x the tokens; measured quality and speed per format: `make bench-kv` (docs/kv-formats.md). "
      "kvarn seals every 128-token group behind an fp16 sink (the first 128 tokens) and an fp16 tail of TAIL tokens "
      "into a record of K bits per K value and V bits per V value (2..8 each; ':' also separates, e.g. kvarn:k6v5); "
      "a dense model then uses the exact tier instead of the block tier, which the routing line says. "

@@ -68,8 +68,16 @@ static inline void decode_avx512(kv_row_type type, const uint8_t *row, int offse
             uint16_t h;
             memcpy(&h, b, 2);
             __m512 d = _mm512_set1_ps(quant_f16_to_f32(h));
-            _mm512_storeu_ps(dst + i, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q12h_ints16(b, 0, 0xFFFF))));
-            _mm512_storeu_ps(dst + i + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q12h_ints16(b, 16, 0xFFFF))));
+            /* q12h_ints16 for both halves, the low nibbles' bytes widened once */
+            __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 34)));
+            __m512i q0 = _mm512_add_epi32(
+                _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2))), 4),
+                _mm512_and_si512(lo, _mm512_set1_epi32(15)));
+            __m512i q1 = _mm512_add_epi32(
+                _mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18))), 4),
+                _mm512_srli_epi32(lo, 4));
+            _mm512_storeu_ps(dst + i, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q0)));
+            _mm512_storeu_ps(dst + i + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q1)));
         }
         return;
     }

@@ -6,8 +6,9 @@
  *
  * q12h (K rows of q8_0 pools) spends 12 bits per value because K's error
  * reaches the logits multiplied by the query: on stories260K 8-bit K cost
- * 3.4 points of top-1 agreement with f32 KV whatever the block size (blocks
- * of 2 values still lost 2.3), 12 bits lose none measurably. The 8-value
+ * 3.6 points of top-1 agreement with f32 KV whatever the block size (blocks
+ * of 2 values still lost 2.4); rotated 12-bit K loses no more than f16 K
+ * would (99.69% either way beside Q8_0 V; docs/kv-formats.md). The 8-value
  * Hadamard spreads a row's few large channels (the slow RoPE pairs) over
  * their slice before the block's absmax sets the step. The 12-bit integer
  * is stored as an int8 high part and a 4-bit low part so decoders widen
