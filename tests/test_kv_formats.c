@@ -9,7 +9,8 @@
  * Then: a quantized pool really changes the logits (a little), the pool
  * holds the bytes per token the format promises, q8_0 stays close to f32
  * KV on real text (stories260K, whose large attention logits made 8-bit K
- * lose 3.4 points of top-1 agreement), and a server restarted
+ * lose 3.4 points of top-1 agreement) and refuses heads it cannot rotate,
+ * and a server restarted
  * with another format adopts nothing from the SSD tier, logs why once, and
  * finds its own files again when restarted with its own format, also as
  * the reference's bitrate-b scenario through `ember serve`; and the setting
@@ -279,6 +280,27 @@ static void test_q8_0_close_to_f32_on_text(void **state) {
     model_free(m);
 }
 
+/* q8_0 rotates K in 8-value slices and the query per head, so it needs
+ * heads of a multiple of 8; rows of 32 in heads of 4 are refused by name,
+ * heads of 8 (stories260K's) and whole-row heads are taken. */
+static void test_q8_0_head_sizes(void **state) {
+    (void)state;
+    const int widths[1] = {32};
+    kv_pool_config kc = {1, widths, widths, 2, Q8_0, 4, 4};
+    ember_error err;
+    assert_null(kv_pool_create(&kc, &err));
+    assert_non_null(strstr(err.msg, "heads of 4 values; q8_0 needs heads of a multiple of 8"));
+    const int heads[2] = {8, 0};
+    for (int i = 0; i < 2; i++) {
+        kc.k_head = kc.v_head = heads[i];
+        kv_pool *p = kv_pool_create(&kc, &err);
+        assert_non_null(p);
+        assert_int_equal(kv_pool_row_bytes(p, 0, 0), 52); /* K: one q12h block, padded */
+        assert_int_equal(kv_pool_row_bytes(p, 0, 1), 36); /* V: one Q8_0 block, padded */
+        kv_pool_free(p);
+    }
+}
+
 /* ---- restart across formats ---- */
 
 /* Runs open_engine with stderr captured at INFO level; *log gets the text. */
@@ -520,6 +542,7 @@ int main(void) {
         cmocka_unit_test(test_ckpt_tier_formats),
         cmocka_unit_test(test_format_changes_logits_a_little),
         cmocka_unit_test(test_q8_0_close_to_f32_on_text),
+        cmocka_unit_test(test_q8_0_head_sizes),
         cmocka_unit_test(test_restart_across_formats),
         cmocka_unit_test(test_setting),
         cmocka_unit_test(test_bitrate_b_scenario),
