@@ -18,6 +18,7 @@
 #include "tensor/kv_rows.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "tensor/quant.h"
@@ -152,10 +153,12 @@ void kv_row_decode(kv_row_type type, const void *row, int offset, int n, float *
     case KV_ROW_Q12H:
         for (int i = 0; i < n; i++) {
             int e = offset + i, j = e % KV_ROW_Q12H_BLOCK;
-            kv_block_q12h blk;
-            memcpy(&blk, p + (size_t)(e / KV_ROW_Q12H_BLOCK) * sizeof(kv_block_q12h), sizeof blk);
-            int q = 16 * blk.hi[j] + ((blk.lo[j % 16] >> (4 * (j / 16))) & 15);
-            dst[i] = quant_f16_to_f32(blk.d) * (float)q;
+            const uint8_t *b = p + (size_t)(e / KV_ROW_Q12H_BLOCK) * sizeof(kv_block_q12h);
+            uint16_t d;
+            memcpy(&d, b + offsetof(kv_block_q12h, d), 2);
+            int hi = (int8_t)b[offsetof(kv_block_q12h, hi) + j];
+            int lo = (b[offsetof(kv_block_q12h, lo) + j % 16] >> (4 * (j / 16))) & 15;
+            dst[i] = quant_f16_to_f32(d) * (float)(16 * hi + lo);
         }
         return;
     }

@@ -61,6 +61,9 @@ typedef struct {
     int8_t hi[32];
     uint8_t lo[16];
 } kv_block_q12h;
+/* The SIMD decoders read hi at byte 2 and lo at byte 34 of a block. */
+_Static_assert(sizeof(kv_block_q12h) == 50 && offsetof(kv_block_q12h, hi) == 2 && offsetof(kv_block_q12h, lo) == 34,
+               "q12h block layout");
 
 /* ---- Sizes ---- */
 bool kv_row_supported(kv_row_type type, int width);
