@@ -160,7 +160,7 @@ static inline __attribute__((always_inline)) __m512 load16(const kv_row_type typ
  * loads inlined). The operation order is dot_avx512's per key, then the
  * same softmax, then fma(p_j, v_j, acc) key by key per 16 lanes. */
 static inline __attribute__((always_inline)) void head_typed(const attention_head_args *a, const kv_row_type k_type,
-                                                             const kv_row_type type) {
+                                                             const kv_row_type v_type) {
     int64_t n = a->n_keys - a->first;
     float *s = a->scores;
     for (int64_t j = a->first; j < a->n_keys; j++) {
@@ -203,7 +203,7 @@ static inline __attribute__((always_inline)) void head_typed(const attention_hea
             __m512 p = _mm512_set1_ps(s[jj - a->first] * inv);
 #pragma GCC unroll 8
             for (int r = 0; r < 8; r++)
-                acc[r] = _mm512_fmadd_ps(p, load16(type, row, a->v_offset + d0 + 16 * r, 16), acc[r]);
+                acc[r] = _mm512_fmadd_ps(p, load16(v_type, row, a->v_offset + d0 + 16 * r, 16), acc[r]);
         }
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) _mm512_storeu_ps(a->out + d0 + 16 * r, acc[r]);
@@ -219,7 +219,7 @@ static inline __attribute__((always_inline)) void head_typed(const attention_hea
             const uint8_t *row = attention_row(a->v_blocks, a->v_stride, jj);
             __m512 p = _mm512_set1_ps(s[jj - a->first] * inv);
             for (int r = 0; r < nreg; r++)
-                acc[r] = _mm512_fmadd_ps(p, load16(type, row, a->v_offset + d0 + 16 * r, r == nreg - 1 ? tail_w : 16),
+                acc[r] = _mm512_fmadd_ps(p, load16(v_type, row, a->v_offset + d0 + 16 * r, r == nreg - 1 ? tail_w : 16),
                                          acc[r]);
         }
         for (int r = 0; r < nreg; r++) {
@@ -375,9 +375,9 @@ static void heads_multi(const attention_head_args *a, int n) {
     /* Scores, 16 keys at a time per query: 16 fma chains, then the 16
      * horizontal sums at once by a tree with _mm512_reduce_add_ps's order. */
     int64_t j = first;
-    const kv_row_type k_type = a[0].k_type, type = a[0].v_type;
-    const size_t k_head = value_byte(k_type, a[0].k_offset), v_head = value_byte(type, a[0].v_offset);
-    const int k_head_bytes = (int)value_byte(k_type, 128), head_bytes = (int)value_byte(type, 128);
+    const kv_row_type k_type = a[0].k_type, v_type = a[0].v_type;
+    const size_t k_head = value_byte(k_type, a[0].k_offset), v_head = value_byte(v_type, a[0].v_offset);
+    const int k_head_bytes = (int)value_byte(k_type, 128), v_head_bytes = (int)value_byte(v_type, 128);
     float kt[16][128] __attribute__((aligned(64)));
     for (; j + 16 <= lo; j += 16) {
         for (int k = 0; k < 16; k++) {
@@ -434,14 +434,14 @@ static void heads_multi(const attention_head_args *a, int n) {
                 const char *nx = (const char *)attention_row(a[0].v_blocks, a[0].v_stride, jj + VCHUNK) + v_head;
 #pragma GCC unroll 8
                 for (int c = 0; c < 8; c++)
-                    if (64 * c < head_bytes) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
+                    if (64 * c < v_head_bytes) _mm_prefetch(nx + 64 * c, _MM_HINT_T0);
             }
-            if (type == KV_ROW_F32) {
+            if (v_type == KV_ROW_F32) {
                 const float *src = (const float *)attention_row(a[0].v_blocks, a[0].v_stride, jj) + a[0].v_offset;
 #pragma GCC unroll 8
                 for (int c = 0; c < 8; c++) _mm512_store_ps(vt[jj - j0] + 16 * c, _mm512_loadu_ps(src + 16 * c));
             } else {
-                decode_avx512(type, attention_row(a[0].v_blocks, a[0].v_stride, jj), a[0].v_offset, 128, vt[jj - j0]);
+                decode_avx512(v_type, attention_row(a[0].v_blocks, a[0].v_stride, jj), a[0].v_offset, 128, vt[jj - j0]);
             }
         }
         for (int s0 = 0; s0 < n; s0 += MQ) {
