@@ -15,6 +15,9 @@
  *  - the MTP drafter (engine_spec.h), fed the trunk's hidden rows through
  *    spec_observe in uneven chunks, drafts at every prefix length the
  *    token llama.cpp's MTP logits rank first;
+ *  - while the cost governor holds speculation paused the head only keeps
+ *    the hidden rows; its batched catch-up afterwards gives the eager
+ *    head's rows and drafts bit for bit (with and without a gap);
  *  - `ember logits --mtp` writes the same bits as the in-process head fed
  *    ember's own hidden rows;
  *  - `ember mkmodel --arch qwen35 --mtp` writes a file whose head loads and
@@ -240,6 +243,63 @@ static void test_mtp_drafter_matches_head(void **unused) {
     fixture_close(&f);
 }
 
+/* A paused cost governor (engine_spec.c) leaves the head idle: it keeps
+ * the hidden rows it is handed and computes its rows in one batch when it
+ * drafts (or exports) again. Those rows are the eager head's, bit for bit:
+ * the exported K/V and hidden rows are equal, and so are the drafts, also
+ * after a gap (a cached prefix the head never saw, zero rows). */
+static void test_mtp_lazy_catch_up(void **unused) {
+    (void)unused;
+    mtp_fixture f;
+    if (!fixture_open(&f)) return;
+    int n = f.n_prompt, D = f.D;
+    float *hidden = malloc((size_t)n * D * sizeof(float));
+    trunk_hidden(&f, hidden);
+    ember_error err;
+    spec_config cfg = {.kind = SPEC_MTP, .k = 4, .adaptive = true};
+    for (int64_t gap = 0; gap <= 5; gap += 5) {
+        spec_drafter *d[2];
+        spec_seq *s[2];
+        uint32_t *rows[2];
+        int32_t drafts[2][4];
+        int got[2];
+        for (int lazy = 0; lazy < 2; lazy++) {
+            d[lazy] = spec_drafter_create(f.m, &cfg, 16, 2, 32, &err);
+            if (d[lazy] == NULL) fail_msg("%s", err.msg);
+            s[lazy] = spec_seq_create(d[lazy], 0, &err);
+            assert_non_null(s[lazy]);
+            if (lazy) spec_drafter_hold_paused(d[lazy], true);
+            for (int64_t at = gap, chunk = 1; at < n - 1; at += chunk, chunk++) {
+                if (at + chunk > n - 1) chunk = n - 1 - at;
+                spec_observe(d[lazy], s[lazy], f.prompt, at, chunk, hidden + (size_t)at * D);
+            }
+            if (lazy) spec_drafter_hold_paused(d[lazy], false);
+            got[lazy] = spec_draft(d[lazy], s[lazy], f.prompt, n, 4, drafts[lazy]);
+            rows[lazy] = spec_export(d[lazy], s[lazy], n - 1);
+        }
+        assert_int_equal(got[0], got[1]);
+        assert_true(got[0] > 0);
+        assert_memory_equal(drafts[0], drafts[1], (size_t)got[0] * sizeof(int32_t));
+        if (gap == 0) { /* a head that saw every row exports them; the lazy one the same bits */
+            assert_non_null(rows[0]);
+            assert_non_null(rows[1]);
+            assert_memory_equal(rows[0], rows[1], (size_t)(n - 1) * spec_state_words(d[0]) * sizeof(uint32_t));
+        } else { /* zero rows in the gap: not faithful, nothing to export, either way */
+            assert_null(rows[0]);
+            assert_null(rows[1]);
+        }
+        for (int lazy = 0; lazy < 2; lazy++) {
+            free(rows[lazy]);
+            spec_seq_free(d[lazy], s[lazy]);
+            spec_drafter_free(d[lazy]);
+        }
+        print_message("MTP head, lazy catch-up after a pause (gap %lld): %d drafts equal to the eager head's\n",
+                      (long long)gap, got[0]);
+    }
+    free(hidden);
+    fixture_close(&f);
+}
+
 static void test_logits_cli_mtp(void **unused) {
     (void)unused;
     if (ember_binary() == NULL) {
@@ -354,6 +414,7 @@ int main(void) {
         cmocka_unit_test(test_mtp_reference),
         cmocka_unit_test(test_mtp_batch_invariance),
         cmocka_unit_test(test_mtp_drafter_matches_head),
+        cmocka_unit_test(test_mtp_lazy_catch_up),
         cmocka_unit_test(test_logits_cli_mtp),
         cmocka_unit_test(test_mkmodel_mtp),
         cmocka_unit_test(test_no_mtp),

@@ -17,6 +17,11 @@
  * cache on: the speculating engine's second run starts from its cache),
  * and the draft accounting must add up (self-drafts are all accepted).
  *
+ * A recurrent draft model whose rollbacks find no snapshot (refused) takes
+ * the fallback, reset and replay, to the same bits. The cost governor of
+ * adaptive k pauses a draft model that cannot pay within the first
+ * request, and a paused drafter does no work at all.
+ *
  * Through the API: `ember serve` with --spec lookup, with --draft and with
  * --spec mtp (the MTP fixture) answers
  * a batch of concurrent completions (greedy and seeded sampling, with
@@ -205,6 +210,133 @@ static void test_draft_model(void **unused) {
     engine_result_free(&want[1]);
     model_free(m);
     model_free(d);
+}
+
+/* The fallback of a recurrent draft model's rollback: with no snapshot to
+ * return to (refused here; in normal runs a snapshot is taken every round)
+ * the draft model resets its state and forwards the kept tokens again.
+ * mamba2 and qwen35 targets, each drafted by the other random fixture of
+ * its architecture (rejections every round): output equal to plain, bit
+ * for bit, greedy and sampled, and the same drafts as with snapshots (the
+ * digest: the replayed state holds the same bits). */
+static void test_recurrent_draft_fallback(void **unused) {
+    (void)unused;
+    const char *pairs[2][2] = {{"mamba2-f32", "mamba2-normjit-f32"}, {"qwen35-f32", "qwen35-normjit-f32"}};
+    for (int i = 0; i < 2; i++) {
+        char trel[128], drel[128], tpath[1024], dpath[1024];
+        snprintf(trel, sizeof trel, "reference/%s.gguf", pairs[i][0]);
+        snprintf(drel, sizeof drel, "reference/%s.gguf", pairs[i][1]);
+        const char *tp = fixture_path(trel), *dp = tp ? fixture_path(drel) : NULL;
+        prompt_ids p;
+        if (tp == NULL || dp == NULL || !load_prompt(pairs[i][0], &p)) continue;
+        snprintf(tpath, sizeof tpath, "%s", tp);
+        snprintf(dpath, sizeof dpath, "%s", dp);
+        model *m = test_load_model(tpath), *d = test_load_model(dpath);
+        assert_true(model_has_state(d));
+        engine_result want[2];
+        plain_results(m, &p, want);
+        spec_stats with_snap = {0}, without = {0};
+        for (int refuse = 0; refuse < 2; refuse++) {
+            engine *e = open_spec(m, SPEC_DRAFT, 4, d);
+            spec_drafter_refuse_snapshots(engine_drafter(e), refuse == 1);
+            for (int t = 0; t < 2; t++) {
+                engine_result r;
+                generate(e, &p, GEN, t ? 0.9f : 0.0f, &r);
+                char what[160];
+                snprintf(what, sizeof what, "%s drafted by %s, %s, temperature %.1f", pairs[i][0], pairs[i][1],
+                         refuse ? "no snapshots (reset and replay)" : "snapshots", t ? 0.9 : 0.0);
+                assert_warm_equals_cold(&want[t], &r, what);
+                if (t == 0) *(refuse ? &without : &with_snap) = r.spec;
+                engine_result_free(&r);
+            }
+            engine_free(e);
+        }
+        print_message("%s drafted by %s: %lld of %lld drafts accepted; %lld rollbacks replayed without a snapshot\n",
+                      pairs[i][0], pairs[i][1], (long long)without.accepted, (long long)without.drafted,
+                      (long long)without.replays);
+        assert_true(without.drafted > without.accepted); /* rejections: rollbacks ran */
+        assert_true(without.replays > 0);                /* ... down the fallback */
+        assert_int_equal(with_snap.replays, 0);
+        assert_true(with_snap.digest == without.digest);  /* the same drafts at the same places */
+        assert_int_equal(with_snap.drafted, without.drafted);
+        engine_result_free(&want[0]);
+        engine_result_free(&want[1]);
+        model_free(m);
+        model_free(d);
+    }
+}
+
+/* The cost governor (adaptive k) on a draft model that can never pay: an
+ * `ember mkmodel` llama of the `small` preset (about 13x the target's work
+ * per row) with stories260K's vocabulary drafts for stories260K. The first
+ * request's measurement (a few speculative rounds, each beside a plain
+ * one) pauses speculation; the paused state then costs nothing: the next
+ * requests draft nothing and the draft model forwards no row (no catch-up
+ * while paused: its probe would cost more than the plain time pays for).
+ * The output is plain's, bit for bit, whatever the timing decided. */
+static void test_governor_pauses(void **unused) {
+    (void)unused;
+    const char *tp = fixture_path("models/stories260K.gguf");
+    if (tp == NULL || ember_binary() == NULL) {
+        print_message("skipping: needs stories260K and EMBER_BIN (run under ctest)\n");
+        skip();
+    }
+    char tpath[1024], dpath[1100], cmd[4096];
+    snprintf(tpath, sizeof tpath, "%s", tp);
+    char *dir = make_temp_dir();
+    snprintf(dpath, sizeof dpath, "%s/costly-draft.gguf", dir);
+    snprintf(cmd, sizeof cmd, "'%s' mkmodel --arch llama --preset small --vocab '%s' --seed 5 --out '%s' >/dev/null 2>&1",
+             ember_binary(), tpath, dpath);
+    assert_int_equal(system(cmd), 0);
+    model *m = test_load_model(tpath), *d = test_load_model(dpath);
+    prompt_ids p = {.n = 12};
+    uint64_t rng = 11;
+    test_random_tokens(&rng, p.ids, p.n, model_get_hparams(m)->n_vocab);
+    p.ids[0] = 1; /* BOS */
+    enum { TOKENS = 160 };
+    engine *plain = open_spec(m, SPEC_OFF, 0, NULL);
+    engine_result want;
+    generate(plain, &p, TOKENS, 0.0f, &want);
+    engine_free(plain);
+    engine_config cfg = engine_default_config();
+    cfg.n_threads = 2;
+    cfg.n_ctx = 1024;
+    cfg.spec.kind = SPEC_DRAFT;
+    cfg.spec.k = 4;
+    cfg.spec.adaptive = true;
+    cfg.spec.draft = d;
+    engine *e = test_open_engine(m, &cfg);
+    int64_t drafted = 0, rows_after_first = 0;
+    for (int run = 0; run < 3; run++) {
+        engine_result r;
+        generate(e, &p, TOKENS, 0.0f, &r);
+        char what[64];
+        snprintf(what, sizeof what, "governed costly draft, request %d", run + 1);
+        assert_warm_equals_cold(&want, &r, what);
+        spec_sidecar_stats st = spec_sidecar_get_stats(engine_drafter(e));
+        print_message("request %d: %lld drafted, %lld accepted, %lld pauses; draft model rows so far %lld\n", run + 1,
+                      (long long)r.spec.drafted, (long long)r.spec.accepted, (long long)r.spec.paused,
+                      (long long)st.draft_rows);
+        if (run == 0) {
+            assert_true(r.spec.paused >= 1); /* learnt within the first request */
+            assert_true(r.spec.drafted > 0);
+            rows_after_first = st.draft_rows;
+        } else {
+            assert_int_equal(r.spec.drafted, 0);
+            assert_int_equal(st.draft_rows, rows_after_first); /* paused: not a row of catch-up */
+        }
+        drafted += r.spec.drafted;
+        engine_result_free(&r);
+    }
+    /* One measurement: at most a few rounds of k drafts (k halves on each
+     * rejection), far from the 3 x 159 x 4 a fixed k drafts. */
+    assert_true(drafted <= 4 * cfg.spec.k);
+    engine_free(e);
+    engine_result_free(&want);
+    model_free(m);
+    model_free(d);
+    remove_tree(dir);
+    free(dir);
 }
 
 /* The MTP head of qwen35-mtp-normjit drafts for its own trunk. Its random
@@ -407,6 +539,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_families),
         cmocka_unit_test(test_draft_model),
+        cmocka_unit_test(test_recurrent_draft_fallback),
+        cmocka_unit_test(test_governor_pauses),
         cmocka_unit_test(test_mtp_drafter),
         cmocka_unit_test(test_mtp_sidecar),
         cmocka_unit_test(test_api),

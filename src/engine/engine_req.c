@@ -343,7 +343,7 @@ int64_t engine_req_step_rows(engine_req *q, int64_t allow) {
         if (q->drafter == NULL || allow <= pending) break;
         /* Drafts stay inside the context and the reply's admitted length
          * (so inside the request's reserved blocks). */
-        int64_t k = spec_next_k(q->drafter, q->spec);
+        int64_t k = spec_next_k(q->drafter, q->spec, committed(q));
         if (k > allow - pending) k = allow - pending;
         if (k > q->n_ctx - committed(q)) k = q->n_ctx - committed(q);
         if (k > q->max_tokens - q->n_gen - 1) k = q->max_tokens - q->n_gen - 1;

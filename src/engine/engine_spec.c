@@ -11,6 +11,9 @@
  * A recurrent draft model cannot drop tokens from its state, so each round
  * snapshots the state before it drafts (at n-1) and restores it when the
  * round's drafts were not all kept; then it forwards what was committed.
+ * Without a snapshot at or before what was kept (a drafter told to keep
+ * none, as a test does to prove this path), it resets the state and
+ * forwards the kept tokens again: slower, the same bits.
  *
  * The MTP head drafts from the target's own hidden states: the driver hands
  * it the hidden row of every committed position the target forwards
@@ -33,12 +36,29 @@
  * at high acceptance. So adaptive k also keeps a cost governor, one per
  * drafter (what one request learnt the next keeps): the wall time between
  * two verified rounds of a request, per committed token, averaged over
- * speculative rounds and over plain ones (a plain round is forced every
- * SPEC_REPLAIN speculative rounds to keep that figure fresh; it emits what
- * any round would). When speculative tokens cost more than plain ones,
- * requests decode plainly for SPEC_PAUSE rounds, then speculation is
- * measured again. Output never depends on k, so the governor, timing-dependent as it
- * is, cannot change a token; it only changes the speed and the counters. */
+ * speculative rounds and over plain ones (a plain round is forced after the
+ * first SPEC_SAMPLES speculative ones, then every SPEC_REPLAIN, to keep that
+ * figure fresh; it emits what any round would). When speculative tokens
+ * cost more than plain ones, speculation pauses and requests decode
+ * plainly. Output never depends on k, so the governor, timing-dependent as
+ * it is, cannot change a token; it only changes the speed and the counters.
+ *
+ * What a pause must not cost: while paused nothing drafts, so a draft model
+ * falls behind and does no work at all (the MTP head, which reads hidden
+ * rows only the target's forward produces, keeps them and computes its own
+ * rows only when it drafts again). Measuring speculation again costs
+ * something: a few losing rounds, plus the catch-up of whatever the draft
+ * model missed, which is one batched forward but, on a tiny model, costs
+ * about as much per row as the target's decode step. So a pause is not a
+ * fixed number of rounds: the next measurement starts only once the plain
+ * time decoded since the pause began pays for it SPEC_PROBE_SHARE times
+ * over: the extra the last measurement cost beyond plain decoding, plus
+ * the catch-up this request would need now (rows missed times the measured
+ * seconds per catch-up row). A drafter that can never pay (a draft model as
+ * costly per row as the target) is then measured ever more rarely, mostly
+ * at the start of a request where the catch-up is the prompt; one whose
+ * acceptance merely dipped is measured again soon. Catch-ups are timed
+ * apart from the rounds they fall in (a one-off, not a per-token cost). */
 #include "engine/engine_spec.h"
 
 #include "core/clock.h"
@@ -51,9 +71,38 @@
 
 enum { SPEC_PROBE = 8, SIDECAR_MAX = 64 };
 /* The cost governor: a plain round every SPEC_REPLAIN speculative ones;
- * SPEC_PAUSE plain rounds after speculation measured slower; SPEC_SAMPLES
- * rounds of each kind before judging. */
-enum { SPEC_REPLAIN = 32, SPEC_PAUSE = 128, SPEC_SAMPLES = 3 };
+ * SPEC_SAMPLES speculative rounds before judging; a pause lasts at least
+ * SPEC_PAUSE_MIN plain rounds, and until measuring again costs at most
+ * SPEC_PROBE_SHARE of the plain time since the pause began. */
+enum { SPEC_REPLAIN = 32, SPEC_SAMPLES = 3, SPEC_PAUSE_MIN = 64, SPEC_BACKOFF_MAX = 5 };
+#define SPEC_PROBE_SHARE 0.02
+
+/* The governor judges on the median of each kind's last SPEC_WINDOW
+ * rounds: on a shared machine one round now and then loses its core for a
+ * whole time slice, and a mean would take that for a cost. */
+enum { SPEC_WINDOW = 5 };
+typedef struct cost_window {
+    double v[SPEC_WINDOW];
+    int n, next;
+} cost_window;
+
+static void window_add(cost_window *w, double x) {
+    w->v[w->next] = x;
+    w->next = (w->next + 1) % SPEC_WINDOW;
+    if (w->n < SPEC_WINDOW) w->n++;
+}
+
+static double window_median(const cost_window *w) {
+    double v[SPEC_WINDOW];
+    memcpy(v, w->v, sizeof v);
+    for (int i = 1; i < w->n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return v[w->n / 2];
+}
 
 /* One sidecar entry: the head's (or the draft model's) K/V rows [0, n)
  * (blocks of the drafter's pool, referenced) and the target hidden rows the
@@ -93,14 +142,23 @@ struct spec_drafter {
     apc_side_owner owner;    /* SPEC_DRAFT: the draft model's own namespace and state size */
     int64_t side_disk_writes, side_disk_loads;
     int64_t draft_rows;      /* SPEC_DRAFT: rows the draft model forwarded */
+    bool no_snapshots;       /* tests: a recurrent draft model's rollbacks take the fallback */
     int64_t side_rows;       /* rows a sidecar restore saved it (or the head) */
     /* the cost governor (adaptive only): shared by the requests, which all
      * verify on the same target, so what one learnt the next one keeps;
      * touched only by the driver's thread */
-    double spec_cost, plain_cost; /* moving average of seconds per committed token */
-    int spec_samples, plain_samples;
+    cost_window spec_win, plain_win; /* seconds per committed token of recent rounds, catch-ups excluded */
     int since_plain;         /* speculative rounds since the last plain one */
-    int paused;              /* plain rounds left before speculation is measured again */
+    bool measuring;          /* pairing speculative and plain rounds, windows emptied first */
+    bool paused;             /* requests decode plainly until probe_due() */
+    int paused_rounds;       /* plain rounds since the pause began */
+    double paused_s;         /* and their seconds */
+    int64_t measure_tokens;  /* tokens committed by the measurement's speculative rounds */
+    double probe_s;          /* what the measurement that led to the pause cost beyond plain decoding */
+    int failed;              /* measurements in a row that found speculation slower */
+    int64_t pauses;          /* pauses so far */
+    double catch_s;          /* seconds and rows of the drafter's one-off catch-ups */
+    int64_t catch_rows;
 };
 
 struct spec_seq {
@@ -108,6 +166,10 @@ struct spec_seq {
     int k_now;               /* adaptive k; 0: probing */
     int idle_rounds;         /* rounds without a draft while k_now == 0 */
     double t_last;           /* cost governor: ember_now() at the previous verified round; 0: none yet */
+    double round_catch_s;    /* the draft model's one-off catch-up in this round (seconds, rows) */
+    int64_t round_catch_rows;
+    bool catch_one_off;      /* the next catch-up is a one-off: the prompt, or what a pause skipped */
+    int64_t pause_seen;      /* the drafter's pauses when this request last speculated */
     /* SPEC_DRAFT */
     kv_seq seq;              /* K/V of seen[0, seq.n_tokens) */
     model_state *state;      /* recurrent draft models; at seq.n_tokens */
@@ -118,6 +180,8 @@ struct spec_seq {
     float *logits;           /* (n_vocab) */
     /* SPEC_MTP */
     int64_t mtp_done;        /* head rows [0, mtp_done) hold committed positions */
+    int64_t obs_done;        /* positions observed while paused: hidden rows in hist, tokens in seen,
+                              * head rows still to compute (mtp_flush); <= mtp_done: none */
     float *h_last;           /* (n_embd) target hidden row of mtp_done - 1 (zeros at 0) */
     float *h_prev;           /* (max_batch, n_embd) the head's hidden inputs of a chunk */
     float *y;                /* (n_embd) the head's own output (fed back while drafting) */
@@ -851,14 +915,26 @@ static int draft_catch_up(spec_drafter *d, spec_seq *s, const int32_t *all, int6
             ember_error err;
             if (model_state_restore(s->state, s->snap, model_state_bytes(d->cfg.draft), &err) < 0) return -1;
             kv_seq_truncate(d->pool, &s->seq, s->snap_pos);
-        } else {
+        } else { /* no snapshot at or before keep: start over, forward the kept tokens again */
             model_state_reset(s->state);
             kv_seq_release(d->pool, &s->seq);
+            s->stats.replays++;
         }
     }
     int64_t from = s->seq.n_tokens;
-    if (from < want && draft_forward(d, s, all + from, want - from) < 0) return -1;
-    if (s->state) {
+    if (from < want) {
+        double t0 = ember_now();
+        if (draft_forward(d, s, all + from, want - from) < 0) return -1;
+        /* The prompt, or what a pause skipped: a one-off the governor times
+         * apart. Any other catch-up (the rounds a request spent at k = 0)
+         * is part of what speculating costs. */
+        if (s->catch_one_off || from == 0) {
+            s->round_catch_s += ember_now() - t0;
+            s->round_catch_rows += want - from;
+        }
+    }
+    s->catch_one_off = false;
+    if (s->state && !d->no_snapshots) {
         model_state_snapshot(s->state, s->snap);
         s->snap_pos = s->seq.n_tokens;
     }
@@ -891,7 +967,8 @@ static int model_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t
  * target hidden row of p-1 (h_last for the first, then hidden's rows, or
  * zeros when hidden is NULL). Leaves h_last at the last input row's
  * successor: hidden's last row (or zeros). */
-static int mtp_rows(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0, int64_t n, const float *hidden) {
+static int mtp_rows(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0, int64_t n, const float *hidden,
+                    bool from_hist) {
     const size_t D = (size_t)d->n_embd;
     ember_error err;
     for (int64_t done = 0; done < n;) {
@@ -906,7 +983,7 @@ static int mtp_rows(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0
             return -1;
         done += len;
     }
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < n && !from_hist; i++) /* from_hist: hidden is hist's own rows */
         if (hist_put(d, s, p0 + i, hidden ? hidden + (size_t)i * D : NULL) < 0) return -1;
     if (hidden) memcpy(s->h_last, hidden + (size_t)(n - 1) * D, D * sizeof(float));
     else {
@@ -914,6 +991,49 @@ static int mtp_rows(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0
         s->faithful = false; /* rows read zeros where the target's hidden rows were */
     }
     s->mtp_done = p0 + n;
+    return 0;
+}
+
+/* The head starts over at the next observation (its pool had no room). */
+static void mtp_start_over(spec_drafter *d, spec_seq *s) {
+    kv_seq_release(d->pool, &s->seq);
+    memset(s->h_last, 0, (size_t)d->n_embd * sizeof(float));
+    s->mtp_done = 0;
+    s->obs_done = 0;
+    s->faithful = false;
+}
+
+/* Under the lock: the head's rows of the positions observed while
+ * speculation was paused, in one batched pass over the kept hidden rows
+ * (the same bits the eager pass computes: row p reads token p and the
+ * hidden row of p-1, zeros where the target's row was never seen). */
+static int mtp_flush(spec_drafter *d, spec_seq *s) {
+    if (s->obs_done <= s->mtp_done) return 0;
+    const int64_t p0 = s->mtp_done, n = s->obs_done - p0;
+    kv_seq_truncate(d->pool, &s->seq, p0); /* the last draft's speculative rows */
+    for (;;) {
+        if (mtp_rows(d, s, s->seen, p0, n, s->hist + (size_t)p0 * (size_t)d->n_embd, true) == 0) return 0;
+        kv_seq_truncate(d->pool, &s->seq, p0);
+        if (d->n_side == 0) break;
+        side_evict_lru(d); /* sidecar entries give their blocks back first */
+    }
+    mtp_start_over(d, s);
+    return -1;
+}
+
+/* Under the lock, while the governor holds speculation paused: keeps the
+ * hidden rows and tokens of all[p0, p0+n) (a gap before p0, never
+ * forwarded here, as zero rows) for a later mtp_flush instead of running
+ * the head now. Returns -1 when out of memory (then the caller runs it). */
+static int mtp_keep(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0, int64_t n, const float *hidden) {
+    const size_t D = (size_t)d->n_embd;
+    int64_t from = s->obs_done > s->mtp_done ? s->obs_done : s->mtp_done;
+    for (int64_t p = from; p < p0 + n; p++) {
+        const float *row = p < p0 ? NULL : hidden + (size_t)(p - p0) * D;
+        if (remember(s, p, all[p]) < 0 || hist_put(d, s, p, row) < 0) return -1;
+        if (row == NULL) s->faithful = false; /* as the eager pass: zeros where the target's rows were */
+        s->obs_done = p + 1;
+    }
     return 0;
 }
 
@@ -925,6 +1045,7 @@ uint32_t *spec_export(spec_drafter *d, spec_seq *s, int64_t n) {
     if (d->cfg.kind != SPEC_MTP || n < 1) return NULL;
     pthread_mutex_lock(&d->lock);
     uint32_t *rows = NULL;
+    mtp_flush(d, s);
     if (s->faithful && s->mtp_done >= n && s->hist_cap >= n && s->seq.n_tokens >= n &&
         (rows = malloc((size_t)n * d->side_words * sizeof(uint32_t))) != NULL) {
         sidecar_entry view; /* s's rows seen as an entry */
@@ -989,36 +1110,44 @@ void spec_import(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, co
 void spec_observe(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t p0, int64_t n, const float *hidden) {
     if (d->cfg.kind != SPEC_MTP || n <= 0) return;
     pthread_mutex_lock(&d->lock);
-    if (p0 < s->mtp_done) { /* not expected: start over from p0's gap */
+    if (p0 < s->mtp_done || p0 < s->obs_done) { /* not expected: start over from p0's gap */
         kv_seq_release(d->pool, &s->seq);
         memset(s->h_last, 0, (size_t)d->n_embd * sizeof(float));
         s->mtp_done = 0;
+        s->obs_done = 0;
     }
     kv_seq_truncate(d->pool, &s->seq, s->mtp_done); /* the last draft's speculative rows */
     /* First sight of a request whose target prefix came from the cache:
      * the sidecar may hold the head for exactly that prefix. */
     if (!s->looked && s->mtp_done == 0 && p0 > 0 && d->cfg.sidecar_entries > 0) side_restore(d, s, all, p0);
     s->looked = true;
-    int rc;
-    for (;;) {
-        rc = 0;
-        if (s->mtp_done < p0) rc = mtp_rows(d, s, all, s->mtp_done, p0 - s->mtp_done, NULL);
-        if (rc == 0) rc = mtp_rows(d, s, all, p0, n, hidden);
+    /* Paused: nothing drafts, so the head need not run yet (top comment). */
+    if (d->cfg.adaptive && d->paused && mtp_keep(d, s, all, p0, n, hidden) == 0) {
+        pthread_mutex_unlock(&d->lock);
+        return;
+    }
+    int rc = mtp_flush(d, s);
+    for (; rc == 0;) {
+        if (s->mtp_done < p0) rc = mtp_rows(d, s, all, s->mtp_done, p0 - s->mtp_done, NULL, false);
+        if (rc == 0) rc = mtp_rows(d, s, all, p0, n, hidden, false);
         if (rc == 0 || d->n_side == 0) break;
         /* the head's pool is full: sidecar entries give their blocks back first */
         kv_seq_truncate(d->pool, &s->seq, s->mtp_done);
         side_evict_lru(d);
+        rc = 0;
     }
-    if (rc < 0) { /* pool full: the head starts over at the next observation */
-        kv_seq_release(d->pool, &s->seq);
-        memset(s->h_last, 0, (size_t)d->n_embd * sizeof(float));
-        s->mtp_done = 0;
-        s->faithful = false;
-    }
+    if (rc < 0) mtp_start_over(d, s); /* pool full: the head starts over at the next observation */
     pthread_mutex_unlock(&d->lock);
 }
 
 static int mtp_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int k, int32_t *out) {
+    int64_t behind = s->obs_done - s->mtp_done;
+    double t0 = ember_now();
+    if (mtp_flush(d, s) < 0) return 0;
+    if (behind > 0) { /* what a pause skipped: a one-off the governor times apart */
+        s->round_catch_s += ember_now() - t0;
+        s->round_catch_rows += behind;
+    }
     if (s->mtp_done != n - 1) return 0; /* the head has not seen the target's row of n-2 */
     ember_error err;
     kv_seq_truncate(d->pool, &s->seq, s->mtp_done);
@@ -1066,24 +1195,43 @@ int spec_draft(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, int 
 /* Folds one round's wall time into the governor and decides whether the
  * next rounds speculate (see the top comment). */
 static void govern(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
-    double now = ember_now(), t_prev = s->t_last;
-    s->t_last = now;
-    if (t_prev <= 0) return;
-    double per_token = (now - t_prev) / (double)(accepted + 1);
-    double *avg = drafted > 0 ? &d->spec_cost : &d->plain_cost;
-    int *n = drafted > 0 ? &d->spec_samples : &d->plain_samples;
-    *avg = *n == 0 ? per_token : 0.75 * *avg + 0.25 * per_token;
-    (*n)++;
-    if (drafted > 0) {
-        d->since_plain++;
-    } else {
-        d->since_plain = 0;
-        if (d->paused > 0 && --d->paused == 0) d->spec_samples = 0; /* measure speculation afresh */
+    double now = ember_now(), t_prev = s->t_last, catch_s = s->round_catch_s;
+    if (s->round_catch_rows > 0) {
+        d->catch_s += catch_s;
+        d->catch_rows += s->round_catch_rows;
     }
-    if (d->paused == 0 && d->spec_samples >= SPEC_SAMPLES && d->plain_samples >= 1 &&
-        d->spec_cost > d->plain_cost * 1.02) {
-        d->paused = SPEC_PAUSE;
+    s->t_last = now;
+    s->round_catch_s = 0;
+    s->round_catch_rows = 0;
+    if (t_prev <= 0) return;
+    double round_s = now - t_prev - catch_s;
+    if (round_s < 0) round_s = 0;
+    const int tokens = accepted + 1;
+    if (drafted == 0) {
+        window_add(&d->plain_win, round_s / tokens);
+        d->since_plain = 0;
+        if (d->paused) {
+            d->paused_rounds++;
+            d->paused_s += round_s;
+        }
+    } else {
+        window_add(&d->spec_win, round_s / tokens);
+        d->since_plain++;
+        if (d->measuring) d->measure_tokens += tokens;
+    }
+    if (!d->measuring || d->spec_win.n < SPEC_SAMPLES || d->plain_win.n < SPEC_SAMPLES) return;
+    d->measuring = false;
+    double spec_cost = window_median(&d->spec_win), plain_cost = window_median(&d->plain_win);
+    if (spec_cost > plain_cost * 1.02) {
+        d->paused = true;
+        d->paused_rounds = 0;
+        d->paused_s = 0;
+        d->probe_s = (spec_cost - plain_cost) * (double)d->measure_tokens;
+        if (d->failed < SPEC_BACKOFF_MAX) d->failed++;
+        d->pauses++;
         s->stats.paused++;
+    } else {
+        d->failed = 0;
     }
 }
 
@@ -1107,13 +1255,57 @@ void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
     }
 }
 
-int spec_next_k(const spec_drafter *d, const spec_seq *s) {
+/* Whether a paused governor measures speculation again now, in a request
+ * whose committed tokens are all[0, n): once the plain time since the pause
+ * began pays SPEC_PROBE_SHARE of the last measurement's extra plus the
+ * catch-up this request's draft model would need. */
+static bool probe_due(const spec_drafter *d, const spec_seq *s, int64_t n) {
+    if (d->paused_rounds < SPEC_PAUSE_MIN) return false;
+    double catch_up = 0;
+    int64_t behind = d->cfg.kind == SPEC_DRAFT ? n - 1 - s->seq.n_tokens
+                     : d->cfg.kind == SPEC_MTP   ? s->obs_done - s->mtp_done
+                                                 : 0;
+    if (behind > 0 && d->catch_rows > 0) catch_up = (double)behind * (d->catch_s / (double)d->catch_rows);
+    return d->paused_s * SPEC_PROBE_SHARE >= (d->probe_s + catch_up) * (double)(1 << (d->failed - 1));
+}
+
+/* A measurement: the windows emptied, then speculative rounds each
+ * followed by a plain one, until each kind has SPEC_SAMPLES; a pair
+ * decodes at about the same position, so the longer attention of a later
+ * position does not pass for a cost of speculating. */
+static void measure_afresh(spec_drafter *d) {
+    memset(&d->spec_win, 0, sizeof d->spec_win);
+    memset(&d->plain_win, 0, sizeof d->plain_win);
+    d->measure_tokens = 0;
+    d->since_plain = 0;
+    d->measuring = true;
+}
+
+int spec_next_k(spec_drafter *d, spec_seq *s, int64_t n) {
     if (!d->cfg.adaptive) return d->cfg.k;
-    if (d->paused > 0) return 0;
-    /* a plain round to time against: first after a few speculative ones, then every SPEC_REPLAIN */
-    if (d->plain_samples == 0 ? d->spec_samples >= SPEC_SAMPLES : d->since_plain >= SPEC_REPLAIN) return 0;
+    if (s->pause_seen != d->pauses) { /* the draft model's next catch-up covers the pause */
+        s->pause_seen = d->pauses;
+        s->catch_one_off = true;
+    }
+    if (d->paused) {
+        if (!probe_due(d, s, n)) return 0;
+        d->paused = false;
+        measure_afresh(d);
+    } else if (!d->measuring && (d->spec_win.n == 0 || d->since_plain >= SPEC_REPLAIN)) {
+        measure_afresh(d); /* the first, then one every SPEC_REPLAIN speculative rounds */
+    }
+    if (d->measuring && d->since_plain > 0) return 0; /* the plain half of a pair */
     if (s->k_now > 0) return s->k_now;
     return s->idle_rounds >= SPEC_PROBE ? 1 : 0;
 }
 
 spec_stats spec_seq_stats(const spec_seq *s) { return s->stats; }
+
+void spec_drafter_refuse_snapshots(spec_drafter *d, bool refuse) { d->no_snapshots = refuse; }
+
+void spec_drafter_hold_paused(spec_drafter *d, bool paused) {
+    d->paused = paused;
+    d->paused_rounds = 0;
+    d->paused_s = 0;
+    d->probe_s = 0;
+}

@@ -96,6 +96,8 @@ typedef struct spec_stats {
     int64_t drafted;         /* tokens proposed */
     int64_t accepted;        /* of those, equal to what the target emitted */
     int64_t paused;          /* adaptive: times the cost governor paused speculation */
+    int64_t replays;         /* recurrent draft model: rollbacks with no snapshot to return to, which
+                              * reset its state and forwarded the kept tokens again */
     uint64_t digest;         /* FNV-1a over every (position, draft) proposed: two runs
                               * drafted the same tokens at the same places iff equal */
 } spec_stats;
@@ -165,8 +167,23 @@ typedef struct spec_sidecar_stats {
     size_t bytes;
 } spec_sidecar_stats;
 spec_sidecar_stats spec_sidecar_get_stats(spec_drafter *d);
-/* The k the next round should ask for (adaptive, or the configured k). */
-int spec_next_k(const spec_drafter *d, const spec_seq *s);
+/* The k the next round of a request whose committed tokens are all[0, n)
+ * should ask for (adaptive, or the configured k). Adaptive: 0 while the
+ * cost governor holds speculation paused; the call that ends a pause
+ * starts measuring it again. Driver thread only (like spec_verified). */
+int spec_next_k(spec_drafter *d, spec_seq *s, int64_t n);
 spec_stats spec_seq_stats(const spec_seq *s);
+
+/* ---- Testing ---- */
+/* A recurrent draft model keeps no snapshot of its state, so each rollback
+ * takes the fallback: reset, forward the kept tokens again (slower; the
+ * same state bits, so the same drafts). Tests prove that path exact. */
+void spec_drafter_refuse_snapshots(spec_drafter *d, bool refuse);
+/* Puts an adaptive drafter's cost governor into (or out of) its paused
+ * state, as a measurement that found speculation slower does: nothing
+ * drafts until the governor measures again, and the MTP head only keeps
+ * the hidden rows it is handed (tests compare that lazy path with the
+ * eager one, bit for bit). */
+void spec_drafter_hold_paused(spec_drafter *d, bool paused);
 
 #endif
