@@ -187,9 +187,15 @@ bench-retire-stall: build
 	  pid=$$!; sleep 3; python3 bench/bench_retire_stall.py 18081 30; rc=$$?; kill $$pid; exit $$rc
 
 # Speculative decoding (issue 11): the cost of verifying k drafts in one
-# forward on the qwen3-0.6b shape (Q8_0), then decode speed and acceptance on
+# forward on the qwen3-0.6b shape (Q8_0), then decode speed plain vs fixed k
+# vs adaptive k (the cost governor), interleaved per prompt over rounds, on
 # stories260K drafted by its own Q8_0 and Q4_0 copies, by itself, by prompt
-# lookup; and the qwen35 MTP head (a random fixture: acceptance near 0).
+# lookup, and at low acceptance by random-weight models with its vocabulary
+# (a llama and a recurrent mamba2, `ember mkmodel --vocab`) and by lookup on
+# text that does not repeat; then the qwen35 MTP head (a random fixture:
+# acceptance near 0). docs/speculative-cache.md keeps the figures.
+SPEC_NOREPEAT = --prompt "Tim found a blue kite under an old bench." --prompt "A small frog jumped over seven wet stones." \
+  --prompt "Grandpa baked bread while snow covered every roof outside."
 bench-spec: build
 	mkdir -p $(BENCH_MODELS)
 	[ -f $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf ] || ./build/ember mkmodel --arch qwen3 --preset qwen3-0.6b --type q8_0 \
@@ -197,9 +203,15 @@ bench-spec: build
 	./build/bench_spec verify $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf --ctx 512
 	for t in q8_0 q4_0; do [ -f $(BENCH_MODELS)/stories260K-$$t.gguf ] || \
 	  ./build/ember quantize models/stories260K.gguf $(BENCH_MODELS)/stories260K-$$t.gguf --type $$t || exit 1; done
+	for a in llama mamba2; do [ -f $(BENCH_MODELS)/random-$$a-stories-vocab.gguf ] || ./build/ember mkmodel --arch $$a \
+	  --vocab models/stories260K.gguf --seed 7 --out $(BENCH_MODELS)/random-$$a-stories-vocab.gguf || exit 1; done
+	cat /proc/loadavg
 	./build/bench_spec decode models/stories260K.gguf --draft $(BENCH_MODELS)/stories260K-q8_0.gguf \
-	  --draft $(BENCH_MODELS)/stories260K-q4_0.gguf --self --lookup --tokens 256 2>/dev/null
-	./build/bench_spec decode ../shared/fixtures/reference/qwen35-mtp-normjit-f32.gguf --mtp --lookup --tokens 128 2>/dev/null
+	  --draft $(BENCH_MODELS)/stories260K-q4_0.gguf --draft $(BENCH_MODELS)/random-llama-stories-vocab.gguf \
+	  --draft $(BENCH_MODELS)/random-mamba2-stories-vocab.gguf --self --lookup --tokens 256 --rounds 7 2>/dev/null
+	./build/bench_spec decode models/stories260K.gguf --lookup $(SPEC_NOREPEAT) --tokens 256 --rounds 7 2>/dev/null
+	./build/bench_spec decode ../shared/fixtures/reference/qwen35-mtp-normjit-f32.gguf --mtp --lookup --tokens 512 \
+	  --rounds 5 2>/dev/null
 
 # Decode against the memory bandwidth (issue 15): a STREAM-like triad and a
 # read pass on this machine, then decode at position 512 on the qwen3-0.6b

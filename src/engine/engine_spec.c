@@ -34,11 +34,13 @@
  * that is as slow as the target (tiny models, where a step is overhead), or
  * a verification that costs more than the accepted tokens save, loses even
  * at high acceptance. So adaptive k also keeps a cost governor, one per
- * drafter (what one request learnt the next keeps): the wall time between
- * two verified rounds of a request, per committed token, averaged over
- * speculative rounds and over plain ones (a plain round is forced after the
- * first SPEC_SAMPLES speculative ones, then every SPEC_REPLAIN, to keep that
- * figure fresh; it emits what any round would). When speculative tokens
+ * drafter (what one request learnt the next keeps). It measures the wall
+ * time between two verified rounds of a request, per committed token, in
+ * pairs: a speculative round, then a plain one (which emits what any round
+ * would), so that both kinds decode at about the same position (attention
+ * grows with it) and in the same weather on a shared machine; after
+ * SPEC_SAMPLES pairs it compares the medians. A measurement is taken at the
+ * start and every SPEC_REPLAIN speculative rounds. When speculative tokens
  * cost more than plain ones, speculation pauses and requests decode
  * plainly. Output never depends on k, so the governor, timing-dependent as
  * it is, cannot change a token; it only changes the speed and the counters.
@@ -146,7 +148,7 @@ struct spec_drafter {
     int64_t side_rows;       /* rows a sidecar restore saved it (or the head) */
     /* the cost governor (adaptive only): shared by the requests, which all
      * verify on the same target, so what one learnt the next one keeps;
-     * touched only by the driver's thread */
+     * under the lock (engine_generate may run requests on several threads) */
     cost_window spec_win, plain_win; /* seconds per committed token of recent rounds, catch-ups excluded */
     int since_plain;         /* speculative rounds since the last plain one */
     bool measuring;          /* pairing speculative and plain rounds, windows emptied first */
@@ -1242,7 +1244,9 @@ void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
         s->stats.accepted += accepted;
     }
     if (!d->cfg.adaptive) return;
+    pthread_mutex_lock(&d->lock);
     govern(d, s, drafted, accepted);
+    pthread_mutex_unlock(&d->lock);
     if (drafted == 0) {
         if (s->k_now == 0) s->idle_rounds++;
         return;
@@ -1281,8 +1285,7 @@ static void measure_afresh(spec_drafter *d) {
     d->measuring = true;
 }
 
-int spec_next_k(spec_drafter *d, spec_seq *s, int64_t n) {
-    if (!d->cfg.adaptive) return d->cfg.k;
+static int next_k(spec_drafter *d, spec_seq *s, int64_t n) {
     if (s->pause_seen != d->pauses) { /* the draft model's next catch-up covers the pause */
         s->pause_seen = d->pauses;
         s->catch_one_off = true;
@@ -1299,13 +1302,23 @@ int spec_next_k(spec_drafter *d, spec_seq *s, int64_t n) {
     return s->idle_rounds >= SPEC_PROBE ? 1 : 0;
 }
 
+int spec_next_k(spec_drafter *d, spec_seq *s, int64_t n) {
+    if (!d->cfg.adaptive) return d->cfg.k;
+    pthread_mutex_lock(&d->lock);
+    int k = next_k(d, s, n);
+    pthread_mutex_unlock(&d->lock);
+    return k;
+}
+
 spec_stats spec_seq_stats(const spec_seq *s) { return s->stats; }
 
 void spec_drafter_refuse_snapshots(spec_drafter *d, bool refuse) { d->no_snapshots = refuse; }
 
 void spec_drafter_hold_paused(spec_drafter *d, bool paused) {
+    pthread_mutex_lock(&d->lock);
     d->paused = paused;
     d->paused_rounds = 0;
     d->paused_s = 0;
     d->probe_s = 0;
+    pthread_mutex_unlock(&d->lock);
 }

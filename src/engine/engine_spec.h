@@ -170,7 +170,7 @@ spec_sidecar_stats spec_sidecar_get_stats(spec_drafter *d);
 /* The k the next round of a request whose committed tokens are all[0, n)
  * should ask for (adaptive, or the configured k). Adaptive: 0 while the
  * cost governor holds speculation paused; the call that ends a pause
- * starts measuring it again. Driver thread only (like spec_verified). */
+ * starts measuring it again. */
 int spec_next_k(spec_drafter *d, spec_seq *s, int64_t n);
 spec_stats spec_seq_stats(const spec_seq *s);
 
