@@ -52,15 +52,19 @@
  * something: a few losing rounds, plus the catch-up of whatever the draft
  * model missed, which is one batched forward but, on a tiny model, costs
  * about as much per row as the target's decode step. So a pause is not a
- * fixed number of rounds: the next measurement starts only once the plain
- * time decoded since the pause began pays for it SPEC_PROBE_SHARE times
- * over: the extra the last measurement cost beyond plain decoding, plus
- * the catch-up this request would need now (rows missed times the measured
- * seconds per catch-up row). A drafter that can never pay (a draft model as
- * costly per row as the target) is then measured ever more rarely, mostly
- * at the start of a request where the catch-up is the prompt; one whose
- * acceptance merely dipped is measured again soon. Catch-ups are timed
- * apart from the rounds they fall in (a one-off, not a per-token cost). */
+ * fixed number of rounds: the next measurement starts only once its
+ * expected cost is at most SPEC_PROBE_SHARE of the plain time decoded
+ * since the pause began. That cost is the extra the last measurement cost
+ * beyond plain decoding plus the catch-up this request would need now (rows
+ * missed times the measured seconds per catch-up row), doubled for each
+ * measurement in a row that failed (up to 2^(SPEC_BACKOFF_MAX-1)). So
+ * probing never costs more than that share of decoding; a drafter that can
+ * never pay (a draft model as costly per row as the target) is measured
+ * ever more rarely, mostly at the start of a request where the catch-up is
+ * only the prompt; one whose acceptance merely dipped is measured again
+ * soon. A catch-up of the prompt or of what a pause skipped is timed apart
+ * from the round it falls in (a one-off, not a per-token cost); one after
+ * rounds a request spent at k = 0 is not (that is what speculating cost). */
 #include "engine/engine_spec.h"
 
 #include "core/clock.h"
@@ -77,7 +81,11 @@ enum { SPEC_PROBE = 8, SIDECAR_MAX = 64 };
  * SPEC_PAUSE_MIN plain rounds, and until measuring again costs at most
  * SPEC_PROBE_SHARE of the plain time since the pause began. */
 enum { SPEC_REPLAIN = 32, SPEC_SAMPLES = 3, SPEC_PAUSE_MIN = 64, SPEC_BACKOFF_MAX = 5 };
-#define SPEC_PROBE_SHARE 0.02
+#define SPEC_PROBE_SHARE 0.01
+/* Speculation goes on only while its tokens cost under this fraction of a
+ * plain one: at par it gains nothing, and a measurement's noise would
+ * otherwise keep a losing drafter going for SPEC_REPLAIN rounds. */
+#define SPEC_KEEP_BELOW 0.97
 
 /* The governor judges on the median of each kind's last SPEC_WINDOW
  * rounds: on a shared machine one round now and then loses its core for a
@@ -156,6 +164,7 @@ struct spec_drafter {
     int paused_rounds;       /* plain rounds since the pause began */
     double paused_s;         /* and their seconds */
     int64_t measure_tokens;  /* tokens committed by the measurement's speculative rounds */
+    double measure_s;        /* and their seconds */
     double probe_s;          /* what the measurement that led to the pause cost beyond plain decoding */
     int failed;              /* measurements in a row that found speculation slower */
     int64_t pauses;          /* pauses so far */
@@ -1219,16 +1228,20 @@ static void govern(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
     } else {
         window_add(&d->spec_win, round_s / tokens);
         d->since_plain++;
-        if (d->measuring) d->measure_tokens += tokens;
+        if (d->measuring) {
+            d->measure_tokens += tokens;
+            d->measure_s += round_s;
+        }
     }
     if (!d->measuring || d->spec_win.n < SPEC_SAMPLES || d->plain_win.n < SPEC_SAMPLES) return;
     d->measuring = false;
     double spec_cost = window_median(&d->spec_win), plain_cost = window_median(&d->plain_win);
-    if (spec_cost > plain_cost * 1.02) {
+    if (spec_cost > plain_cost * SPEC_KEEP_BELOW) {
         d->paused = true;
         d->paused_rounds = 0;
         d->paused_s = 0;
-        d->probe_s = (spec_cost - plain_cost) * (double)d->measure_tokens;
+        d->probe_s = d->measure_s - plain_cost * (double)d->measure_tokens; /* what it cost beyond plain */
+        if (d->probe_s < 0) d->probe_s = 0;
         if (d->failed < SPEC_BACKOFF_MAX) d->failed++;
         d->pauses++;
         s->stats.paused++;
@@ -1269,7 +1282,11 @@ static bool probe_due(const spec_drafter *d, const spec_seq *s, int64_t n) {
     int64_t behind = d->cfg.kind == SPEC_DRAFT ? n - 1 - s->seq.n_tokens
                      : d->cfg.kind == SPEC_MTP   ? s->obs_done - s->mtp_done
                                                  : 0;
-    if (behind > 0 && d->catch_rows > 0) catch_up = (double)behind * (d->catch_s / (double)d->catch_rows);
+    /* Before any catch-up was timed, a row is taken to cost a plain round. */
+    double row_s = d->catch_rows > 0 ? d->catch_s / (double)d->catch_rows
+                   : d->plain_win.n > 0 ? window_median(&d->plain_win)
+                                        : 0;
+    if (behind > 0) catch_up = (double)behind * row_s;
     return d->paused_s * SPEC_PROBE_SHARE >= (d->probe_s + catch_up) * (double)(1 << (d->failed - 1));
 }
 
@@ -1281,6 +1298,7 @@ static void measure_afresh(spec_drafter *d) {
     memset(&d->spec_win, 0, sizeof d->spec_win);
     memset(&d->plain_win, 0, sizeof d->plain_win);
     d->measure_tokens = 0;
+    d->measure_s = 0;
     d->since_plain = 0;
     d->measuring = true;
 }

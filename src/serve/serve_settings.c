@@ -124,7 +124,7 @@ static const serve_setting table[] = {
      "At k = 0 a request probes with one draft every 8 steps, so a drafter that keeps missing costs one extra "
      "row in 8 steps. A cost governor also times speculative steps, each beside a plain one (first, then every 32 "
      "speculative steps), and pauses speculation whenever a speculated token costs more than a plain one; while "
-     "paused nothing drafts (a draft model or MTP head does no work), and it measures again only once 2% of the "
+     "paused nothing drafts (a draft model or MTP head does no work), and it measures again only once 1% of the "
      "plain time since the pause pays for that measurement and the drafter's catch-up (less often each time it "
      "fails). Timing only: it never changes a token.", false, SRV(spec_adaptive)},
     {"spec.sidecar_entries", "EMBER_SPEC_SIDECAR_ENTRIES", "spec-sidecar-entries", SETTING_INT, "12", 0, 64, NULL,
