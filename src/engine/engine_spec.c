@@ -162,7 +162,6 @@ struct spec_drafter {
     bool measuring;          /* pairing speculative and plain rounds, windows emptied first */
     bool paused;             /* requests decode plainly until probe_due() */
     int paused_rounds;       /* plain rounds since the pause began */
-    double paused_s;         /* and their seconds */
     int64_t measure_tokens;  /* tokens committed by the measurement's speculative rounds */
     double measure_s;        /* and their seconds */
     double probe_s;          /* what the measurement that led to the pause cost beyond plain decoding */
@@ -1221,10 +1220,7 @@ static void govern(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
     if (drafted == 0) {
         window_add(&d->plain_win, round_s / tokens);
         d->since_plain = 0;
-        if (d->paused) {
-            d->paused_rounds++;
-            d->paused_s += round_s;
-        }
+        if (d->paused) d->paused_rounds++;
     } else {
         window_add(&d->spec_win, round_s / tokens);
         d->since_plain++;
@@ -1239,7 +1235,6 @@ static void govern(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
     if (spec_cost > plain_cost * SPEC_KEEP_BELOW) {
         d->paused = true;
         d->paused_rounds = 0;
-        d->paused_s = 0;
         d->probe_s = d->measure_s - plain_cost * (double)d->measure_tokens; /* what it cost beyond plain */
         if (d->probe_s < 0) d->probe_s = 0;
         if (d->failed < SPEC_BACKOFF_MAX) d->failed++;
@@ -1287,7 +1282,12 @@ static bool probe_due(const spec_drafter *d, const spec_seq *s, int64_t n) {
                    : d->plain_win.n > 0 ? window_median(&d->plain_win)
                                         : 0;
     if (behind > 0) catch_up = (double)behind * row_s;
-    return d->paused_s * SPEC_PROBE_SHARE >= (d->probe_s + catch_up) * (double)(1 << (d->failed - 1));
+    /* The plain time since the pause, as rounds times a plain round's median:
+     * the rounds' own wall time counts every time slice other processes
+     * took, which would let a busy machine buy probes it does not pay for. */
+    double paused_s = d->plain_win.n > 0 ? d->paused_rounds * window_median(&d->plain_win) : 0;
+    int doublings = d->failed > 1 ? d->failed - 1 : 0;
+    return paused_s * SPEC_PROBE_SHARE >= (d->probe_s + catch_up) * (double)(1 << doublings);
 }
 
 /* A measurement: the windows emptied, then speculative rounds each
@@ -1336,7 +1336,6 @@ void spec_drafter_hold_paused(spec_drafter *d, bool paused) {
     pthread_mutex_lock(&d->lock);
     d->paused = paused;
     d->paused_rounds = 0;
-    d->paused_s = 0;
     d->probe_s = 0;
     pthread_mutex_unlock(&d->lock);
 }
