@@ -162,7 +162,7 @@ struct spec_drafter {
     bool measuring;          /* pairing speculative and plain rounds, windows emptied first */
     bool paused;             /* requests decode plainly until probe_due() */
     int paused_rounds;       /* plain rounds since the pause began */
-    int64_t measure_tokens;  /* tokens committed by the measurement's speculative rounds */
+    int64_t measure_tokens;  /* tokens committed by speculative rounds since the last verdict */
     double measure_s;        /* and their seconds */
     double probe_s;          /* what the measurement that led to the pause cost beyond plain decoding */
     int failed;              /* measurements in a row that found speculation slower */
@@ -1224,13 +1224,18 @@ static void govern(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
     } else {
         window_add(&d->spec_win, round_s / tokens);
         d->since_plain++;
-        if (d->measuring) {
-            d->measure_tokens += tokens;
-            d->measure_s += round_s;
-        }
+        d->measure_tokens += tokens;
+        d->measure_s += round_s;
     }
-    if (!d->measuring || d->spec_win.n < SPEC_SAMPLES || d->plain_win.n < SPEC_SAMPLES) return;
-    d->measuring = false;
+    if (d->measuring) {
+        if (d->spec_win.n < SPEC_SAMPLES || d->plain_win.n < SPEC_SAMPLES) return;
+        d->measuring = false;
+    } else if (drafted == 0 || d->paused || d->spec_win.n < SPEC_SAMPLES || d->plain_win.n == 0) {
+        return;
+    }
+    /* A verdict: at the end of a measurement, and between measurements after
+     * every speculative round (its last rounds against the last plain ones),
+     * so that a drafter whose acceptance drops stops at once. */
     double spec_cost = window_median(&d->spec_win), plain_cost = window_median(&d->plain_win);
     if (spec_cost > plain_cost * SPEC_KEEP_BELOW) {
         d->paused = true;
@@ -1243,6 +1248,8 @@ static void govern(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
     } else {
         d->failed = 0;
     }
+    d->measure_tokens = 0;
+    d->measure_s = 0;
 }
 
 void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted) {

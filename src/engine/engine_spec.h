@@ -26,6 +26,12 @@
  *    its next call (drops what it guessed wrong, forwards what it missed).
  *  - spec_draft on one drafter may be called from several threads: calls
  *    that run a model are serialised on the drafter's lock.
+ *  - Adaptive k (spec_next_k, spec_verified) keeps a cost governor per
+ *    drafter that pauses speculation while it costs more than plain
+ *    decoding (engine_spec.c says how it measures and when it tries
+ *    again). It decides timing only, never a token; while it is paused
+ *    nothing drafts and a draft model or MTP head does no work (they catch
+ *    up in one batch when it speculates again).
  *  - Drafters hold no pointer into a request; the request frees its
  *    spec_seq before the drafter is freed.
  *  - The MTP head's sidecar (reference §13.2): the head's K/V and the
