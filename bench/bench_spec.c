@@ -2,20 +2,25 @@
  *
  * Usage:
  *   bench_spec verify MODEL [--ctx C] [--reps R] [--threads N]
- *   bench_spec decode TARGET [--draft D]... [--lookup] [--mtp] [--self] [--tokens T] [--k K] [--prompt TEXT]...
+ *   bench_spec decode TARGET [--draft D]... [--lookup] [--mtp] [--self] [--tokens T] [--k K] [--rounds R]
+ *                    [--threads N] [--prompt TEXT]...
  *
  * verify: the cost of one forward of k+1 rows of a sequence at position C
  * (what verifying k drafts takes) relative to one decode row, k = 1, 2, 4,
  * 8, over R rounds. On a memory-bound decode the weights are read once for
  * all rows, so the ratio stays well below k+1.
  *
- * decode: greedy generation of T tokens from each prompt, plain and with
- * each drafter (a draft model per --draft, prompt lookup, the MTP head, the
- * target drafting itself), at a fixed k (--k, default 4) and adaptive k.
- * Prints per drafter: acceptance (accepted / drafted), mean tokens per
- * verification step, decode tokens/s and the speed-up over plain. Every
- * speculative run's tokens are checked against plain (exit 1 if one
- * differs: that would be a bug, not a measurement). */
+ * decode: greedy generation of T tokens from each prompt, per drafter (a
+ * draft model per --draft, the target drafting itself, prompt lookup, the
+ * MTP head) against plain decoding: R rounds, each of three fresh engines
+ * (plain, fixed k = K, adaptive k with its cost governor starting empty)
+ * that take turns prompt by prompt, so that a busy machine slows them
+ * alike. Prints per kind the median and best decode tokens/s, the median
+ * of the per-round ratios against the round's plain run (wall clock and
+ * process CPU time), acceptance (accepted / drafted), tokens per drafted
+ * step, draft-model rows per generated token and the governor's pauses,
+ * and the load average. Every speculative run's tokens are checked against
+ * plain (exit 1 if one differs: that would be a bug, not a measurement). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
