@@ -25,6 +25,7 @@
 
 #include "core/log.h"
 #include "engine/engine.h"
+#include "kv/kv_pool.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "serve/serve_config.h"
@@ -325,6 +326,26 @@ static engine *open_logged(const model *m, kv_format fmt, const char *root, char
     return e;
 }
 
+/* Namespaces an older ember wrote stay foreign, and the start-up can still
+ * name them: a format's id under each earlier layout differs from today's,
+ * and q8_0's layout 1 (8-bit keys) is the plain kind number the previous
+ * release hashed into its disk namespaces. */
+static void test_format_ids_of_earlier_layouts(void **state) {
+    (void)state;
+    kv_format q8 = {KV_FORMAT_Q8_0, 0, 0, 0};
+    assert_int_equal(kv_format_layout(q8), 2);
+    assert_int_equal(kv_format_id_of_layout(q8, 1), (uint64_t)KV_FORMAT_Q8_0);
+    assert_int_equal(kv_format_id_of_layout(q8, kv_format_layout(q8)), kv_format_id(q8));
+    assert_true(kv_format_id_of_layout(q8, 1) != kv_format_id(q8));
+    kv_format kvarn = {KV_FORMAT_KVARN, 6, 5, 1024};
+    for (int layout = 1; layout < kv_format_layout(kvarn); layout++)
+        assert_true(kv_format_id_of_layout(kvarn, layout) != kv_format_id(kvarn));
+    assert_int_equal(kv_format_id_of_layout(kvarn, kv_format_layout(kvarn)), kv_format_id(kvarn));
+    kv_format f16 = {KV_FORMAT_F16, 0, 0, 0}, f32 = {KV_FORMAT_F32, 0, 0, 0};
+    assert_int_equal(kv_format_layout(f16), 1);
+    assert_int_equal(kv_format_id(f32), 0); /* namespaces from before formats existed */
+}
+
 static void test_restart_across_formats(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
@@ -543,6 +564,7 @@ int main(void) {
         cmocka_unit_test(test_format_changes_logits_a_little),
         cmocka_unit_test(test_q8_0_close_to_f32_on_text),
         cmocka_unit_test(test_q8_0_head_sizes),
+        cmocka_unit_test(test_format_ids_of_earlier_layouts),
         cmocka_unit_test(test_restart_across_formats),
         cmocka_unit_test(test_setting),
         cmocka_unit_test(test_bitrate_b_scenario),

@@ -441,24 +441,33 @@ void apc_disk_note_other_formats(const apc_disk_config *cfg, const apc_layout *l
                                  kv_format own) {
     kv_format others[8 + 7 * 7 * 7];
     int n = other_formats(others, (int)(sizeof others / sizeof others[0]));
+    uint64_t own_id = kv_format_id(own);
     for (int i = 0; i < n; i++) {
         kv_format other = others[i];
-        if (kv_format_id(other) == kv_format_id(own)) continue;
-        apc_layout probe = *lay;
-        probe.kv_format_id = kv_format_id(other);
-        uint8_t ns[16];
-        apc_disk_namespace(cfg, &probe, hash, ns);
-        apc_key k;
-        memcpy(k.b, ns, 16);
-        char hex[33], path[4096];
-        apc_disk_key_hex(&k, hex);
-        snprintf(path, sizeof path, "%s/%s", cfg->path, hex);
-        long files = count_entries(path);
-        if (files > 0)
+        /* every layout the format has had: a q8_0 or kvarn namespace an older
+         * server wrote is as foreign as another format's */
+        for (int layout = kv_format_layout(other); layout >= 1; layout--) {
+            uint64_t id = kv_format_id_of_layout(other, layout);
+            if (id == own_id) continue;
+            apc_layout probe = *lay;
+            probe.kv_format_id = id;
+            uint8_t ns[16];
+            apc_disk_namespace(cfg, &probe, hash, ns);
+            apc_key k;
+            memcpy(k.b, ns, 16);
+            char hex[33], path[4096];
+            apc_disk_key_hex(&k, hex);
+            snprintf(path, sizeof path, "%s/%s", cfg->path, hex);
+            long files = count_entries(path);
+            if (files <= 0) continue;
+            char layout_note[64] = "";
+            if (layout != kv_format_layout(other))
+                snprintf(layout_note, sizeof layout_note, " (its layout %d, from an older ember)", layout);
             ember_log(EMBER_LOG_INFO,
-                      "APC disk: %s holds %ld cache files of this model written with kv_format=%s; this server "
+                      "APC disk: %s holds %ld cache files of this model written with kv_format=%s%s; this server "
                       "stores kv_format=%s in namespace of its own and adopts none of them",
-                      cfg->path, files, kv_format_name(other), kv_format_name(own));
+                      cfg->path, files, kv_format_name(other), layout_note, kv_format_name(own));
+        }
     }
 }
 

@@ -140,12 +140,21 @@ kv_row_type kv_format_row_type(kv_format f) {
  * K in q12h (kv_rows.h), so namespaces of the first are not adopted. */
 #define KV_Q8_0_LAYOUT_VERSION 2
 
-uint64_t kv_format_id(kv_format f) {
-    if (f.kind == KV_FORMAT_Q8_0) return (uint64_t)f.kind | (uint64_t)KV_Q8_0_LAYOUT_VERSION << 16;
-    if (f.kind != KV_FORMAT_KVARN) return (uint64_t)f.kind;
-    return (uint64_t)f.kind | (uint64_t)f.k_bits << 8 | (uint64_t)f.v_bits << 12 |
-           (uint64_t)KVARN_LAYOUT_VERSION << 16 | (uint64_t)(uint32_t)f.tail << 32;
+int kv_format_layout(kv_format f) {
+    if (f.kind == KV_FORMAT_Q8_0) return KV_Q8_0_LAYOUT_VERSION;
+    if (f.kind == KV_FORMAT_KVARN) return KVARN_LAYOUT_VERSION;
+    return 1;
 }
+
+uint64_t kv_format_id_of_layout(kv_format f, int layout) {
+    if (f.kind == KV_FORMAT_Q8_0) /* layout 1 had no version field */
+        return layout <= 1 ? (uint64_t)f.kind : (uint64_t)f.kind | (uint64_t)layout << 16;
+    if (f.kind != KV_FORMAT_KVARN) return (uint64_t)f.kind;
+    return (uint64_t)f.kind | (uint64_t)f.k_bits << 8 | (uint64_t)f.v_bits << 12 | (uint64_t)layout << 16 |
+           (uint64_t)(uint32_t)f.tail << 32;
+}
+
+uint64_t kv_format_id(kv_format f) { return kv_format_id_of_layout(f, kv_format_layout(f)); }
 
 int kv_format_check(const kv_pool_config *cfg, ember_error *err) {
     kv_format f = cfg->format;

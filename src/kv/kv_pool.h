@@ -108,6 +108,11 @@ kv_row_type kv_format_row_type(kv_format f);
  * layout version (K rows in q12h); kvarn's holds its widths, tail and
  * KVARN_LAYOUT_VERSION. */
 uint64_t kv_format_id(kv_format f);
+/* The layout version f's rows have today (1 for f32 and f16, which never
+ * changed), and the id f had under an earlier layout version: what an older
+ * server wrote, so a start-up can say it found such files and adopts none. */
+int kv_format_layout(kv_format f);
+uint64_t kv_format_id_of_layout(kv_format f, int layout);
 /* Why cfg's rows cannot be stored in cfg->format, or 0 (q8_0 needs widths
  * that are multiples of 32 and heads of a multiple of 8). */
 int kv_format_check(const kv_pool_config *cfg, ember_error *err);
