@@ -180,7 +180,7 @@ static double attention_ms(const model *m, fmt_run *r) {
             vp[b] = kv_block_v(r->pool, r->seq.blocks[b], l);
         }
         attention_kvarn_format af = {fmt.k_bits, fmt.v_bits, fmt.tail, kv_pool_width(r->pool, l, 0),
-                                     kv_pool_width(r->pool, l, 1)};
+                                     kv_pool_width(r->pool, l, 1), kv_pool_kvarn_layout(r->pool, l)};
         for (int g = 0; g < hp->n_head_kv; g++)
             if (kv_format_is_kvarn(fmt))
                 op_attention_kvarn_rows(out, (size_t)hp->n_head * hp->d_v, q, (size_t)hp->n_head * hp->d_k, kp, vp,

@@ -236,7 +236,8 @@ static void test_attention_reads_records(void **state) {
             kb[i] = kv_block_k(f.pool, f.seq.blocks[i], 0);
             vb[i] = kv_block_v(f.pool, f.seq.blocks[i], 0);
         }
-        attention_kvarn_format af = {f.fmt.k_bits, f.fmt.v_bits, f.fmt.tail, f.width, f.width};
+        attention_kvarn_format af = {f.fmt.k_bits, f.fmt.v_bits, f.fmt.tail, f.width, f.width,
+                                   kv_pool_kvarn_layout(f.pool, 0)};
         double worst = 0;
         const int64_t positions[] = {40, 200, 256, 300, 383, 384, 450, f.n - 1};
         for (size_t pi = 0; pi < sizeof positions / sizeof positions[0]; pi++) {

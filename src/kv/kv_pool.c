@@ -38,6 +38,8 @@ struct kv_pool {
     size_t *k_bytes;         /* (n_layer) bytes per encoded row */
     size_t *v_bytes;         /* (n_layer) */
     int k_head, v_head;      /* values per head (kvarn's rotation) */
+    kvarn_layout *kvarn;     /* (n_layer) kvarn: where a sealed group's records lie in its regions */
+    int kvarn_regions;       /* kvarn: the most regions (blocks) a sealed group uses in any layer */
     uint8_t *data;           /* (n_blocks, block_bytes) */
     size_t data_bytes;
     bool data_mapped;        /* data is an mmap of data_bytes, not heap */
@@ -166,18 +168,23 @@ int kv_format_check(const kv_pool_config *cfg, ember_error *err) {
             f.v_bits > KVARN_MAX_BITS || f.tail < 0)
             return ember_fail(err, "KV format kvarn: widths k%dv%d tail %d out of range (2..8 bits, tail >= 0)",
                               f.k_bits, f.v_bits, f.tail);
-        for (int l = 0; l < cfg->n_layer; l++)
-            for (int kv = 0; kv < 2; kv++) {
-                int w = kv == 0 ? cfg->k_width[l] : cfg->v_width[l];
-                int head = kv == 0 ? cfg->k_head : cfg->v_head;
-                if (w == 0) continue;
-                if (head <= 0) head = w;
-                if (!kvarn_slots_fit(w, kv_row_bytes(t, w)) || kvarn_slice(head) < 2 || w % head != 0)
-                    return ember_fail(err,
-                                      "KV format %s: layer %d has %s rows of %d values in heads of %d; kvarn needs "
-                                      "rows of a multiple of 8 values in heads of an even size",
-                                      kv_format_name(f), l, kv == 0 ? "K" : "V", w, head);
+        kvarn_layout *lay = malloc(sizeof *lay);
+        if (lay == NULL) return ember_fail(err, "KV format %s: out of memory", kv_format_name(f));
+        for (int l = 0; l < cfg->n_layer; l++) {
+            int kw = cfg->k_width[l], vw = cfg->v_width[l];
+            int kh = cfg->k_head > 0 ? cfg->k_head : kw, vh = cfg->v_head > 0 ? cfg->v_head : vw;
+            size_t region = (size_t)KV_BLOCK_TOKENS * (kv_row_bytes(t, kw) + kv_row_bytes(t, vw));
+            bool ok = (kw == 0 || kvarn_slice(kh) >= 2) && (vw == 0 || kvarn_slice(vh) >= 2) &&
+                      kvarn_layout_plan(lay, kw, vw, kh, vh, f.k_bits, f.v_bits, region) == 0;
+            if (!ok) {
+                free(lay);
+                return ember_fail(err,
+                                  "KV format %s: layer %d has K/V rows of %d/%d values in heads of %d/%d; kvarn "
+                                  "needs heads of a multiple of 8 values, at most %d per row",
+                                  kv_format_name(f), l, kw, vw, kh, vh, KVARN_MAX_KV_HEADS);
             }
+        }
+        free(lay);
         return 0;
     }
     kv_row_type kt = kv_row_key_type(t);
@@ -241,6 +248,16 @@ kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err) {
         off += (size_t)KV_BLOCK_TOKENS * (p->k_bytes[l] + p->v_bytes[l]);
     }
     p->block_bytes = off ? off : 4;
+    if (cfg->format.kind == KV_FORMAT_KVARN) {
+        p->kvarn = calloc((size_t)cfg->n_layer, sizeof *p->kvarn);
+        if (p->kvarn == NULL) goto oom;
+        for (int l = 0; l < cfg->n_layer; l++) {
+            /* kv_format_check planned every layer already */
+            kvarn_layout_plan(&p->kvarn[l], p->k_width[l], p->v_width[l], p->k_head, p->v_head, cfg->format.k_bits,
+                              cfg->format.v_bits, (size_t)KV_BLOCK_TOKENS * (p->k_bytes[l] + p->v_bytes[l]));
+            if (p->kvarn[l].n_regions > p->kvarn_regions) p->kvarn_regions = p->kvarn[l].n_regions;
+        }
+    }
     size_t nb = (size_t)cfg->n_blocks;
     if (p->block_bytes > SIZE_MAX / nb) goto oom;
     p->data_bytes = nb * p->block_bytes;
@@ -271,6 +288,7 @@ oom:
 void kv_pool_free(kv_pool *p) {
     if (p == NULL) return;
     free(p->layer_offset);
+    free(p->kvarn);
     free(p->k_width);
     free(p->v_width);
     free(p->k_bytes);
@@ -454,51 +472,58 @@ int64_t kv_kvarn_sealed_end(kv_format f, int64_t p) {
     return f.kind == KV_FORMAT_KVARN ? kvarn_sealed_end(p, f.tail) : 1;
 }
 
-typedef struct group_slots {
-    const kv_pool *pool;
-    const kv_seq *seq;
-    int layer, kv;
-    int64_t g;
-} group_slots;
-
-static uint8_t *group_slot(void *ctx, int t) {
-    const group_slots *s = ctx;
-    int64_t pos = s->g * KVARN_GROUP + t;
-    return row_at(s->pool, s->seq->blocks[pos / KV_BLOCK_TOKENS], s->layer, s->kv, (int)(pos % KV_BLOCK_TOKENS));
+/* The regions of group g in layer `layer` (kvarn.h): the layer's bytes of
+ * the group's blocks, the first lay->n_regions of them. */
+static void group_regions(const kv_pool *p, const kv_seq *seq, int layer, int64_t g, uint8_t **regions) {
+    const int32_t per_group = KVARN_GROUP / KV_BLOCK_TOKENS;
+    for (int r = 0; r < p->kvarn[layer].n_regions; r++)
+        regions[r] = (uint8_t *)kv_block_k(p, seq->blocks[g * per_group + r], layer);
 }
 
 size_t kv_kvarn_scratch_floats(const kv_pool *p) {
-    size_t w = 0;
+    size_t rows = 0, w = 0;
     for (int l = 0; l < p->n_layer; l++) {
+        size_t both = (size_t)p->k_width[l] + (size_t)p->v_width[l];
+        if (both > rows) rows = both;
         if ((size_t)p->k_width[l] > w) w = (size_t)p->k_width[l];
         if ((size_t)p->v_width[l] > w) w = (size_t)p->v_width[l];
     }
-    /* 128 decoded rows, then the record (at most 8 bits a value plus factors). */
-    return (size_t)KVARN_GROUP * w + ((size_t)KVARN_GROUP * w + 2 * (w + KVARN_GROUP) + 8) / sizeof(float) + 1;
+    /* 128 decoded K and V rows, then one record (at most 8 bits a value plus factors). */
+    return (size_t)KVARN_GROUP * rows + ((size_t)KVARN_GROUP * w + 2 * (w + KVARN_GROUP) + 8) / sizeof(float) + 1;
 }
 
 void kv_kvarn_seal_group(kv_pool *p, const kv_seq *seq, int layer, int64_t g, float *scratch) {
+    const kvarn_layout *lay = &p->kvarn[layer];
+    if (lay->n_regions == 0) return;
+    /* Every row of the group is read before the regions are overwritten:
+     * they hold both K and V rows of the group's first tokens. */
+    float *rows[2] = {scratch, scratch + (size_t)KVARN_GROUP * (size_t)p->k_width[layer]};
+    void *record = rows[1] + (size_t)KVARN_GROUP * (size_t)p->v_width[layer];
     for (int kv = 0; kv < 2; kv++) {
         int w = kv == 0 ? p->k_width[layer] : p->v_width[layer];
-        int head = kv == 0 ? p->k_head : p->v_head;
-        int bits = kv == 0 ? p->format.k_bits : p->format.v_bits;
-        if (w == 0) continue;
-        if (head <= 0) head = w;
-        group_slots gs = {p, seq, layer, kv, g};
-        for (int t = 0; t < KVARN_GROUP; t++)
-            kv_row_decode(KV_ROW_F16, group_slot(&gs, t), 0, w, scratch + (size_t)t * (size_t)w);
-        void *record = scratch + (size_t)KVARN_GROUP * (size_t)w;
-        kvarn_encode(scratch, w, head, bits, record);
-        kvarn_record_to_slots(record, w, bits, kv == 0 ? p->k_bytes[layer] : p->v_bytes[layer], group_slot, &gs);
+        for (int t = 0; w && t < KVARN_GROUP; t++) {
+            int64_t pos = g * KVARN_GROUP + t;
+            kv_row_decode(KV_ROW_F16, row_at(p, seq->blocks[pos / KV_BLOCK_TOKENS], layer, kv, (int)(pos % KV_BLOCK_TOKENS)),
+                          0, w, rows[kv] + (size_t)t * (size_t)w);
+        }
+    }
+    uint8_t *regions[KVARN_MAX_REGIONS];
+    group_regions(p, seq, layer, g, regions);
+    kvarn_layout_clear(lay, regions);
+    for (int kv = 0; kv < 2; kv++) {
+        if (lay->width[kv] == 0) continue;
+        kvarn_encode(rows[kv], lay->width[kv], lay->head[kv], lay->bits[kv], record);
+        kvarn_record_to_regions(lay, kv, record, regions);
     }
 }
 
 void kv_kvarn_record_gather(const kv_pool *p, const kv_seq *seq, int layer, int kv, int64_t g, void *record) {
-    group_slots gs = {p, seq, layer, kv, g};
-    int w = kv == 0 ? p->k_width[layer] : p->v_width[layer];
-    int bits = kv == 0 ? p->format.k_bits : p->format.v_bits;
-    kvarn_slots_to_record(w, bits, kv == 0 ? p->k_bytes[layer] : p->v_bytes[layer], group_slot, &gs, record);
+    uint8_t *regions[KVARN_MAX_REGIONS];
+    group_regions(p, seq, layer, g, regions);
+    kvarn_regions_to_record(&p->kvarn[layer], kv, (const uint8_t *const *)regions, record);
 }
+
+const kvarn_layout *kv_pool_kvarn_layout(const kv_pool *p, int layer) { return p->kvarn ? &p->kvarn[layer] : NULL; }
 
 bool kv_seq_kvarn_check(const kv_pool *p, const kv_seq *seq, int64_t n) {
     if (p->format.kind != KV_FORMAT_KVARN || n <= 0) return true;
@@ -509,10 +534,9 @@ bool kv_seq_kvarn_check(const kv_pool *p, const kv_seq *seq, int64_t n) {
     if (layer < 0) return true;
     for (int64_t g = 1; g * KVARN_GROUP < n; g++) {
         int32_t bi = (int32_t)(g * (KVARN_GROUP / KV_BLOCK_TOKENS));
-        if (bi >= seq->n_blocks) return false;
-        const uint8_t *slot0 = row_at(p, seq->blocks[bi], layer, 0, 0);
-        if (kvarn_slot0_sealed(slot0, p->k_width[layer], p->format.k_bits) != kvarn_group_sealed(g, n - 1, p->format.tail))
-            return false;
+        if (bi >= seq->n_blocks || seq->blocks[bi] < 0) return false;
+        const uint8_t *region0 = (const uint8_t *)kv_block_k(p, seq->blocks[bi], layer);
+        if (kvarn_region0_sealed(region0) != kvarn_group_sealed(g, n - 1, p->format.tail)) return false;
     }
     return true;
 }

@@ -47,6 +47,7 @@
 
 #include "core/error.h"
 #include "tensor/kv_rows.h"
+#include "tensor/kvarn.h"
 
 #define KV_BLOCK_TOKENS 16
 
@@ -138,6 +139,8 @@ size_t kv_kvarn_scratch_floats(const kv_pool *pool);
 bool kv_seq_kvarn_check(const kv_pool *pool, const kv_seq *seq, int64_t n);
 /* The contiguous record (kvarn_encode's layout) of a sealed group; for tests. */
 void kv_kvarn_record_gather(const kv_pool *pool, const kv_seq *seq, int layer, int kv, int64_t g, void *record);
+/* Where a sealed group's records lie in layer `layer`'s regions (NULL outside kvarn). */
+const kvarn_layout *kv_pool_kvarn_layout(const kv_pool *pool, int layer);
 int kv_pool_head(const kv_pool *pool, int kv);      /* values per head, kv 0 = K */
 int kv_pool_width(const kv_pool *pool, int layer, int kv);
 

@@ -228,7 +228,7 @@ static void task_attention(void *arg, int ith, int nth) {
     size_t q_stride = (size_t)hp->n_head * hp->d_k, out_stride = (size_t)hp->n_head * hp->d_v;
     kv_format fmt = kv_pool_format(c->pool);
     attention_kvarn_format kf = {fmt.k_bits, fmt.v_bits, fmt.tail, kv_pool_width(c->pool, t->layer, 0),
-                                 kv_pool_width(c->pool, t->layer, 1)};
+                                 kv_pool_width(c->pool, t->layer, 1), kv_pool_kvarn_layout(c->pool, t->layer)};
     for (long u = u0; u < u1; u++) {
         int g = (int)(u / row_blocks);
         long r0 = (u % row_blocks) * ATT_ROWS, r1 = r0 + ATT_ROWS < n_rows ? r0 + ATT_ROWS : n_rows;

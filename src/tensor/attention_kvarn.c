@@ -23,15 +23,7 @@
 #include "tensor/ops.h"
 #include "tensor/quant.h"
 
-uint8_t *attention_kvarn_slot_at(void *ctx, int t) {
-    const attention_kvarn_slots *s = ctx;
-    int64_t j = s->base + t;
-    return (uint8_t *)s->blocks[j / ATTENTION_KVARN_BLOCK_ROWS] + (size_t)(j % ATTENTION_KVARN_BLOCK_ROWS) * s->stride;
-}
-
-#define slot_at attention_kvarn_slot_at
 #define row_at attention_kvarn_row_at
-typedef attention_kvarn_slots slots;
 enum { HEAD_CHUNK = ATTENTION_KVARN_HEAD_CHUNK };
 
 static float dot(const float *a, const float *b, int n) {
@@ -52,33 +44,28 @@ static void f16_values(const uint8_t *row, int c0, int n, float *dst) {
     }
 }
 
-/* Unit values of columns [c0, c0 + n) of a sealed slot. */
-static void unit_values(const uint8_t *slot, int c0, int n, int bits, float step, float *dst) {
+/* Unit values of the n codes packed from `codes`. */
+static void unit_values(const uint8_t *codes, int n, int bits, float step, float *dst) {
     unsigned mask = (1u << bits) - 1u;
     if (bits == 8) {
-        for (int i = 0; i < n; i++) dst[i] = (float)slot[c0 + i] * step - 1.0f;
+        for (int i = 0; i < n; i++) dst[i] = (float)codes[i] * step - 1.0f;
         return;
     }
-    if (bits == 4) {
-        for (int i = 0; i < n; i++) {
-            int c = c0 + i;
-            dst[i] = (float)(slot[c / 2] >> (4 * (c & 1)) & 15u) * step - 1.0f;
-        }
-        return;
-    }
-    uint64_t off = (uint64_t)c0 * (uint64_t)bits;
+    uint64_t off = 0;
     for (int i = 0; i < n; i++, off += (uint64_t)bits) {
-        unsigned w = (unsigned)slot[off >> 3] | (unsigned)slot[(off >> 3) + 1] << 8;
+        unsigned w = (unsigned)codes[off >> 3];
+        if ((off & 7) + (uint64_t)bits > 8) w |= (unsigned)codes[(off >> 3) + 1] << 8; /* never past the token */
         dst[i] = (float)(w >> (off & 7) & mask) * step - 1.0f;
     }
 }
 
-float attention_kvarn_row_factor(const uint8_t *slot, int width, int bits) {
+static void f16_factors(const uint8_t *src, int n, float *dst) { f16_values(src, 0, n, dst); }
+
+static uint16_t row_factor(const uint8_t *rows, int t) {
     uint16_t h;
-    memcpy(&h, slot + kvarn_slot_codes_bytes(width, bits), 2);
-    return quant_f16_to_f32(h);
+    memcpy(&h, rows + 2 * (size_t)t, 2);
+    return h;
 }
-#define slot_row_factor attention_kvarn_row_factor
 
 /* Heads [h0, h0 + nh) of one row over keys [first, n_keys). */
 void attention_kvarn_heads_scalar(float *out, const float *q, const void *const *k_blocks, const void *const *v_blocks,
@@ -86,6 +73,7 @@ void attention_kvarn_heads_scalar(float *out, const float *q, const void *const 
                       int nh, int d_k, int d_v, float scale, float *scores) {
     float qr[HEAD_CHUNK][ATTENTION_MAX_HEAD], qc[HEAD_CHUNK][ATTENTION_MAX_HEAD];
     float col[ATTENTION_MAX_HEAD], buf[ATTENTION_MAX_HEAD], acc[HEAD_CHUNK][ATTENTION_MAX_HEAD];
+    attention_kvarn_sealed sealed;
     size_t k_stride = 2 * (size_t)f->k_width, v_stride = 2 * (size_t)f->v_width;
     float k_step = 2.0f / (float)((1 << f->k_bits) - 1), v_step = 2.0f / (float)((1 << f->v_bits) - 1);
     int64_t n = n_keys - first;
@@ -99,14 +87,14 @@ void attention_kvarn_heads_scalar(float *out, const float *q, const void *const 
         int64_t j0 = g * KVARN_GROUP > first ? g * KVARN_GROUP : first;
         int64_t j1 = (g + 1) * KVARN_GROUP < n_keys ? (g + 1) * KVARN_GROUP : n_keys;
         if (kvarn_group_sealed(g, pos, f->tail)) {
-            slots s = {k_blocks, k_stride, g * KVARN_GROUP};
-            kvarn_slot_columns(f->k_width, f->k_bits, k_stride, slot_at, &s, kvh * d_k, d_k, col);
+            attention_kvarn_sealed_at(&sealed, f->layout, 0, k_blocks, g, kvh);
+            f16_factors(sealed.cols, d_k, col);
             for (int i = 0; i < nh; i++)
                 for (int c = 0; c < d_k; c++) qc[i][c] = qr[i][c] * col[c];
             for (int64_t j = j0; j < j1; j++) {
-                const uint8_t *slot = row_at(k_blocks, k_stride, j);
-                unit_values(slot, kvh * d_k, d_k, f->k_bits, k_step, buf);
-                float rf = slot_row_factor(slot, f->k_width, f->k_bits);
+                int t = (int)(j - g * KVARN_GROUP);
+                unit_values(sealed.codes[t], d_k, f->k_bits, k_step, buf);
+                float rf = quant_f16_to_f32(row_factor(sealed.rows, t));
                 for (int i = 0; i < nh; i++) scores[(size_t)i * (size_t)n + (size_t)(j - first)] = rf * dot(qc[i], buf, d_k) * scale;
             }
         } else {
@@ -128,17 +116,17 @@ void attention_kvarn_heads_scalar(float *out, const float *q, const void *const 
         int64_t j1 = (g + 1) * KVARN_GROUP < n_keys ? (g + 1) * KVARN_GROUP : n_keys;
         if (kvarn_group_sealed(g, pos, f->tail)) {
             for (int i = 0; i < nh; i++) memset(acc[i], 0, (size_t)d_v * sizeof(float));
+            attention_kvarn_sealed_at(&sealed, f->layout, 1, k_blocks, g, kvh);
             for (int64_t j = j0; j < j1; j++) {
-                const uint8_t *slot = row_at(v_blocks, v_stride, j);
-                unit_values(slot, kvh * d_v, d_v, f->v_bits, v_step, buf);
-                float rf = slot_row_factor(slot, f->v_width, f->v_bits);
+                int t = (int)(j - g * KVARN_GROUP);
+                unit_values(sealed.codes[t], d_v, f->v_bits, v_step, buf);
+                float rf = quant_f16_to_f32(row_factor(sealed.rows, t));
                 for (int i = 0; i < nh; i++) {
                     float w = scores[(size_t)i * (size_t)n + (size_t)(j - first)] * rf;
                     for (int c = 0; c < d_v; c++) acc[i][c] += w * buf[c];
                 }
             }
-            slots s = {v_blocks, v_stride, g * KVARN_GROUP};
-            kvarn_slot_columns(f->v_width, f->v_bits, v_stride, slot_at, &s, kvh * d_v, d_v, col);
+            f16_factors(sealed.cols, d_v, col);
             for (int i = 0; i < nh; i++) {
                 float *o = out + (size_t)(h0 + i) * (size_t)d_v;
                 for (int c = 0; c < d_v; c++) acc[i][c] *= col[c];

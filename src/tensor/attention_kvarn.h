@@ -5,9 +5,11 @@
  * Contract:
  *  - The same interface as op_attention_paged_rows (ops.h), for K/V rows
  *    stored as f16 of k_width / v_width values, with the groups that
- *    kvarn_group_sealed(g, query_pos[r], tail) names read as records laid
- *    out in their row slots (kvarn_record_to_slots). The caller makes the
- *    pool hold exactly that for every row it passes.
+ *    kvarn_group_sealed(g, query_pos[r], tail) names read as compact records
+ *    in the regions of their first blocks (kvarn.h, fmt->layout; k_blocks[i]
+ *    is block i's region, its K rows first; the entries of a sealed group's
+ *    other blocks are not read and may be NULL). The caller makes the pool
+ *    hold exactly that for every row it passes.
  *  - A record is never decoded to rows: the query is rotated once per head
  *    (the record's Hadamard is orthonormal, so q.k = Hq.Hk), scores are
  *    dot products with the codes times the column and row factors, and the
@@ -26,10 +28,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tensor/kvarn.h"
+
 typedef struct attention_kvarn_format {
     int k_bits, v_bits;
     int64_t tail;
     int k_width, v_width;   /* values per K / V row, all kv heads */
+    const kvarn_layout *layout; /* where a sealed group's records lie (kv_pool_kvarn_layout) */
 } attention_kvarn_format;
 
 /* ---- Attention ---- */

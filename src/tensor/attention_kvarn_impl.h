@@ -16,18 +16,27 @@
 #define ATTENTION_KVARN_HEAD_CHUNK 8   /* query heads of one kv head handled together */
 #define ATTENTION_KVARN_BLOCK_ROWS 16  /* rows per pool block */
 
-/* The slots of one group (kvarn_slot_fn's context). */
-typedef struct attention_kvarn_slots {
-    const void *const *blocks;
-    size_t stride;
-    int64_t base;   /* first position of the group */
-} attention_kvarn_slots;
-
-uint8_t *attention_kvarn_slot_at(void *ctx, int t);
 static inline const uint8_t *attention_kvarn_row_at(const void *const *blocks, size_t stride, int64_t j) {
     return (const uint8_t *)blocks[j / ATTENTION_KVARN_BLOCK_ROWS] + (size_t)(j % ATTENTION_KVARN_BLOCK_ROWS) * stride;
 }
-float attention_kvarn_row_factor(const uint8_t *slot, int width, int bits);
+
+/* A sealed group as the kernels read it: the factors and each token's codes
+ * of one kv head (kvarn.h's pieces), for K or V. */
+typedef struct attention_kvarn_sealed {
+    const uint8_t *cols;                 /* the head's column factors (fp16) */
+    const uint8_t *rows;                 /* the group's 128 row factors (fp16) */
+    const uint8_t *codes[KVARN_GROUP];   /* token t's codes of the head */
+} attention_kvarn_sealed;
+
+static inline void attention_kvarn_sealed_at(attention_kvarn_sealed *s, const kvarn_layout *lay, int kv,
+                                             const void *const *k_blocks, int64_t g, int kvh) {
+    const uint8_t *regions[KVARN_MAX_REGIONS];
+    for (int r = 0; r < lay->n_regions; r++) regions[r] = k_blocks[g * (KVARN_GROUP / ATTENTION_KVARN_BLOCK_ROWS) + r];
+    const uint8_t *f = kvarn_factors_at(lay, kv, regions);
+    s->cols = f + 2 * (size_t)kvh * (size_t)lay->head[kv];
+    s->rows = f + 2 * (size_t)lay->width[kv];
+    kvarn_head_codes(lay, kv, kvh, regions, s->codes);
+}
 
 /* Query heads [h0, h0 + nh) (nh <= ATTENTION_KVARN_HEAD_CHUNK, all reading
  * kv head kvh) of one row at position pos over keys [first, n_keys);

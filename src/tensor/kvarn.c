@@ -172,70 +172,125 @@ int64_t kvarn_sealed_end(int64_t p, int64_t tail) {
     return room / KVARN_GROUP; /* g + 1 <= room / 128 for every sealed g */
 }
 
-/* ---- Records in row slots ---- */
+/* ---- Compact records in a pool's regions ---- */
 
-size_t kvarn_slot_codes_bytes(int width, int bits) { return (size_t)width * (size_t)bits / 8; }
+enum { HEADER_BYTES = 64, PIECE_ALIGN = 64 };
 
-/* Column factors per slot: the bytes after codes, row factor and marker. */
-static size_t columns_per_slot(int width, int bits, size_t slot_bytes) {
-    size_t used = kvarn_slot_codes_bytes(width, bits) + 4;
-    return used < slot_bytes ? (slot_bytes - used) / 2 : 0;
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* Places `bytes` unsplittable bytes at the cursor (region, offset). */
+static int place_whole(size_t region_bytes, int *region, size_t *offset, size_t bytes, kvarn_span *out) {
+    size_t off = align_up(*offset, PIECE_ALIGN);
+    if (off + bytes > region_bytes) {
+        ++*region;
+        off = 0;
+    }
+    if (*region >= KVARN_MAX_REGIONS || bytes > region_bytes) return -1;
+    *out = (kvarn_span){(int16_t)*region, 0, KVARN_GROUP, (uint32_t)off};
+    *offset = off + bytes;
+    return 0;
 }
 
-bool kvarn_slots_fit(int width, size_t slot_bytes) {
-    if (width < 8 || width % 8 != 0) return false;
-    size_t per = columns_per_slot(width, KVARN_MAX_BITS, slot_bytes);
-    return per > 0 && ((size_t)width + per - 1) / per <= KVARN_GROUP;
+/* Places 128 tokens of tok_bytes each, split at token boundaries where a
+ * region ends. */
+static int place_tokens(size_t region_bytes, int *region, size_t *offset, size_t tok_bytes, kvarn_span *spans,
+                        int *n_spans) {
+    int t = 0;
+    *n_spans = 0;
+    size_t off = align_up(*offset, PIECE_ALIGN);
+    while (t < KVARN_GROUP) {
+        size_t fit = off < region_bytes ? (region_bytes - off) / tok_bytes : 0;
+        if (fit == 0) {
+            ++*region;
+            off = 0;
+            if (*region >= KVARN_MAX_REGIONS || tok_bytes > region_bytes) return -1;
+            continue;
+        }
+        int n = KVARN_GROUP - t < (int)fit ? KVARN_GROUP - t : (int)fit;
+        spans[(*n_spans)++] = (kvarn_span){(int16_t)*region, (int16_t)t, (int16_t)(t + n), (uint32_t)off};
+        t += n;
+        off += (size_t)n * tok_bytes;
+    }
+    *offset = off;
+    return 0;
 }
 
-static const uint16_t SEAL_MARK = 0xFFFF;
+int kvarn_layout_plan(kvarn_layout *lay, int k_width, int v_width, int k_head, int v_head, int k_bits, int v_bits,
+                      size_t region_bytes) {
+    memset(lay, 0, sizeof *lay);
+    lay->width[0] = k_width;
+    lay->width[1] = v_width;
+    lay->head[0] = k_head > 0 ? k_head : k_width;
+    lay->head[1] = v_head > 0 ? v_head : v_width;
+    lay->bits[0] = k_bits;
+    lay->bits[1] = v_bits;
+    lay->region_bytes = region_bytes;
+    if (k_width == 0 && v_width == 0) return 0;
+    int region = 0;
+    size_t offset = HEADER_BYTES;
+    if (offset > region_bytes) return -1;
+    for (int kv = 0; kv < 2; kv++) {
+        int w = lay->width[kv], d = lay->head[kv];
+        if (w == 0) continue;
+        if (d % 8 != 0 || w % d != 0 || w / d > KVARN_MAX_KV_HEADS) return -1;
+        lay->n_heads[kv] = w / d;
+        if (place_whole(region_bytes, &region, &offset, 2 * ((size_t)w + KVARN_GROUP), &lay->factors[kv]) < 0)
+            return -1;
+        for (int h = 0; h < lay->n_heads[kv]; h++)
+            if (place_tokens(region_bytes, &region, &offset, kvarn_head_token_bytes(lay, kv), lay->spans[kv][h],
+                             &lay->n_spans[kv][h]) < 0)
+                return -1;
+    }
+    lay->n_regions = region + 1;
+    return 0;
+}
 
-void kvarn_record_to_slots(const void *record, int width, int bits, size_t slot_bytes, kvarn_slot_fn slot, void *ctx) {
-    const uint8_t *in = record;
-    size_t cb = kvarn_slot_codes_bytes(width, bits), per = columns_per_slot(width, bits, slot_bytes);
-    const uint8_t *cols = in + code_bytes(width, bits), *rows = cols + 2 * (size_t)width;
-    for (int t = 0; t < KVARN_GROUP; t++) {
-        uint8_t *s = slot(ctx, t);
-        memcpy(s, in + (size_t)t * cb, cb);
-        memcpy(s + cb, rows + 2 * (size_t)t, 2);
-        uint16_t mark = t == 0 ? SEAL_MARK : 0;
-        memcpy(s + cb + 2, &mark, 2);
-        size_t c0 = (size_t)t * per;
-        size_t n = c0 < (size_t)width ? ((size_t)width - c0 < per ? (size_t)width - c0 : per) : 0;
-        memset(s + cb + 4, 0, slot_bytes - cb - 4);
-        if (n) memcpy(s + cb + 4, cols + 2 * c0, 2 * n);
+void kvarn_layout_clear(const kvarn_layout *lay, uint8_t *const *regions) {
+    for (int r = 0; r < lay->n_regions; r++) memset(regions[r], 0, lay->region_bytes);
+    uint32_t head[2] = {KVARN_MARK, KVARN_LAYOUT_VERSION};
+    memcpy(regions[0], head, sizeof head);
+}
+
+bool kvarn_region0_sealed(const uint8_t *region0) {
+    uint32_t m;
+    memcpy(&m, region0, 4);
+    return m == KVARN_MARK;
+}
+
+void kvarn_head_codes(const kvarn_layout *lay, int kv, int h, const uint8_t *const *regions, const uint8_t **codes) {
+    size_t tb = kvarn_head_token_bytes(lay, kv);
+    for (int s = 0; s < lay->n_spans[kv][h]; s++) {
+        const kvarn_span *sp = &lay->spans[kv][h][s];
+        const uint8_t *base = regions[sp->region] + sp->offset;
+        for (int t = sp->t0; t < sp->t1; t++) codes[t] = base + (size_t)(t - sp->t0) * tb;
     }
 }
 
-void kvarn_slots_to_record(int width, int bits, size_t slot_bytes, kvarn_slot_fn slot, void *ctx, void *record) {
-    uint8_t *out = record;
-    size_t cb = kvarn_slot_codes_bytes(width, bits), per = columns_per_slot(width, bits, slot_bytes);
-    uint8_t *cols = out + code_bytes(width, bits), *rows = cols + 2 * (size_t)width;
-    memset(out, 0, kvarn_record_bytes(width, bits));
-    for (int t = 0; t < KVARN_GROUP; t++) {
-        const uint8_t *s = slot(ctx, t);
-        memcpy(out + (size_t)t * cb, s, cb);
-        memcpy(rows + 2 * (size_t)t, s + cb, 2);
-        size_t c0 = (size_t)t * per;
-        size_t n = c0 < (size_t)width ? ((size_t)width - c0 < per ? (size_t)width - c0 : per) : 0;
-        if (n) memcpy(cols + 2 * c0, s + cb + 4, 2 * n);
+/* Copies between kvarn_encode's record and the pieces (out: record -> regions). */
+static void record_pieces(const kvarn_layout *lay, int kv, uint8_t *record, uint8_t *const *regions, bool out) {
+    int w = lay->width[kv], bits = lay->bits[kv];
+    if (w == 0) return;
+    size_t cb = code_bytes(w, bits), row_cb = (size_t)w * (size_t)bits / 8, tb = kvarn_head_token_bytes(lay, kv);
+    uint8_t *f = regions[lay->factors[kv].region] + lay->factors[kv].offset;
+    size_t fb = 2 * ((size_t)w + KVARN_GROUP);
+    if (out) memcpy(f, record + cb, fb);
+    else memcpy(record + cb, f, fb);
+    const uint8_t *codes[KVARN_GROUP];
+    for (int h = 0; h < lay->n_heads[kv]; h++) {
+        kvarn_head_codes(lay, kv, h, (const uint8_t *const *)regions, codes);
+        for (int t = 0; t < KVARN_GROUP; t++) {
+            uint8_t *rec = record + (size_t)t * row_cb + (size_t)h * tb, *piece = (uint8_t *)codes[t];
+            if (out) memcpy(piece, rec, tb);
+            else memcpy(rec, piece, tb);
+        }
     }
 }
 
-bool kvarn_slot0_sealed(const uint8_t *slot0, int width, int bits) {
-    uint16_t m;
-    memcpy(&m, slot0 + kvarn_slot_codes_bytes(width, bits) + 2, 2);
-    return m == SEAL_MARK;
+void kvarn_record_to_regions(const kvarn_layout *lay, int kv, const void *record, uint8_t *const *regions) {
+    record_pieces(lay, kv, (uint8_t *)record, regions, true);
 }
 
-void kvarn_slot_columns(int width, int bits, size_t slot_bytes, kvarn_slot_fn slot, void *ctx, int c0, int n,
-                        float *out) {
-    size_t cb = kvarn_slot_codes_bytes(width, bits), per = columns_per_slot(width, bits, slot_bytes);
-    for (int i = 0; i < n; i++) {
-        size_t c = (size_t)(c0 + i);
-        const uint8_t *s = slot(ctx, (int)(c / per));
-        uint16_t h;
-        memcpy(&h, s + cb + 4 + 2 * (c % per), 2);
-        out[i] = quant_f16_to_f32(h);
-    }
+void kvarn_regions_to_record(const kvarn_layout *lay, int kv, const uint8_t *const *regions, void *record) {
+    memset(record, 0, kvarn_record_bytes(lay->width[kv], lay->bits[kv]));
+    record_pieces(lay, kv, record, (uint8_t *const *)regions, false);
 }
