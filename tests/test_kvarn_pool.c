@@ -269,6 +269,78 @@ static void test_attention_reads_records(void **state) {
     }
 }
 
+/* ---- capacity: sealed groups give their spare blocks back ---- */
+
+/* Grows one sequence 16 tokens at a time in a pool of n_blocks until the
+ * pool is exhausted; returns the tokens it reached. */
+static int64_t grow_until_full(const model *m, const char *fmt, int32_t n_blocks, int32_t *held, int32_t *group_blocks) {
+    kv_pool_config kc;
+    model_kv_config(m, n_blocks, &kc);
+    kc.format = parse(fmt);
+    ember_error err;
+    kv_pool *pool = kv_pool_create(&kc, &err);
+    if (pool == NULL) fail_msg("%s", err.msg);
+    model_ctx *ctx = model_ctx_create(m, pool, 2, KV_BLOCK_TOKENS, &err);
+    assert_non_null(ctx);
+    kv_seq seq;
+    kv_seq_init(&seq);
+    int V = model_get_hparams(m)->n_vocab;
+    float *logits = malloc((size_t)V * sizeof(float));
+    int32_t tok[KV_BLOCK_TOKENS];
+    for (;;) {
+        test_random_tokens(&rng_state, tok, KV_BLOCK_TOKENS, V);
+        if (model_eval(ctx, &seq, tok, KV_BLOCK_TOKENS, false, logits, &err) < 0) break;
+        assert_true(kv_seq_kvarn_check(pool, &seq, seq.n_tokens));
+    }
+    assert_non_null(strstr(err.msg, "pool exhausted"));
+    int64_t n = seq.n_tokens;
+    assert_int_equal(n, kv_format_capacity_tokens(&kc, n_blocks));
+    *held = kv_pool_n_blocks(pool) - kv_pool_n_free(pool);
+    *group_blocks = kv_pool_kvarn_group_blocks(pool);
+    /* the table holds a hole for each given-back block, and nothing else */
+    int32_t holes = 0;
+    for (int32_t i = 0; i < seq.n_blocks; i++) holes += seq.blocks[i] == KV_BLOCK_HOLE;
+    assert_int_equal(*held + holes, seq.n_blocks);
+    free(logits);
+    kv_seq_release(pool, &seq);
+    assert_int_equal(kv_pool_n_free(pool), kv_pool_n_blocks(pool));
+    model_ctx_free(ctx);
+    kv_pool_free(pool);
+    return n;
+}
+
+/* The same pool holds more tokens under kvarn: a sealed group keeps only
+ * the blocks its records need (4 of 8 on stories260K at k6v5, whose 8-wide
+ * heads pad; 3 of 8 on the qwen3 shape) and the sequence grows into the
+ * rest, while every prefix stays one the rule allows. */
+static void test_sealed_groups_give_blocks_back(void **state) {
+    (void)state;
+    REQUIRE_FIXTURE(path, STORIES);
+    model *m = test_load_model(path);
+    const int32_t n_blocks = 96; /* 1,536 f16 tokens */
+    int32_t held, gb;
+    int64_t f16 = grow_until_full(m, "f16", n_blocks, &held, &gb);
+    assert_int_equal(f16, (int64_t)n_blocks * KV_BLOCK_TOKENS);
+    assert_int_equal(gb, 8);
+    int64_t k6 = grow_until_full(m, "kvarn-k6v5-t0", n_blocks, &held, &gb);
+    print_message("%d blocks: f16 %lld tokens, kvarn-k6v5-t0 %lld tokens (a sealed group keeps %d of 8 blocks)\n",
+                  n_blocks, (long long)f16, (long long)k6, gb);
+    assert_true(gb < 8);
+    assert_true(k6 >= f16 * 8 / gb - 2 * KVARN_GROUP);
+    int64_t k4 = grow_until_full(m, "kvarn-k4v4-t128", n_blocks, &held, &gb);
+    print_message("%d blocks: kvarn-k4v4-t128 %lld tokens (%d of 8 blocks)\n", n_blocks, (long long)k4, gb);
+    assert_true(k4 > f16);
+    /* the qwen3-0.6b shape: 28 layers, 8 kv heads of 128 */
+    int kw[28], vw[28];
+    for (int l = 0; l < 28; l++) kw[l] = vw[l] = 8 * 128;
+    kv_pool_config q = {28, kw, vw, 1, parse("kvarn-k6v5"), 128, 128};
+    size_t sealed = kv_format_sealed_token_bytes(&q);
+    print_message("qwen3-0.6b shape, kvarn-k6v5: %zu bytes per sealed token (f32 229,376)\n", sealed);
+    assert_int_equal(kv_format_token_bytes(&q), 114688);
+    assert_true(sealed * 5 <= 229376);
+    model_free(m);
+}
+
 /* ---- through the engine ---- */
 
 static engine *open_engine(const model *m, const char *fmt, int step, bool ckpt, const char *disk) {
@@ -745,6 +817,7 @@ int main(void) {
         cmocka_unit_test(test_names_and_identity),
         cmocka_unit_test(test_sealed_group_is_the_record),
         cmocka_unit_test(test_attention_reads_records),
+        cmocka_unit_test(test_sealed_groups_give_blocks_back),
         cmocka_unit_test(test_setting),
         cmocka_unit_test(test_chunking_does_not_matter),
         cmocka_unit_test(test_batch_of_two_sequences),

@@ -40,6 +40,9 @@ struct kv_pool {
     int k_head, v_head;      /* values per head (kvarn's rotation) */
     kvarn_layout *kvarn;     /* (n_layer) kvarn: where a sealed group's records lie in its regions */
     int kvarn_regions;       /* kvarn: the most regions (blocks) a sealed group uses in any layer */
+    int kvarn_last_layer;    /* kvarn: the last layer with K/V rows: sealing it completes a group */
+    uint8_t *hole;           /* kvarn: block_bytes of zeros, read-only, read for KV_BLOCK_HOLE */
+    size_t hole_bytes;
     uint8_t *data;           /* (n_blocks, block_bytes) */
     size_t data_bytes;
     bool data_mapped;        /* data is an mmap of data_bytes, not heap */
@@ -217,6 +220,50 @@ size_t kv_format_record_token_bytes(const kv_pool_config *cfg) {
     return bytes / KVARN_GROUP;
 }
 
+/* Blocks a sealed group keeps: the most regions any layer's records need. */
+static int kvarn_group_blocks_of(const kv_pool_config *cfg) {
+    kv_row_type t = kv_format_row_type(cfg->format);
+    kvarn_layout *lay = malloc(sizeof *lay);
+    int most = KVARN_GROUP / KV_BLOCK_TOKENS;
+    if (lay == NULL) return most;
+    int used = 0;
+    for (int l = 0; l < cfg->n_layer; l++) {
+        int kw = cfg->k_width[l], vw = cfg->v_width[l];
+        size_t region = (size_t)KV_BLOCK_TOKENS * (kv_row_bytes(t, kw) + kv_row_bytes(t, vw));
+        if (kvarn_layout_plan(lay, kw, vw, cfg->k_head > 0 ? cfg->k_head : kw, cfg->v_head > 0 ? cfg->v_head : vw,
+                              cfg->format.k_bits, cfg->format.v_bits, region) < 0) {
+            used = most;
+            break;
+        }
+        if (lay->n_regions > used) used = lay->n_regions;
+    }
+    free(lay);
+    return used > 0 ? used : most;
+}
+
+size_t kv_format_sealed_token_bytes(const kv_pool_config *cfg) {
+    size_t row = kv_format_token_bytes(cfg);
+    if (cfg->format.kind != KV_FORMAT_KVARN) return row;
+    return row * KV_BLOCK_TOKENS * (size_t)kvarn_group_blocks_of(cfg) / KVARN_GROUP;
+}
+
+int64_t kv_format_capacity_tokens(const kv_pool_config *cfg, int64_t n_blocks) {
+    if (cfg->format.kind != KV_FORMAT_KVARN) return n_blocks * KV_BLOCK_TOKENS;
+    const int64_t per_group = KVARN_GROUP / KV_BLOCK_TOKENS, spare = per_group - kvarn_group_blocks_of(cfg);
+    /* A sequence's nb-th block is taken when position 16 (nb - 1) is
+     * written, before that position's query seals anything: it then holds
+     * nb blocks less the spare ones of the groups sealed at the previous
+     * position. A sequence grows through every length, so the first block
+     * that does not fit ends it. */
+    int64_t best = 0;
+    for (int64_t nb = 1;; nb++) {
+        int64_t sealed = kvarn_sealed_end((nb - 1) * KV_BLOCK_TOKENS - 1, cfg->format.tail) - 1;
+        if (nb - sealed * spare > n_blocks) break;
+        best = nb * KV_BLOCK_TOKENS;
+    }
+    return best;
+}
+
 kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err) {
     if (cfg->n_blocks < 1 || cfg->n_layer < 1) {
         ember_fail(err, "kv pool: needs at least one block and one layer (got %d blocks, %d layers)",
@@ -256,7 +303,14 @@ kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err) {
             kvarn_layout_plan(&p->kvarn[l], p->k_width[l], p->v_width[l], p->k_head, p->v_head, cfg->format.k_bits,
                               cfg->format.v_bits, (size_t)KV_BLOCK_TOKENS * (p->k_bytes[l] + p->v_bytes[l]));
             if (p->kvarn[l].n_regions > p->kvarn_regions) p->kvarn_regions = p->kvarn[l].n_regions;
+            if (p->kvarn[l].n_regions > 0) p->kvarn_last_layer = l;
         }
+        /* Readers that copy a sequence's blocks word for word (snapshots,
+         * disk files) read a hole as zeros; a write into one faults. */
+        p->hole_bytes = p->block_bytes;
+        void *m = mmap(NULL, p->hole_bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) goto oom;
+        p->hole = m;
     }
     size_t nb = (size_t)cfg->n_blocks;
     if (p->block_bytes > SIZE_MAX / nb) goto oom;
@@ -289,6 +343,7 @@ void kv_pool_free(kv_pool *p) {
     if (p == NULL) return;
     free(p->layer_offset);
     free(p->kvarn);
+    if (p->hole) munmap(p->hole, p->hole_bytes);
     free(p->k_width);
     free(p->v_width);
     free(p->k_bytes);
@@ -322,29 +377,37 @@ int32_t kv_block_alloc(kv_pool *p) {
 }
 
 void kv_block_ref(kv_pool *p, int32_t b) {
+    if (b < 0) return;
     if (p->refcount[b]++ == 0 && p->in_queue[b]) queue_unlink(p, b);
 }
 
 void kv_block_unref(kv_pool *p, int32_t b) {
-    if (p->refcount[b] <= 0) return;
+    if (b < 0 || p->refcount[b] <= 0) return;
     if (--p->refcount[b] == 0) queue_push_tail(p, b);
 }
 
-int32_t kv_block_refcount(const kv_pool *p, int32_t b) { return p->refcount[b]; }
-void kv_block_set_indexed(kv_pool *p, int32_t b, bool indexed) { p->indexed[b] = indexed; }
-bool kv_block_is_indexed(const kv_pool *p, int32_t b) { return p->indexed[b]; }
+int32_t kv_block_refcount(const kv_pool *p, int32_t b) { return b < 0 ? 0 : p->refcount[b]; }
+void kv_block_set_indexed(kv_pool *p, int32_t b, bool indexed) {
+    if (b >= 0) p->indexed[b] = indexed;
+}
+bool kv_block_is_indexed(const kv_pool *p, int32_t b) { return b >= 0 && p->indexed[b]; }
+
+/* A block's bytes; a hole reads as the pool's zero block. */
+static uint8_t *block_data(const kv_pool *p, int32_t b) {
+    return b < 0 ? p->hole : p->data + (size_t)b * p->block_bytes;
+}
 
 void kv_block_copy(kv_pool *p, int32_t dst, int32_t src) {
-    memcpy(p->data + (size_t)dst * p->block_bytes, p->data + (size_t)src * p->block_bytes, p->block_bytes);
+    if (dst < 0) return;
+    memcpy(p->data + (size_t)dst * p->block_bytes, block_data(p, src), p->block_bytes);
 }
 
 float *kv_block_k(const kv_pool *p, int32_t b, int layer) {
-    return (float *)(void *)(p->data + (size_t)b * p->block_bytes + p->layer_offset[layer]);
+    return (float *)(void *)(block_data(p, b) + p->layer_offset[layer]);
 }
 
 float *kv_block_v(const kv_pool *p, int32_t b, int layer) {
-    return (float *)(void *)(p->data + (size_t)b * p->block_bytes + p->layer_offset[layer] +
-                             (size_t)KV_BLOCK_TOKENS * p->k_bytes[layer]);
+    return (float *)(void *)(block_data(p, b) + p->layer_offset[layer] + (size_t)KV_BLOCK_TOKENS * p->k_bytes[layer]);
 }
 
 static uint8_t *row_at(const kv_pool *p, int32_t b, int layer, int kv, int row) {
@@ -377,7 +440,7 @@ static int kvarn_own_sealing_groups(kv_pool *p, kv_seq *seq, int64_t from, int64
     for (int64_t g = g0; g < g1; g++)
         for (int32_t i = (int32_t)g * per_group; i < (int32_t)(g + 1) * per_group && i < seq->n_blocks; i++) {
             int32_t b = seq->blocks[i];
-            if (p->refcount[b] <= 1 && !p->indexed[b]) continue;
+            if (b < 0 || (p->refcount[b] <= 1 && !p->indexed[b])) continue;
             int32_t fresh = kv_block_alloc(p);
             if (fresh < 0)
                 return ember_fail(err, "kv: pool exhausted (%d blocks) copying a shared block before sealing it",
@@ -401,6 +464,7 @@ static int seq_reserve_table(kv_seq *seq, int32_t n, ember_error *err) {
 }
 
 int kv_seq_prepare_append(kv_pool *p, kv_seq *seq, int64_t n_new, ember_error *err) {
+    kv_seq_kvarn_compact(p, seq); /* a prefix adopted from a cache tier comes with every block */
     int64_t end = seq->n_tokens + n_new;
     int32_t need = (int32_t)((end + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     if (seq_reserve_table(seq, need, err) < 0) return -1;
@@ -480,6 +544,40 @@ static void group_regions(const kv_pool *p, const kv_seq *seq, int layer, int64_
         regions[r] = (uint8_t *)kv_block_k(p, seq->blocks[g * per_group + r], layer);
 }
 
+/* Group g is sealed in every layer: the blocks after its first
+ * kvarn_regions hold nothing that is read any more. */
+static void release_spare(kv_pool *p, kv_seq *seq, int64_t g) {
+    const int32_t per_group = KVARN_GROUP / KV_BLOCK_TOKENS;
+    for (int32_t i = (int32_t)g * per_group + p->kvarn_regions; i < (int32_t)(g + 1) * per_group && i < seq->n_blocks;
+         i++) {
+        kv_block_unref(p, seq->blocks[i]);
+        seq->blocks[i] = KV_BLOCK_HOLE;
+    }
+}
+
+/* Is group g of seq sealed (its marker, in the first layer with rows)? */
+static bool group_marked(const kv_pool *p, const kv_seq *seq, int64_t g) {
+    int32_t bi = (int32_t)(g * (KVARN_GROUP / KV_BLOCK_TOKENS));
+    if (bi >= seq->n_blocks || seq->blocks[bi] < 0) return false;
+    for (int l = 0; l < p->n_layer; l++)
+        if (p->kvarn[l].n_regions > 0) return kvarn_region0_sealed((const uint8_t *)kv_block_k(p, seq->blocks[bi], l));
+    return false;
+}
+
+void kv_seq_kvarn_compact(kv_pool *p, kv_seq *seq) {
+    if (p->format.kind != KV_FORMAT_KVARN || seq->n_tokens <= 0) return;
+    const int32_t per_group = KVARN_GROUP / KV_BLOCK_TOKENS;
+    int64_t end = kvarn_sealed_end(seq->n_tokens - 1, p->format.tail);
+    for (int64_t g = 1; g < end; g++) {
+        int32_t spare = (int32_t)g * per_group + p->kvarn_regions;
+        if (spare < seq->n_blocks && seq->blocks[spare] >= 0 && group_marked(p, seq, g)) release_spare(p, seq, g);
+    }
+}
+
+int32_t kv_pool_kvarn_group_blocks(const kv_pool *p) {
+    return p->format.kind == KV_FORMAT_KVARN ? p->kvarn_regions : KVARN_GROUP / KV_BLOCK_TOKENS;
+}
+
 size_t kv_kvarn_scratch_floats(const kv_pool *p) {
     size_t rows = 0, w = 0;
     for (int l = 0; l < p->n_layer; l++) {
@@ -492,7 +590,7 @@ size_t kv_kvarn_scratch_floats(const kv_pool *p) {
     return (size_t)KVARN_GROUP * rows + ((size_t)KVARN_GROUP * w + 2 * (w + KVARN_GROUP) + 8) / sizeof(float) + 1;
 }
 
-void kv_kvarn_seal_group(kv_pool *p, const kv_seq *seq, int layer, int64_t g, float *scratch) {
+void kv_kvarn_seal_group(kv_pool *p, kv_seq *seq, int layer, int64_t g, float *scratch) {
     const kvarn_layout *lay = &p->kvarn[layer];
     if (lay->n_regions == 0) return;
     /* Every row of the group is read before the regions are overwritten:
@@ -515,6 +613,7 @@ void kv_kvarn_seal_group(kv_pool *p, const kv_seq *seq, int layer, int64_t g, fl
         kvarn_encode(rows[kv], lay->width[kv], lay->head[kv], lay->bits[kv], record);
         kvarn_record_to_regions(lay, kv, record, regions);
     }
+    if (layer == p->kvarn_last_layer) release_spare(p, seq, g);
 }
 
 void kv_kvarn_record_gather(const kv_pool *p, const kv_seq *seq, int layer, int kv, int64_t g, void *record) {

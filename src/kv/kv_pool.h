@@ -50,6 +50,8 @@
 #include "tensor/kvarn.h"
 
 #define KV_BLOCK_TOKENS 16
+/* A block table entry of a sealed kvarn group's given-back block. */
+#define KV_BLOCK_HOLE (-1)
 
 typedef struct kv_pool kv_pool;
 
@@ -122,6 +124,12 @@ int kv_format_check(const kv_pool_config *cfg, ember_error *err);
 size_t kv_format_token_bytes(const kv_pool_config *cfg);
 /* kvarn: bytes per token of the sealed records alone (codes and factors). */
 size_t kv_format_record_token_bytes(const kv_pool_config *cfg);
+/* Bytes of pool a token of a sealed group takes (the blocks the group
+ * keeps, over its 128 tokens); kv_format_token_bytes outside kvarn. */
+size_t kv_format_sealed_token_bytes(const kv_pool_config *cfg);
+/* The longest sequence a pool of n_blocks holds in this format: every
+ * group the rule seals at its length keeps only its sealed blocks. */
+int64_t kv_format_capacity_tokens(const kv_pool_config *cfg, int64_t n_blocks);
 
 /* ---- kvarn groups ---- */
 /* Does a query at position p read group g as a record? */
@@ -131,7 +139,7 @@ int64_t kv_kvarn_sealed_end(kv_format f, int64_t p);
 /* Seals group g of layer `layer` in place (its 128 rows must be written and
  * its blocks owned by the sequence alone: kv_seq_prepare_append sees to
  * that). scratch: kv_kvarn_scratch_floats(pool) floats. */
-void kv_kvarn_seal_group(kv_pool *pool, const kv_seq *seq, int layer, int64_t g, float *scratch);
+void kv_kvarn_seal_group(kv_pool *pool, kv_seq *seq, int layer, int64_t g, float *scratch);
 size_t kv_kvarn_scratch_floats(const kv_pool *pool);
 /* True when the first n positions of seq hold exactly what the rule gives a
  * sequence of length n (groups sealed for a query at n - 1, the rest fp16),
@@ -139,6 +147,12 @@ size_t kv_kvarn_scratch_floats(const kv_pool *pool);
 bool kv_seq_kvarn_check(const kv_pool *pool, const kv_seq *seq, int64_t n);
 /* The contiguous record (kvarn_encode's layout) of a sealed group; for tests. */
 void kv_kvarn_record_gather(const kv_pool *pool, const kv_seq *seq, int layer, int kv, int64_t g, void *record);
+/* Gives back the spare blocks of every sealed group of seq that still holds
+ * them (a prefix adopted from a cache tier comes with all 8); idempotent.
+ * kv_seq_prepare_append calls it. */
+void kv_seq_kvarn_compact(kv_pool *pool, kv_seq *seq);
+/* Blocks a sealed group keeps (8 outside kvarn). */
+int32_t kv_pool_kvarn_group_blocks(const kv_pool *pool);
 /* Where a sealed group's records lie in layer `layer`'s regions (NULL outside kvarn). */
 const kvarn_layout *kv_pool_kvarn_layout(const kv_pool *pool, int layer);
 int kv_pool_head(const kv_pool *pool, int kv);      /* values per head, kv 0 = K */
