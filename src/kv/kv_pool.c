@@ -314,7 +314,9 @@ kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err) {
     }
     size_t nb = (size_t)cfg->n_blocks;
     if (p->block_bytes > SIZE_MAX / nb) goto oom;
-    p->data_bytes = nb * p->block_bytes;
+    /* 64 bytes past the last block: the AVX-512 kvarn kernel loads 16
+     * bytes for 10-14 bytes of codes (attention_kvarn_avx512.c). */
+    p->data_bytes = nb * p->block_bytes + 64;
     if (p->data_bytes > KV_POOL_MAP_BYTES) {
         void *m = mmap(NULL, p->data_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m != MAP_FAILED) {
@@ -322,7 +324,7 @@ kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err) {
             p->data_mapped = true;
         }
     } else {
-        p->data = calloc(nb, p->block_bytes);
+        p->data = calloc(1, p->data_bytes);
     }
     p->refcount = calloc(nb, sizeof(int32_t));
     p->indexed = calloc(nb, sizeof(bool));
