@@ -95,6 +95,43 @@ static void test_pool_arithmetic(void **state) {
     assert_non_null(strstr(line, "(cache.num_blocks;"));
 }
 
+/* kvarn: the same memory holds more tokens, and one context needs fewer
+ * blocks: a sealed k6v5 group of the qwen3-0.6b shape keeps 3 of its 8
+ * blocks (43,008 bytes a token against f16's 114,688), so a 4 GiB pool of
+ * 2,340 blocks holds 37,440 tokens of f16 and about 2.6 times that of
+ * kvarn-k6v5 (the fp16 sink, live group and 1,024-token tail included). */
+static void test_pool_tokens_kvarn(void **state) {
+    (void)state;
+    int w[28];
+    for (int l = 0; l < 28; l++) w[l] = 8 * 128;
+    kv_pool_config f16 = {28, w, w, 1, {KV_FORMAT_F16, 0, 0, 0}, 128, 128};
+    kv_pool_config kvarn = f16;
+    assert_int_equal(kv_format_parse("kvarn-k6v5", &kvarn.format), 0);
+    uint64_t bb = kv_format_token_bytes(&f16) * KV_BLOCK_TOKENS;
+    assert_int_equal(kv_format_token_bytes(&kvarn) * KV_BLOCK_TOKENS, bb); /* blocks are blocks */
+    assert_int_equal(kv_format_sealed_token_bytes(&kvarn), 43008);
+    char line[1024];
+    serve_pool_inputs a = {64 * GIB, 0, 0.5, bb, 2340, 2, &f16}, b = a;
+    b.kv = &kvarn;
+    serve_pool_plan pa, pb;
+    ember_error err;
+    assert_int_equal(serve_pool_size(&a, &pa, line, sizeof line, &err), 0);
+    assert_non_null(strstr(line, "KV pool: 2340 blocks (37440 tokens, 4.00 GiB)"));
+    assert_int_equal(serve_pool_size(&b, &pb, line, sizeof line, &err), 0);
+    assert_int_equal(pb.n_blocks, pa.n_blocks);
+    long long tokens = 0;
+    assert_non_null(strstr(line, "KV pool: 2340 blocks ("));
+    assert_int_equal(sscanf(strstr(line, "("), "(%lld tokens", &tokens), 1);
+    print_message("4 GiB of qwen3-0.6b-shape pool: f16 37440 tokens, kvarn-k6v5 %lld\n", tokens);
+    assert_int_equal(tokens, kv_format_capacity_tokens(&kvarn, 2340));
+    assert_true(tokens > 37440 * 5 / 2);
+    /* one 32k context: 2,049 blocks of f16, fewer of kvarn */
+    assert_int_equal(kv_format_blocks_for_tokens(&f16, 32768), 2048);
+    int64_t kb = kv_format_blocks_for_tokens(&kvarn, 32768);
+    assert_true(kb < 2048 * 4 / 10);
+    assert_true(kv_format_capacity_tokens(&kvarn, kb) >= 32768);
+}
+
 static void test_pool_refusals(void **state) {
     (void)state;
     serve_pool_plan p;
@@ -400,6 +437,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_arithmetic),
         cmocka_unit_test(test_pool_refusals),
+        cmocka_unit_test(test_pool_tokens_kvarn),
         cmocka_unit_test(test_mem_available),
         cmocka_unit_test(test_disk_switch_in_settings),
         cmocka_unit_test(test_impossible_pool_fails_at_start),

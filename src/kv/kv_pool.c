@@ -247,6 +247,18 @@ size_t kv_format_sealed_token_bytes(const kv_pool_config *cfg) {
     return row * KV_BLOCK_TOKENS * (size_t)kvarn_group_blocks_of(cfg) / KVARN_GROUP;
 }
 
+int64_t kv_format_blocks_for_tokens(const kv_pool_config *cfg, int64_t n) {
+    int64_t nbs = (n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+    if (cfg->format.kind != KV_FORMAT_KVARN) return nbs;
+    const int64_t spare = KVARN_GROUP / KV_BLOCK_TOKENS - kvarn_group_blocks_of(cfg);
+    int64_t most = 0; /* the peak, as kv_format_capacity_tokens counts it */
+    for (int64_t nb = 1; nb <= nbs; nb++) {
+        int64_t held = nb - (kvarn_sealed_end((nb - 1) * KV_BLOCK_TOKENS - 1, cfg->format.tail) - 1) * spare;
+        if (held > most) most = held;
+    }
+    return most;
+}
+
 int64_t kv_format_capacity_tokens(const kv_pool_config *cfg, int64_t n_blocks) {
     if (cfg->format.kind != KV_FORMAT_KVARN) return n_blocks * KV_BLOCK_TOKENS;
     const int64_t per_group = KVARN_GROUP / KV_BLOCK_TOKENS, spare = per_group - kvarn_group_blocks_of(cfg);

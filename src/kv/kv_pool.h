@@ -130,6 +130,8 @@ size_t kv_format_sealed_token_bytes(const kv_pool_config *cfg);
 /* The longest sequence a pool of n_blocks holds in this format: every
  * group the rule seals at its length keeps only its sealed blocks. */
 int64_t kv_format_capacity_tokens(const kv_pool_config *cfg, int64_t n_blocks);
+/* The blocks a sequence growing to n tokens holds at most (the inverse). */
+int64_t kv_format_blocks_for_tokens(const kv_pool_config *cfg, int64_t n);
 
 /* ---- kvarn groups ---- */
 /* Does a query at position p read group g as a record? */

@@ -1372,9 +1372,14 @@ static int size_pool(const model *m, const serve_config *cfg, engine_config *ec,
     /* A draft model's (or an MTP head's) pool has as many blocks as the
      * target's: its blocks and weights count too. */
     const gguf_file *df = ec->spec.kind == SPEC_DRAFT && ec->spec.draft ? model_get_gguf(ec->spec.draft) : NULL;
+    /* kvarn: a sealed group keeps only the blocks of its records, so one
+     * context needs fewer blocks and the same blocks hold more tokens. */
+    kv_pool_config kc;
+    model_kv_config(m, 1, &kc);
+    kc.format = ec->kv_format;
     serve_pool_inputs in = {0, (f ? gguf_file_size(f) : 0) + (df ? gguf_file_size(df) : 0), cfg->memory_share,
                             engine_blocks_bytes(m, ec->kv_format, &ec->spec), cfg->num_blocks,
-                            (ec->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS + 1};
+                            (int32_t)kv_format_blocks_for_tokens(&kc, ec->n_ctx) + 1, &kc};
     ember_error merr;
     if (serve_mem_available(&in.available, &merr) < 0) {
         if (cfg->num_blocks > 0) return 0; /* as configured, unchecked */

@@ -79,7 +79,9 @@ int serve_pool_size(const serve_pool_inputs *in, serve_pool_plan *out, char *lin
     if (line) {
         double pct = in->available ? 100.0 * (double)out->pool_bytes / (double)in->available : 0.0;
         int n = snprintf(line, line_cap, "KV pool: %" PRId32 " blocks (%" PRIu64 " tokens, %.2f GiB) = %.1f%% of available memory ",
-                         out->n_blocks, blocks * KV_BLOCK_TOKENS, gib(out->pool_bytes), pct);
+                         out->n_blocks,
+                         in->kv ? (uint64_t)kv_format_capacity_tokens(in->kv, (int64_t)blocks) : blocks * KV_BLOCK_TOKENS,
+                         gib(out->pool_bytes), pct);
         if (n < 0 || (size_t)n >= line_cap) return 0;
         if (in->configured > 0)
             snprintf(line + n, line_cap - (size_t)n,

@@ -50,6 +50,9 @@ typedef struct serve_pool_inputs {
     uint64_t block_bytes;   /* bytes of one KV block (all layers, K and V) */
     int32_t configured;     /* cache.num_blocks; 0: from memory */
     int32_t least_blocks;   /* the smallest pool that serves one full context */
+    const struct kv_pool_config *kv; /* the pool's rows and format, or NULL: the tokens the
+                                      * line reports (a kvarn pool counts sealed groups at
+                                      * their kept blocks, kv_format_capacity_tokens) */
 } serve_pool_inputs;
 
 typedef struct serve_pool_plan {
