@@ -21,10 +21,9 @@
  * format (a kvarn pool gives the same logits for any chunking).
  *
  * Memory: bytes per token of K and V over all layers (kv_format_token_bytes)
- * and tokens per GiB of pool; for kvarn also the sealed records' bytes per
- * token (kv_format_record_token_bytes), which is what a token past the tail
- * costs once sealed groups give back their spare blocks (the pool keeps
- * them for now: see docs/kv-formats.md).
+ * and tokens per GiB of pool; for kvarn also the bytes of pool a token of a
+ * sealed group takes (kv_format_sealed_token_bytes: the blocks a sealed
+ * group keeps, the rest given back).
  *
  * Speed: decode tokens/s at a context of --decode-ctx tokens. The sequence's
  * K/V rows are filled with random values (encoded in the format) instead of
@@ -371,7 +370,7 @@ int main(int argc, char **argv) {
                  attn);
     for (int f = 0; f < n_fmt; f++) {
         kc.format = runs[f].fmt;
-        size_t bpt = kv_format_token_bytes(&kc), sealed = kv_format_record_token_bytes(&kc);
+        size_t bpt = kv_format_token_bytes(&kc), sealed = kv_format_sealed_token_bytes(&kc);
         char kl[32], top[32], speed[32], att[32];
         if (f == 0) {
             snprintf(kl, sizeof kl, "(reference)");

@@ -12,6 +12,9 @@
  * disk tier writes it as one record. Rows are encoded (kv_rows.h) with a
  * byte size that is a multiple of 4, so every offset is word-aligned.
  *
+ * kvarn pools also map one read-only block of zeros: what a block table's
+ * KV_BLOCK_HOLE (a sealed group's given-back block) reads as.
+ *
  * The free queue is an intrusive doubly-linked list over block ids in the
  * order blocks became free; allocation pops the head (the least recently
  * freed). A block taken back by kv_block_ref is unlinked from the middle in

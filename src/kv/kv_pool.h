@@ -28,15 +28,31 @@
  *    once a query at position 128 (g + 1) + tail reads it: from that query
  *    on, the group is read as the record, before it as fp16 rows. The rule
  *    is a function of absolute positions only, so the representation a query
- *    sees never depends on batching or on where a prefix came from. A sealed
- *    group is written in place over its fp16 rows (kv_kvarn_seal_group), one
- *    token's codes and row factor in that token's own row slot and the
- *    group's column factors in the spare bytes of its first slots, with a
+ *    sees never depends on batching or on where a prefix came from.
+ *    Sealing (kv_kvarn_seal_group, layer by layer) writes the group's
+ *    records compactly and head-major (tensor/kvarn.h) into the first
+ *    kv_pool_kvarn_group_blocks blocks of the group (3 of 8 on the qwen3
+ *    shape at k6v5), each layer in its own bytes of those blocks, with a
  *    marker that kv_seq_kvarn_check reads back: a prefix adopted from any
- *    tier must hold exactly the groups the rule seals at its length.
+ *    tier must hold exactly the groups the rule seals at its length. Once
+ *    the last layer is sealed the group's other blocks are given back: the
+ *    table entry becomes KV_BLOCK_HOLE and the block is unreferenced.
  *    kv_seq_prepare_append copies a shared block before a group it belongs
- *    to is sealed. The sealed group keeps its 8 blocks (the block table stays
- *    16-token blocks), so the pool holds f16's tokens per byte for now.
+ *    to is sealed, and gives back the spare blocks of sealed groups a
+ *    prefix adopted from a cache tier brought along (kv_seq_kvarn_compact).
+ *  - Why records live in the group's own blocks and not in an arena of
+ *    their own: the block stays the pool's one unit of memory, so its
+ *    contract is unchanged - refcounts, the evict hook, admission counted in
+ *    blocks, copy-on-write - and every cache tier keeps copying a
+ *    sequence's blocks word for word (exact snapshots, SSD files, checkpoint
+ *    chains): a sealed group's records travel inside its kept blocks, and a
+ *    hole reads as a read-only block of zeros (writing one faults), which a
+ *    restore writes back as a block that compaction gives back again. An
+ *    arena would need its own refcounts, eviction and admission, and a
+ *    second path through every snapshot, file and chain. The price is
+ *    rounding to whole blocks per group (3 blocks hold 2.82 blocks' worth
+ *    of k6v5 records on the qwen3 shape) and holes in block tables, which
+ *    kv_block_ref/unref/copy and kv_block_k/v accept.
  *  - Not thread-safe: the scheduler owns the pool. */
 #ifndef EMBER_KV_POOL_H
 #define EMBER_KV_POOL_H
