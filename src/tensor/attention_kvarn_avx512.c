@@ -45,7 +45,7 @@ static void packed_tables(int bits, __m512i *pick, __m512i *shifts) {
     *shifts = _mm512_load_si512(sh);
 }
 
-enum { PREFETCH_AHEAD = 16, CODES_AHEAD = 8 };
+enum { PREFETCH_AHEAD = 16, CODES_AHEAD = 32 };
 
 /* The cache lines of bytes [p, p + n) (n <= 256). */
 static inline void prefetch_slice(const uint8_t *p, int n) {
@@ -151,6 +151,8 @@ static inline __attribute__((always_inline)) void heads_nh(float *out, const flo
         int64_t j1 = (g + 1) * KVARN_GROUP < n_keys ? (g + 1) * KVARN_GROUP : n_keys;
         if (kvarn_group_sealed(g, pos, f->tail)) {
             attention_kvarn_sealed_at(&sd, f->layout, 0, k_blocks, g, kvh);
+            for (int64_t j = j0; j < j1 && j < j0 + CODES_AHEAD; j++)
+                prefetch_slice(sd.codes[j - g * KVARN_GROUP], d_k * f->k_bits / 8);
             for (int c = 0; c < d_k; c += 16) _mm512_store_ps(col + c, f16x16(sd.cols + 2 * (size_t)c));
 #pragma GCC unroll 8
             for (int i = 0; i < nh; i++)
@@ -222,6 +224,8 @@ static inline __attribute__((always_inline)) void heads_nh(float *out, const flo
         float rfs[KVARN_GROUP];
         if (sealed) {
             attention_kvarn_sealed_at(&sd, f->layout, 1, k_blocks, g, kvh);
+            for (int64_t j = j0; j < j1 && j < j0 + CODES_AHEAD; j++)
+                prefetch_slice(sd.codes[j - g * KVARN_GROUP], d_v * f->v_bits / 8);
             for (int64_t j = j0; j < j1; j++) {
                 uint16_t h;
                 memcpy(&h, sd.rows + 2 * (size_t)(j - g * KVARN_GROUP), 2);
