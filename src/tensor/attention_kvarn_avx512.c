@@ -38,7 +38,7 @@ static void packed_tables(int bits, __m512i *pick, __m512i *shifts) {
     _Alignas(64) int32_t pk[16], sh[16];
     for (int i = 0; i < 16; i++) {
         int b0 = i * bits / 8, b1 = b0 + 1 < 16 ? b0 + 1 : 0x80;
-        pk[i] = b0 | b1 << 8 | 0x80 << 16 | 0x80 << 24;
+        pk[i] = (int32_t)((uint32_t)b0 | (uint32_t)b1 << 8 | 0x80u << 16 | 0x80u << 24);
         sh[i] = i * bits % 8;
     }
     *pick = _mm512_load_si512(pk);
