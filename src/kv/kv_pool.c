@@ -262,9 +262,9 @@ int64_t kv_format_blocks_for_tokens(const kv_pool_config *cfg, int64_t n) {
     return most;
 }
 
-int64_t kv_format_capacity_tokens(const kv_pool_config *cfg, int64_t n_blocks) {
-    if (cfg->format.kind != KV_FORMAT_KVARN) return n_blocks * KV_BLOCK_TOKENS;
-    const int64_t per_group = KVARN_GROUP / KV_BLOCK_TOKENS, spare = per_group - kvarn_group_blocks_of(cfg);
+static int64_t capacity_tokens(kv_format f, int group_blocks, int64_t n_blocks) {
+    if (f.kind != KV_FORMAT_KVARN) return n_blocks * KV_BLOCK_TOKENS;
+    const int64_t spare = KVARN_GROUP / KV_BLOCK_TOKENS - group_blocks;
     /* A sequence's nb-th block is taken when position 16 (nb - 1) is
      * written, before that position's query seals anything: it then holds
      * nb blocks less the spare ones of the groups sealed at the previous
@@ -272,11 +272,19 @@ int64_t kv_format_capacity_tokens(const kv_pool_config *cfg, int64_t n_blocks) {
      * that does not fit ends it. */
     int64_t best = 0;
     for (int64_t nb = 1;; nb++) {
-        int64_t sealed = kvarn_sealed_end((nb - 1) * KV_BLOCK_TOKENS - 1, cfg->format.tail) - 1;
+        int64_t sealed = kvarn_sealed_end((nb - 1) * KV_BLOCK_TOKENS - 1, f.tail) - 1;
         if (nb - sealed * spare > n_blocks) break;
         best = nb * KV_BLOCK_TOKENS;
     }
     return best;
+}
+
+int64_t kv_format_capacity_tokens(const kv_pool_config *cfg, int64_t n_blocks) {
+    return capacity_tokens(cfg->format, cfg->format.kind == KV_FORMAT_KVARN ? kvarn_group_blocks_of(cfg) : 0, n_blocks);
+}
+
+int64_t kv_pool_capacity_tokens(const kv_pool *p, int64_t n_blocks) {
+    return capacity_tokens(p->format, p->kvarn_regions, n_blocks);
 }
 
 kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err) {

@@ -169,6 +169,8 @@ void kv_kvarn_record_gather(const kv_pool *pool, const kv_seq *seq, int layer, i
  * them (a prefix adopted from a cache tier comes with all 8); idempotent.
  * kv_seq_prepare_append calls it. */
 void kv_seq_kvarn_compact(kv_pool *pool, kv_seq *seq);
+/* kv_format_capacity_tokens for this pool's format and rows. */
+int64_t kv_pool_capacity_tokens(const kv_pool *pool, int64_t n_blocks);
 /* Blocks a sealed group keeps (8 outside kvarn). */
 int32_t kv_pool_kvarn_group_blocks(const kv_pool *pool);
 /* Where a sealed group's records lie in layer `layer`'s regions (NULL outside kvarn). */

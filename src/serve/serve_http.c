@@ -1559,6 +1559,14 @@ int server_load(server *srv, ember_error *err) {
     srv->api.n_model_names = 3;
     srv->api.n_ctx = engine_n_ctx(srv->e);
     srv->api.max_seq_tokens = (int64_t)(kv_pool_n_blocks(engine_pool(srv->e)) - 1) * KV_BLOCK_TOKENS;
+    if (kv_format_is_kvarn(kv_pool_format(engine_pool(srv->e)))) {
+        /* Sealed groups give blocks back, but only after the chunk that
+         * seals them took its blocks: leave room for one prefill chunk. */
+        int64_t room = kv_pool_n_blocks(engine_pool(srv->e)) - 1 -
+                       (cfg->prefill_step > 0 ? cfg->prefill_step : 512) / KV_BLOCK_TOKENS;
+        int64_t most = room > 0 ? kv_pool_capacity_tokens(engine_pool(srv->e), room) : 0;
+        if (most > srv->api.max_seq_tokens) srv->api.max_seq_tokens = most;
+    }
     srv->api.default_max_tokens = cfg->default_max_tokens;
     srv->api.tenant_secret = srv->secret;
     {
