@@ -107,7 +107,7 @@ static void pool_open(pool_fixture *f, const char *fmt, int n_head_kv, int head,
     f->fmt = parse(fmt);
     f->n = n;
     int w[1] = {f->width};
-    kv_pool_config cfg = {1, w, w, (int32_t)(n / KV_BLOCK_TOKENS + 4), f->fmt, head, head};
+    kv_pool_config cfg = {1, w, w, (int32_t)(2 * (n / KV_BLOCK_TOKENS) + 4), f->fmt, head, head};
     ember_error err;
     f->pool = kv_pool_create(&cfg, &err);
     if (f->pool == NULL) fail_msg("%s", err.msg);
@@ -267,6 +267,61 @@ static void test_attention_reads_records(void **state) {
         free(ref);
         pool_close(&f);
     }
+}
+
+/* What every cache tier does with a sequence (exact snapshots, SSD files,
+ * checkpoint chains): copy its blocks word for word into fresh ones. A
+ * hole reads as zeros; the copy holds the compact records in its kept
+ * blocks, passes the validity check, gives its spare blocks back on
+ * compaction, and attention over it gives the same bits. */
+static void test_copied_sequence_keeps_its_records(void **state) {
+    (void)state;
+    pool_fixture f;
+    pool_open(&f, "kvarn-k6v5-t0", 2, 128, 3 * KVARN_GROUP + 5);
+    seal(&f, 1);
+    seal(&f, 2);
+    int64_t n = f.n;
+    assert_true(kv_seq_kvarn_check(f.pool, &f.seq, n));
+    int32_t kept = kv_pool_kvarn_group_blocks(f.pool), holes = 0;
+    assert_true(kept < 8);
+    for (int32_t i = 0; i < f.seq.n_blocks; i++) holes += f.seq.blocks[i] == KV_BLOCK_HOLE;
+    assert_int_equal(holes, 2 * (8 - kept));
+    kv_seq copy;
+    kv_seq_init(&copy);
+    ember_error err;
+    assert_int_equal(kv_seq_prepare_append(f.pool, &copy, n, &err), 0);
+    for (int32_t i = 0; i < f.seq.n_blocks; i++) kv_block_copy(f.pool, copy.blocks[i], f.seq.blocks[i]);
+    copy.n_tokens = n;
+    assert_true(kv_seq_kvarn_check(f.pool, &copy, n));
+    int32_t free_before = kv_pool_n_free(f.pool);
+    kv_seq_kvarn_compact(f.pool, &copy);
+    assert_int_equal(kv_pool_n_free(f.pool), free_before + holes);
+    kv_seq_kvarn_compact(f.pool, &copy); /* idempotent */
+    assert_int_equal(kv_pool_n_free(f.pool), free_before + holes);
+    for (int32_t i = 0; i < copy.n_blocks; i++) assert_int_equal(copy.blocks[i] == KV_BLOCK_HOLE, f.seq.blocks[i] == KV_BLOCK_HOLE);
+    const int n_head = 4, d = 128;
+    float q[4 * 128], a[4 * 128], b[4 * 128];
+    for (int i = 0; i < n_head * d; i++) q[i] = frand();
+    float *scratch = malloc((size_t)8 * (size_t)(n + 1) * sizeof(float));
+    const kv_seq *seqs[2] = {&f.seq, &copy};
+    float *outs[2] = {a, b};
+    for (int s = 0; s < 2; s++) {
+        const void **kb = malloc((size_t)seqs[s]->n_blocks * sizeof(void *)), **vb = malloc((size_t)seqs[s]->n_blocks * sizeof(void *));
+        for (int32_t i = 0; i < seqs[s]->n_blocks; i++) {
+            kb[i] = kv_block_k(f.pool, seqs[s]->blocks[i], 0);
+            vb[i] = kv_block_v(f.pool, seqs[s]->blocks[i], 0);
+        }
+        attention_kvarn_format af = {f.fmt.k_bits, f.fmt.v_bits, f.fmt.tail, f.width, f.width, kv_pool_kvarn_layout(f.pool, 0)};
+        int64_t pos = n - 1;
+        op_attention_kvarn_rows(outs[s], 0, q, 0, kb, vb, &af, &pos, 1, n_head, 2, d, d, 1.0f / sqrtf((float)d), 0, 0,
+                                n_head, scratch);
+        free(kb);
+        free(vb);
+    }
+    assert_memory_equal(a, b, sizeof a);
+    free(scratch);
+    kv_seq_release(f.pool, &copy);
+    pool_close(&f);
 }
 
 /* ---- capacity: sealed groups give their spare blocks back ---- */
@@ -818,6 +873,7 @@ int main(void) {
         cmocka_unit_test(test_sealed_group_is_the_record),
         cmocka_unit_test(test_attention_reads_records),
         cmocka_unit_test(test_sealed_groups_give_blocks_back),
+        cmocka_unit_test(test_copied_sequence_keeps_its_records),
         cmocka_unit_test(test_setting),
         cmocka_unit_test(test_chunking_does_not_matter),
         cmocka_unit_test(test_batch_of_two_sequences),
