@@ -271,7 +271,7 @@ static void log_route(const apc *c, const char *note) {
     int32_t nb = kv_pool_n_blocks(c->pool);
     ember_log(EMBER_LOG_INFO,
               "APC enabled (block_size=%d, num_blocks=%d: %lld tokens, %.1f MiB; hash=%s; exact budget %.0f MiB%s)",
-              KV_BLOCK_TOKENS, nb, (long long)nb * KV_BLOCK_TOKENS, (double)nb * (double)bb / (1024.0 * 1024.0),
+              KV_BLOCK_TOKENS, nb, (long long)kv_pool_capacity_tokens(c->pool, nb), (double)nb * (double)bb / (1024.0 * 1024.0),
               c->cfg.hash == APC_HASH_XXH3 ? "xxh3" : "sha256", (double)c->cfg.exact_max_bytes / (1024.0 * 1024.0),
               c->cfg.exact_entries > 0 ? ", capped by count" : "");
 }
