@@ -146,11 +146,14 @@ int main(int argc, char **argv) {
     const ember_dtype types[] = {DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_F16, DT_BF16, DT_Q4_0, DT_IQ4_NL, DT_IQ4_XS};
     const int64_t shapes[][2] = {{1024, 3072}, {3072, 1024}};
     const int64_t tokens[] = {1, 512};
+    const char *only = getenv("BENCH_TYPE"); /* e.g. bf16: that type alone */
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        if (only == NULL || strcmp(only, dtype_info_of(types[t])->name) == 0)
         for (size_t s = 0; s < 2; s++)
             for (size_t k = 0; k < 2; k++) bench_one(pool, types[t], shapes[s][0], shapes[s][1], tokens[k]);
     /* The tied output matrix: a GEMV that does not fit in any cache. */
-    for (size_t t = 0; t < 2; t++) bench_one(pool, types[t], 1024, 151936, 1);
+    if (only == NULL)
+        for (size_t t = 0; t < 2; t++) bench_one(pool, types[t], 1024, 151936, 1);
     ember_pool_free(pool);
     return 0;
 }

@@ -227,6 +227,15 @@ int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight
     };
     t.tile = quant_tile_kernel(w->type, &t.tile_rows, &t.tile_cols);
     choose_strips(&t);
+    size_t pb = quant_get_isa() == QUANT_ISA_AVX512 && n_tokens >= PANEL_MIN_TOKENS && !t.strip
+                    ? matmul_avx512_panel_bytes(w->type, w->n_in)
+                    : 0;
+    if (pb > 0) {
+        if (scratch_reserve(&scratch->pack, pb * (size_t)matmul_parts(pool, w->n_out, PANEL_ROWS)) != 0)
+            return -1;
+        t.pack = scratch->pack.p;
+        t.pack_bytes = pb;
+    }
     if (t.act_type == DT_F32) {
         t.act = (const uint8_t *)x;
         t.act_row_bytes = (size_t)w->n_in * sizeof(float);
@@ -237,15 +246,6 @@ int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight
         t.act_row_bytes = dtype_row_bytes(t.act_type, w->n_in);
         if (scratch_reserve(&scratch->act, t.act_row_bytes * (size_t)n_tokens) != 0) return -1;
         t.act = scratch->act.p;
-        size_t pb = quant_get_isa() == QUANT_ISA_AVX512 && n_tokens >= PANEL_MIN_TOKENS && !t.strip
-                        ? matmul_avx512_panel_bytes(w->type, w->n_in)
-                        : 0;
-        if (pb > 0) {
-            if (scratch_reserve(&scratch->pack, pb * (size_t)matmul_parts(pool, w->n_out, PANEL_ROWS)) != 0)
-                return -1;
-            t.pack = scratch->pack.p;
-            t.pack_bytes = pb;
-        }
         /* Panel and strip kernels over Q8_0 activations start from their block sums. */
         if ((pb > 0 && (w->type == DT_Q8_0 || w->type == DT_IQ4_NL)) || (t.strip && t.act_type == DT_Q8_0)) {
             size_t mb = (size_t)(w->n_in / 32) * (size_t)n_tokens * 2 * sizeof(int32_t);

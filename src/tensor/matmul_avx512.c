@@ -54,6 +54,9 @@ ALWAYS_INLINE float load_f32(const void *p) {
     return v;
 }
 
+/* Float panels: 16-element chunks, the last one zero-padded. */
+static int64_t float_chunks(int64_t n_in) { return (n_in + 15) / 16; }
+
 _Static_assert((int)IQ4_NL_PANEL_BLOCK == (int)Q8_PANEL_BLOCK, "IQ4_NL packs into the Q8_0 panel");
 
 size_t matmul_avx512_panel_bytes(ember_dtype type, int64_t n_in) {
@@ -61,6 +64,7 @@ size_t matmul_avx512_panel_bytes(ember_dtype type, int64_t n_in) {
     if (type == DT_IQ4_XS) return quant_iq4_xs_panel_bytes(n_in);
     if (type == DT_Q4_K) return (size_t)(n_in / 256) * Q4K_PANEL_BLOCK;
     if (type == DT_Q6_K) return (size_t)(n_in / 256) * Q6K_PANEL_BLOCK;
+    if (type == DT_F32 || type == DT_F16 || type == DT_BF16) return (size_t)float_chunks(n_in) * PANEL * 64;
     return 0;
 }
 
@@ -299,6 +303,123 @@ Q6K_PANEL_T(5) Q6K_PANEL_T(6) Q6K_PANEL_T(7) Q6K_PANEL_T(8)
 static const q4k_panel_fn q6k_panels[9] = {NULL, q6_K_panel_1, q6_K_panel_2, q6_K_panel_3, q6_K_panel_4,
                                            q6_K_panel_5, q6_K_panel_6, q6_K_panel_7, q6_K_panel_8};
 
+/* ------------------------------------------------------- F32, F16, BF16 */
+
+/* Float weights: FLOAT_DOT (quant_avx512.c) sums a row in two 16-lane
+ * accumulators, acc0 over the even full 16-element chunks in order, acc1 over
+ * the odd ones and then the zero-masked tail, and returns
+ * _mm512_reduce_add_ps(acc0 + acc1). The two chains are independent, so they
+ * may be run one after the other: the panel converts its 16 rows once (the
+ * exact f32 values LOAD_F16 / LOAD_BF16 give) into FR-row micro-panels laid
+ * out chunk by chunk, even chunks first, then odd ones, then the tail padded
+ * with zeros, and an FR x FC register tile runs the even chain of FR * FC
+ * (row, token) pairs, then the odd chain, with one accumulator per pair. Per
+ * chunk a tile loads FR weight and FC activation vectors for FR * FC fmas,
+ * and no weight is converted more than once per call: the conversion the
+ * dot pays per product is paid once per panel for all tokens. Every pair
+ * gets the dot's operations in the dot's order (a padded weight lane is 0,
+ * as the dot's masked load gives, times a masked activation 0), hence its
+ * bits, for any n_tokens and any row split. */
+enum { FR = 4, FC = 6, FLOAT_MICRO = PANEL / FR };
+
+ALWAYS_INLINE __m512 float_load(ember_dtype type, const uint8_t *row, int64_t i, __mmask16 m) {
+    if (type == DT_F32) return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, row + 2 * i);
+    if (type == DT_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Micro-panel m of the packed panel: chunk slot j, row r at ((m * nch + j) * FR + r) * 16 floats. */
+ALWAYS_INLINE void pack_float_t(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, float *pk) {
+    const int64_t nfull = n_in / 16, ne = (nfull + 1) / 2, nch = float_chunks(n_in);
+    for (int row = 0; row < PANEL; row++) {
+        const uint8_t *src = w + (size_t)row * wrb;
+        float *mp = pk + (size_t)(row / FR) * nch * FR * 16 + (size_t)(row % FR) * 16;
+        for (int64_t k = 0; k < nfull; k++) {
+            int64_t slot = (k & 1) ? ne + k / 2 : k / 2;
+            _mm512_store_ps(mp + slot * FR * 16, float_load(type, src, 16 * k, 0xffff));
+        }
+        if (nfull < nch)
+            _mm512_store_ps(mp + nfull * FR * 16,
+                            float_load(type, src, 16 * nfull, (__mmask16)((1u << (n_in - 16 * nfull)) - 1)));
+    }
+}
+
+static void pack_float(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, float *pk) {
+    if (type == DT_F16) pack_float_t(DT_F16, w, wrb, n_in, pk);
+    else if (type == DT_BF16) pack_float_t(DT_BF16, w, wrb, n_in, pk);
+    else pack_float_t(DT_F32, w, wrb, n_in, pk);
+}
+
+/* count chunks of one chain for FR x C pairs: weights from mp (FR vectors
+ * per chunk), activation chunks 32 floats apart from ap. */
+ALWAYS_INLINE void float_chain(const int C, int64_t count, const float *mp, const float *ap, size_t as,
+                               __m512 acc[FR][FC]) {
+    for (int64_t j = 0; j < count; j++, mp += FR * 16, ap += 32) {
+        __m512 w[FR];
+        UNROLL
+        for (int r = 0; r < FR; r++) w[r] = _mm512_load_ps(mp + 16 * r);
+        UNROLL
+        for (int c = 0; c < C; c++) {
+            __m512 av = _mm512_loadu_ps(ap + c * as);
+            UNROLL
+            for (int r = 0; r < FR; r++) acc[r][c] = _mm512_fmadd_ps(w[r], av, acc[r][c]);
+        }
+    }
+}
+
+/* FR rows of one micro-panel x C tokens. */
+ALWAYS_INLINE void float_tile(const int C, int64_t n_in, const float *mp, const float *a, size_t as, float *y,
+                              size_t ys) {
+    const int64_t nfull = n_in / 16, ne = (nfull + 1) / 2, no = nfull / 2;
+    __m512 even[FR][FC], odd[FR][FC];
+    UNROLL
+    for (int r = 0; r < FR; r++)
+        UNROLL
+        for (int c = 0; c < FC; c++) even[r][c] = odd[r][c] = _mm512_setzero_ps();
+    float_chain(C, ne, mp, a, as, even);
+    mp += ne * FR * 16;
+    float_chain(C, no, mp, a + 16, as, odd);
+    mp += no * FR * 16;
+    if (16 * nfull < n_in) {
+        __mmask16 m = (__mmask16)((1u << (n_in - 16 * nfull)) - 1);
+        UNROLL
+        for (int c = 0; c < C; c++) {
+            __m512 av = _mm512_maskz_loadu_ps(m, a + c * as + 16 * nfull);
+            UNROLL
+            for (int r = 0; r < FR; r++) odd[r][c] = _mm512_fmadd_ps(_mm512_load_ps(mp + 16 * r), av, odd[r][c]);
+        }
+    }
+    UNROLL
+    for (int c = 0; c < C; c++)
+        UNROLL
+        for (int r = 0; r < FR; r++) y[c * ys + r] = _mm512_reduce_add_ps(_mm512_add_ps(even[r][c], odd[r][c]));
+}
+
+#define FLOAT_TILE_T(N)                                                                           \
+    static void float_tile_##N(int64_t n_in, const float *mp, const float *a, size_t as, float *y, \
+                               size_t ys) {                                                      \
+        float_tile(N, n_in, mp, a, as, y, ys);                                                   \
+    }
+FLOAT_TILE_T(1) FLOAT_TILE_T(2) FLOAT_TILE_T(3) FLOAT_TILE_T(4) FLOAT_TILE_T(5) FLOAT_TILE_T(6)
+
+typedef void (*float_tile_fn)(int64_t, const float *, const float *, size_t, float *, size_t);
+static const float_tile_fn float_tiles[FC + 1] = {NULL, float_tile_1, float_tile_2, float_tile_3,
+                                                  float_tile_4, float_tile_5, float_tile_6};
+
+static void float_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0, int64_t o1,
+                         const float *x, size_t xs, int64_t n_tokens, float *y, int64_t n_out, float *pk) {
+    const size_t micro = (size_t)float_chunks(n_in) * FR * 16;
+    for (int64_t o = o0; o + PANEL <= o1; o += PANEL) {
+        pack_float(type, w + (size_t)o * wrb, wrb, n_in, pk);
+        for (int64_t t = 0; t < n_tokens; t += FC) {
+            int64_t n = n_tokens - t < FC ? n_tokens - t : FC;
+            for (int m = 0; m < FLOAT_MICRO; m++)
+                float_tiles[n](n_in, pk + m * micro, x + t * xs, xs, y + t * n_out + o + m * FR, (size_t)n_out);
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ driver */
 
 void matmul_avx512_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0,
@@ -330,5 +451,8 @@ void matmul_avx512_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_
         }
     } else if (type == DT_IQ4_XS) {
         quant_iq4_xs_panels(w, wrb, n_in, o0, o1, act, as, n_tokens, y, n_out, pk);
+    } else if (type == DT_F32 || type == DT_F16 || type == DT_BF16) {
+        float_panels(type, w, wrb, n_in, o0, o1, (const float *)act, as / sizeof(float), n_tokens, y, n_out,
+                     (float *)pk);
     }
 }
