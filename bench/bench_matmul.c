@@ -14,7 +14,10 @@
  * ms per pass, the weight bandwidth and the cost relative to n_tokens 1
  * (wall time, best of 9, and CPU time, which a busy machine disturbs less).
  * BENCH_TYPE=q8_0 limits it to one type; BENCH_HOT=1 uses one matrix that
- * stays in cache (the kernels' compute cost alone). */
+ * stays in cache (the kernels' compute cost alone). In the main table too,
+ * BENCH_TYPE picks one type, and BENCH_SHAPES="2048x8192,8192x2048"
+ * (n_in x n_out) and BENCH_TOKENS="128,512" replace the shapes and batch
+ * sizes (e.g. the llama-3.2-1b matrices). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,10 +64,12 @@ static void bench_one(ember_pool *pool, ember_dtype type, int64_t n_in, int64_t 
     tensor_matmul(pool, s, &w, x, nt, y); /* warm-up */
     int reps = nt == 1 ? (n_out > 100000 ? 5 : 200) : 5;
     double best = 1e30;
+    /* BENCH_CLOCK=cpu: process CPU time (with 1 thread, the kernel's cost whatever else runs) */
+    double (*clock_fn)(void) = getenv("BENCH_CLOCK") && !strcmp(getenv("BENCH_CLOCK"), "cpu") ? cpu_s : now_s;
     for (int k = 0; k < 3; k++) {
-        double t0 = now_s();
+        double t0 = clock_fn();
         for (int r = 0; r < reps; r++) tensor_matmul(pool, s, &w, x, nt, y);
-        double dt = (now_s() - t0) / reps;
+        double dt = (clock_fn() - t0) / reps;
         if (dt < best) best = dt;
     }
     double gflops = 2.0 * n_in * n_out * nt / best * 1e-9;
@@ -144,13 +149,27 @@ int main(int argc, char **argv) {
     printf("threads %d, isa %s\n", threads, quant_isa_name(quant_get_isa()));
     ember_pool *pool = ember_pool_create(threads);
     const ember_dtype types[] = {DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_F16, DT_BF16, DT_Q4_0, DT_IQ4_NL, DT_IQ4_XS};
-    const int64_t shapes[][2] = {{1024, 3072}, {3072, 1024}};
-    const int64_t tokens[] = {1, 512};
+    int64_t shapes[8][2] = {{1024, 3072}, {3072, 1024}}, tokens[8] = {1, 512};
+    int n_shapes = 2, n_tokens = 2;
+    /* BENCH_SHAPES="2048x8192,8192x2048" (n_in x n_out), BENCH_TOKENS="128,512": other sizes */
+    const char *env = getenv("BENCH_SHAPES");
+    if (env) {
+        n_shapes = 0;
+        for (const char *p = env; *p && n_shapes < 8; p = strchr(p, ',') ? strchr(p, ',') + 1 : "") {
+            long long a = 0, b = 0;
+            if (sscanf(p, "%lldx%lld", &a, &b) == 2) shapes[n_shapes][0] = a, shapes[n_shapes++][1] = b;
+        }
+    }
+    if ((env = getenv("BENCH_TOKENS")) != NULL) {
+        n_tokens = 0;
+        for (const char *p = env; *p && n_tokens < 8; p = strchr(p, ',') ? strchr(p, ',') + 1 : "")
+            if (atoll(p) > 0) tokens[n_tokens++] = atoll(p);
+    }
     const char *only = getenv("BENCH_TYPE"); /* e.g. bf16: that type alone */
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         if (only == NULL || strcmp(only, dtype_info_of(types[t])->name) == 0)
-        for (size_t s = 0; s < 2; s++)
-            for (size_t k = 0; k < 2; k++) bench_one(pool, types[t], shapes[s][0], shapes[s][1], tokens[k]);
+            for (int s = 0; s < n_shapes; s++)
+                for (int k = 0; k < n_tokens; k++) bench_one(pool, types[t], shapes[s][0], shapes[s][1], tokens[k]);
     /* The tied output matrix: a GEMV that does not fit in any cache. */
     if (only == NULL)
         for (size_t t = 0; t < 2; t++) bench_one(pool, types[t], 1024, 151936, 1);

@@ -2,7 +2,8 @@
  * for every type, batch size (every size 1..9 of the small-batch strips and
  * their edge, 13, 16, 17 around the chunked strips' limit, then 64 and 100 for
  * tiles and panels), thread count (1, 2) and
- * available ISA: the batch-invariance invariant the engine relies on. */
+ * available ISA: the batch-invariance invariant the engine relies on. Float
+ * rows also get lengths with a masked tail and several K blocks. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -84,8 +85,14 @@ static void test_bit_identity(void **state) {
             assert_true(quant_set_isa((quant_isa)isa));
             for (size_t t = 0; t < sizeof tm_types / sizeof tm_types[0]; t++) {
                 check_type(tm_types[t], 512, pool, scratch);
-                /* float rows also end in a 16-chunk and a masked tail */
-                if (dtype_info_of(tm_types[t])->block_elems == 1) check_type(tm_types[t], 512 + 16 + 9, pool, scratch);
+                /* float rows also end in a 16-chunk and a masked tail, and
+                 * run over several K blocks of the AVX-512 float panels (an
+                 * odd number of full chunks with a tail, an even one without) */
+                if (dtype_info_of(tm_types[t])->block_elems == 1) {
+                    check_type(tm_types[t], 512 + 16 + 9, pool, scratch);
+                    check_type(tm_types[t], 2048 + 16 + 9, pool, scratch);
+                    check_type(tm_types[t], 2048 + 32, pool, scratch);
+                }
             }
         }
         ember_pool_free(pool);

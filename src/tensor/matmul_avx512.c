@@ -368,54 +368,94 @@ ALWAYS_INLINE void float_chain(const int C, int64_t count, const float *mp, cons
     }
 }
 
-/* FR rows of one micro-panel x C tokens. */
-ALWAYS_INLINE void float_tile(const int C, int64_t n_in, const float *mp, const float *a, size_t as, float *y,
-                              size_t ys) {
-    const int64_t nfull = n_in / 16, ne = (nfull + 1) / 2, no = nfull / 2;
-    __m512 even[FR][FC], odd[FR][FC];
+/* One K block of one chain for one micro-tile: the FR x C accumulators come
+ * from (or, first, start at zero in) st and go back there. */
+ALWAYS_INLINE void float_segment(const int C, int64_t count, const float *mp, const float *ap, size_t as,
+                                 __m512 *st, int first) {
+    __m512 acc[FR][FC];
     UNROLL
     for (int r = 0; r < FR; r++)
         UNROLL
-        for (int c = 0; c < FC; c++) even[r][c] = odd[r][c] = _mm512_setzero_ps();
-    float_chain(C, ne, mp, a, as, even);
-    mp += ne * FR * 16;
-    float_chain(C, no, mp, a + 16, as, odd);
-    mp += no * FR * 16;
-    if (16 * nfull < n_in) {
-        __mmask16 m = (__mmask16)((1u << (n_in - 16 * nfull)) - 1);
+        for (int c = 0; c < C; c++) acc[r][c] = first ? _mm512_setzero_ps() : _mm512_load_ps((float *)&st[r * FC + c]);
+    float_chain(C, count, mp, ap, as, acc);
+    UNROLL
+    for (int r = 0; r < FR; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) _mm512_store_ps((float *)&st[r * FC + c], acc[r][c]);
+}
+
+/* The masked tail into the odd chain (tp: the tail's weights, or NULL), then
+ * the dot's final sum. */
+ALWAYS_INLINE void float_finish(const int C, int64_t n_in, const float *tp, const float *a, size_t as,
+                                const __m512 *even, const __m512 *odd, float *y, size_t ys) {
+    const int64_t done = n_in / 16 * 16;
+    __m512 acc[FR][FC];
+    UNROLL
+    for (int r = 0; r < FR; r++)
+        UNROLL
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_load_ps((const float *)&odd[r * FC + c]);
+    if (tp) {
+        __mmask16 m = (__mmask16)((1u << (n_in - done)) - 1);
         UNROLL
         for (int c = 0; c < C; c++) {
-            __m512 av = _mm512_maskz_loadu_ps(m, a + c * as + 16 * nfull);
+            __m512 av = _mm512_maskz_loadu_ps(m, a + c * as + done);
             UNROLL
-            for (int r = 0; r < FR; r++) odd[r][c] = _mm512_fmadd_ps(_mm512_load_ps(mp + 16 * r), av, odd[r][c]);
+            for (int r = 0; r < FR; r++) acc[r][c] = _mm512_fmadd_ps(_mm512_load_ps(tp + 16 * r), av, acc[r][c]);
         }
     }
     UNROLL
     for (int c = 0; c < C; c++)
         UNROLL
-        for (int r = 0; r < FR; r++) y[c * ys + r] = _mm512_reduce_add_ps(_mm512_add_ps(even[r][c], odd[r][c]));
+        for (int r = 0; r < FR; r++)
+            y[c * ys + r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_load_ps((const float *)&even[r * FC + c]), acc[r][c]));
 }
 
-#define FLOAT_TILE_T(N)                                                                           \
-    static void float_tile_##N(int64_t n_in, const float *mp, const float *a, size_t as, float *y, \
-                               size_t ys) {                                                      \
-        float_tile(N, n_in, mp, a, as, y, ys);                                                   \
+#define FLOAT_TILE_T(N)                                                                              \
+    static void float_segment_##N(int64_t count, const float *mp, const float *ap, size_t as, __m512 *st, \
+                                  int first) {                                                      \
+        float_segment(N, count, mp, ap, as, st, first);                                             \
+    }                                                                                               \
+    static void float_finish_##N(int64_t n_in, const float *tp, const float *a, size_t as, const __m512 *even, \
+                                 const __m512 *odd, float *y, size_t ys) {                          \
+        float_finish(N, n_in, tp, a, as, even, odd, y, ys);                                         \
     }
 FLOAT_TILE_T(1) FLOAT_TILE_T(2) FLOAT_TILE_T(3) FLOAT_TILE_T(4) FLOAT_TILE_T(5) FLOAT_TILE_T(6)
 
-typedef void (*float_tile_fn)(int64_t, const float *, const float *, size_t, float *, size_t);
-static const float_tile_fn float_tiles[FC + 1] = {NULL, float_tile_1, float_tile_2, float_tile_3,
-                                                  float_tile_4, float_tile_5, float_tile_6};
+typedef void (*float_segment_fn)(int64_t, const float *, const float *, size_t, __m512 *, int);
+typedef void (*float_finish_fn)(int64_t, const float *, const float *, size_t, const __m512 *, const __m512 *,
+                                float *, size_t);
+static const float_segment_fn float_segments[FC + 1] = {NULL, float_segment_1, float_segment_2, float_segment_3,
+                                                        float_segment_4, float_segment_5, float_segment_6};
+static const float_finish_fn float_finishes[FC + 1] = {NULL, float_finish_1, float_finish_2, float_finish_3,
+                                                       float_finish_4, float_finish_5, float_finish_6};
+
+/* Chunk pairs per K block: a token tile's activations for one block (FC x
+ * 2 * FLOAT_KPAIRS x 16 floats, 12 KB) stay in L1 while the four
+ * micro-panels pass over them; only the weights come from L2. */
+enum { FLOAT_KPAIRS = 32 };
 
 static void float_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0, int64_t o1,
                          const float *x, size_t xs, int64_t n_tokens, float *y, int64_t n_out, float *pk) {
-    const size_t micro = (size_t)float_chunks(n_in) * FR * 16;
+    const int64_t nfull = n_in / 16, ne = (nfull + 1) / 2, no = nfull / 2;
+    const size_t micro = (size_t)float_chunks(n_in) * FR * 16, chunk = FR * 16;
+    _Alignas(64) __m512 st[FLOAT_MICRO][2][FR * FC];
     for (int64_t o = o0; o + PANEL <= o1; o += PANEL) {
         pack_float(type, w + (size_t)o * wrb, wrb, n_in, pk);
         for (int64_t t = 0; t < n_tokens; t += FC) {
-            int64_t n = n_tokens - t < FC ? n_tokens - t : FC;
+            const int n = n_tokens - t < FC ? (int)(n_tokens - t) : FC;
+            const float *a = x + t * xs;
+            for (int64_t k = 0; k == 0 || k < ne; k += FLOAT_KPAIRS) {
+                int64_t ce = ne - k < FLOAT_KPAIRS ? ne - k : FLOAT_KPAIRS;
+                int64_t co = no - k < FLOAT_KPAIRS ? (no > k ? no - k : 0) : FLOAT_KPAIRS;
+                for (int m = 0; m < FLOAT_MICRO; m++) {
+                    const float *mp = pk + m * micro;
+                    float_segments[n](ce, mp + k * chunk, a + 32 * k, xs, st[m][0], k == 0);
+                    float_segments[n](co, mp + (ne + k) * chunk, a + 32 * k + 16, xs, st[m][1], k == 0);
+                }
+            }
             for (int m = 0; m < FLOAT_MICRO; m++)
-                float_tiles[n](n_in, pk + m * micro, x + t * xs, xs, y + t * n_out + o + m * FR, (size_t)n_out);
+                float_finishes[n](n_in, nfull < float_chunks(n_in) ? pk + m * micro + nfull * chunk : NULL, a, xs,
+                                  st[m][0], st[m][1], y + t * n_out + o + m * FR, (size_t)n_out);
         }
     }
 }
