@@ -22,6 +22,7 @@
  *    (row, token), so y never depends on n_tokens, the batch or nth. */
 #include "tensor/matmul.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,7 +36,7 @@ typedef struct scratch_buf {
 struct matmul_scratch {
     scratch_buf act;  /* converted activations */
     scratch_buf meta; /* per activation block metadata for the panel GEMM */
-    scratch_buf pack; /* one packed weight panel per part (compute_task ith) */
+    scratch_buf pack; /* one packed weight panel per thread (pack_slot_take) */
 };
 
 matmul_scratch *matmul_scratch_create(void) { return calloc(1, sizeof(matmul_scratch)); }
@@ -77,8 +78,9 @@ typedef struct matmul_task {
     quant_strip_fn strip_rest; /* the last, shorter token chunk of a batch over 8 */
     int strip_rows;
     int32_t *meta;          /* panel GEMM: per (token, block) {-128 * sum(qs), f32 d}; or NULL */
-    uint8_t *pack;          /* panel GEMM: one packed panel per part, or NULL */
-    size_t pack_bytes;      /* per thread */
+    uint8_t *pack;          /* panel GEMM: one packed panel per running thread, or NULL */
+    size_t pack_bytes;      /* per slot */
+    _Atomic unsigned *pack_busy; /* bit s: slot s is in use by a running part */
 } matmul_task;
 
 enum { PANEL_ROWS = 16, PANEL_MIN_TOKENS = 8 };
@@ -143,6 +145,24 @@ static int matmul_parts(const ember_pool *pool, int64_t n_out, long granule) {
     return (int)(parts < units ? parts : units > 0 ? units : 1);
 }
 
+/* Packed panels go to one of pool-size slots, the lowest free one: at most
+ * that many parts run at once, and a thread that runs parts one after another
+ * keeps refilling the same slot, which stays in its cache (a slot per part,
+ * 8 per thread, would be written cold each time: the float panels of a
+ * 8192-wide row are 512 KB). Which slot a part uses never changes its bits. */
+enum { PACK_SLOTS_MAX = 32 }; /* a larger pool waits for a free slot */
+static int pack_slot_take(_Atomic unsigned *busy) {
+    unsigned cur = atomic_load(busy);
+    for (;;) {
+        if (~cur == 0) {
+            cur = atomic_load(busy);
+            continue;
+        }
+        int slot = __builtin_ctz(~cur);
+        if (atomic_compare_exchange_weak(busy, &cur, cur | (1u << slot))) return slot;
+    }
+}
+
 static void compute_task(void *ctx, int ith, int nth) {
     const matmul_task *t = ctx;
     int64_t n_out = t->w->n_out, n_in = t->w->n_in;
@@ -166,9 +186,11 @@ static void compute_task(void *ctx, int ith, int nth) {
         return;
     }
     if (t->pack) {
+        int slot = pack_slot_take(t->pack_busy);
         matmul_avx512_panels(t->w->type, t->w->data, t->w->row_bytes, n_in, begin, end, t->act,
                              t->act_row_bytes, t->meta, t->n_tokens, t->y, n_out,
-                             t->pack + (size_t)ith * t->pack_bytes);
+                             t->pack + (size_t)slot * t->pack_bytes);
+        atomic_fetch_and(t->pack_busy, ~(1u << slot));
         begin += (end - begin) / PANEL_ROWS * PANEL_ROWS;
         if (begin >= end) return;
     }
@@ -230,11 +252,14 @@ int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight
     size_t pb = quant_get_isa() == QUANT_ISA_AVX512 && n_tokens >= PANEL_MIN_TOKENS && !t.strip
                     ? matmul_avx512_panel_bytes(w->type, w->n_in)
                     : 0;
+    _Atomic unsigned pack_busy = 0;
     if (pb > 0) {
-        if (scratch_reserve(&scratch->pack, pb * (size_t)matmul_parts(pool, w->n_out, PANEL_ROWS)) != 0)
-            return -1;
+        int slots = ember_pool_size(pool);
+        if (slots > PACK_SLOTS_MAX) slots = PACK_SLOTS_MAX;
+        if (scratch_reserve(&scratch->pack, pb * (size_t)slots) != 0) return -1;
         t.pack = scratch->pack.p;
         t.pack_bytes = pb;
+        t.pack_busy = &pack_busy;
     }
     if (t.act_type == DT_F32) {
         t.act = (const uint8_t *)x;

@@ -439,11 +439,21 @@ static void float_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t
     const int64_t nfull = n_in / 16, ne = (nfull + 1) / 2, no = nfull / 2;
     const size_t micro = (size_t)float_chunks(n_in) * FR * 16, chunk = FR * 16;
     _Alignas(64) __m512 st[FLOAT_MICRO][2][FR * FC];
+    const int64_t tiles = (n_tokens + FC - 1) / FC;
+    const size_t panel_bytes = PANEL * wrb, ahead = (panel_bytes / (size_t)tiles + 63) & ~(size_t)63;
     for (int64_t o = o0; o + PANEL <= o1; o += PANEL) {
         pack_float(type, w + (size_t)o * wrb, wrb, n_in, pk);
+        /* The next panel's rows (contiguous, in memory) come into L2 a slice
+         * per token tile while this one computes: the pack then reads cache,
+         * not DRAM at one row's pace. */
+        const uint8_t *next = o + 2 * PANEL <= o1 ? w + (size_t)(o + PANEL) * wrb : NULL;
         for (int64_t t = 0; t < n_tokens; t += FC) {
             const int n = n_tokens - t < FC ? (int)(n_tokens - t) : FC;
             const float *a = x + t * xs;
+            if (next) {
+                size_t p0 = (size_t)(t / FC) * ahead, p1 = p0 + ahead < panel_bytes ? p0 + ahead : panel_bytes;
+                for (size_t p = p0; p < p1; p += 64) _mm_prefetch((const char *)next + p, _MM_HINT_T1);
+            }
             for (int64_t k = 0; k == 0 || k < ne; k += FLOAT_KPAIRS) {
                 int64_t ce = ne - k < FLOAT_KPAIRS ? ne - k : FLOAT_KPAIRS;
                 int64_t co = no - k < FLOAT_KPAIRS ? (no > k ? no - k : 0) : FLOAT_KPAIRS;
