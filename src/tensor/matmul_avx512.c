@@ -434,38 +434,48 @@ static const float_finish_fn float_finishes[FC + 1] = {NULL, float_finish_1, flo
  * micro-panels pass over them; only the weights come from L2. */
 enum { FLOAT_KPAIRS = 32 };
 
+/* Tokens per pass over a part's panels: a block's activations (at most
+ * FLOAT_X_BYTES) stay in L2/L3 while every panel of the part passes over
+ * them; the panels are packed again for each block, which costs little
+ * next to the products of that many tokens. */
+enum { FLOAT_X_BYTES = 1 << 21 };
+
 static void float_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0, int64_t o1,
                          const float *x, size_t xs, int64_t n_tokens, float *y, int64_t n_out, float *pk) {
     const int64_t nfull = n_in / 16, ne = (nfull + 1) / 2, no = nfull / 2;
     const size_t micro = (size_t)float_chunks(n_in) * FR * 16, chunk = FR * 16;
+    int64_t block = FLOAT_X_BYTES / (n_in * (int64_t)sizeof(float)) / FC * FC;
+    if (block < 4 * FC) block = 4 * FC;
     _Alignas(64) __m512 st[FLOAT_MICRO][2][FR * FC];
-    const int64_t tiles = (n_tokens + FC - 1) / FC;
-    const size_t panel_bytes = PANEL * wrb, ahead = (panel_bytes / (size_t)tiles + 63) & ~(size_t)63;
-    for (int64_t o = o0; o + PANEL <= o1; o += PANEL) {
-        pack_float(type, w + (size_t)o * wrb, wrb, n_in, pk);
-        /* The next panel's rows (contiguous, in memory) come into L2 a slice
-         * per token tile while this one computes: the pack then reads cache,
-         * not DRAM at one row's pace. */
-        const uint8_t *next = o + 2 * PANEL <= o1 ? w + (size_t)(o + PANEL) * wrb : NULL;
-        for (int64_t t = 0; t < n_tokens; t += FC) {
-            const int n = n_tokens - t < FC ? (int)(n_tokens - t) : FC;
-            const float *a = x + t * xs;
-            if (next) {
-                size_t p0 = (size_t)(t / FC) * ahead, p1 = p0 + ahead < panel_bytes ? p0 + ahead : panel_bytes;
-                for (size_t p = p0; p < p1; p += 64) _mm_prefetch((const char *)next + p, _MM_HINT_T1);
-            }
-            for (int64_t k = 0; k == 0 || k < ne; k += FLOAT_KPAIRS) {
-                int64_t ce = ne - k < FLOAT_KPAIRS ? ne - k : FLOAT_KPAIRS;
-                int64_t co = no - k < FLOAT_KPAIRS ? (no > k ? no - k : 0) : FLOAT_KPAIRS;
-                for (int m = 0; m < FLOAT_MICRO; m++) {
-                    const float *mp = pk + m * micro;
-                    float_segments[n](ce, mp + k * chunk, a + 32 * k, xs, st[m][0], k == 0);
-                    float_segments[n](co, mp + (ne + k) * chunk, a + 32 * k + 16, xs, st[m][1], k == 0);
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += block) {
+        const int64_t t1 = t0 + block < n_tokens ? t0 + block : n_tokens, tiles = (t1 - t0 + FC - 1) / FC;
+        const size_t panel_bytes = PANEL * wrb, ahead = (panel_bytes / (size_t)tiles + 63) & ~(size_t)63;
+        for (int64_t o = o0; o + PANEL <= o1; o += PANEL) {
+            pack_float(type, w + (size_t)o * wrb, wrb, n_in, pk);
+            /* The next panel's rows (contiguous, in memory) come into L2 a
+             * slice per token tile while this one computes: the pack then
+             * reads cache, not DRAM at one row's pace. */
+            const uint8_t *next = o + 2 * PANEL <= o1 ? w + (size_t)(o + PANEL) * wrb : NULL;
+            for (int64_t t = t0; t < t1; t += FC) {
+                const int n = t1 - t < FC ? (int)(t1 - t) : FC;
+                const float *a = x + t * xs;
+                if (next) {
+                    size_t p0 = (size_t)((t - t0) / FC) * ahead, p1 = p0 + ahead < panel_bytes ? p0 + ahead : panel_bytes;
+                    for (size_t p = p0; p < p1; p += 64) _mm_prefetch((const char *)next + p, _MM_HINT_T1);
                 }
+                for (int64_t k = 0; k == 0 || k < ne; k += FLOAT_KPAIRS) {
+                    int64_t ce = ne - k < FLOAT_KPAIRS ? ne - k : FLOAT_KPAIRS;
+                    int64_t co = no - k < FLOAT_KPAIRS ? (no > k ? no - k : 0) : FLOAT_KPAIRS;
+                    for (int m = 0; m < FLOAT_MICRO; m++) {
+                        const float *mp = pk + m * micro;
+                        float_segments[n](ce, mp + k * chunk, a + 32 * k, xs, st[m][0], k == 0);
+                        float_segments[n](co, mp + (ne + k) * chunk, a + 32 * k + 16, xs, st[m][1], k == 0);
+                    }
+                }
+                for (int m = 0; m < FLOAT_MICRO; m++)
+                    float_finishes[n](n_in, nfull < float_chunks(n_in) ? pk + m * micro + nfull * chunk : NULL, a,
+                                      xs, st[m][0], st[m][1], y + t * n_out + o + m * FR, (size_t)n_out);
             }
-            for (int m = 0; m < FLOAT_MICRO; m++)
-                float_finishes[n](n_in, nfull < float_chunks(n_in) ? pk + m * micro + nfull * chunk : NULL, a, xs,
-                                  st[m][0], st[m][1], y + t * n_out + o + m * FR, (size_t)n_out);
         }
     }
 }
