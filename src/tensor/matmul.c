@@ -14,9 +14,12 @@
  *    so the batch costs one pass over the weights plus the products. Where a
  *    type has no strip for a lone token, n_tokens == 1 is a GEMV of
  *    quant_vec_dot rows. Larger batches use the AVX-512 panels (Q8_0, Q4_K,
- *    Q6_K) or the register-blocked tile (rows x tokens, quant_tile_kernel)
+ *    Q6_K, IQ4_NL, IQ4_XS, and F32 / F16 / BF16 weights converted once per
+ *    panel to f32) or the register-blocked tile (rows x tokens, quant_tile_kernel)
  *    for full tiles, the ragged edges the plain dot; tiles are grouped so a
- *    few weight rows stay in L1 while all token tiles pass over them.
+ *    few weight rows stay in L1 while all token tiles pass over them. A
+ *    panel is packed into one of pool-size scratch slots, the lowest free
+ *    one, so a thread keeps refilling a slot its cache already holds.
  *  3. Bit-identity: quant.h's determinism model makes a tile and a single
  *    dot perform the same integer work and the same float fold per
  *    (row, token), so y never depends on n_tokens, the batch or nth. */

@@ -178,7 +178,8 @@ void quant_avx512_strips(quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1]
 void quant_avx512_q8_0(const float *x, void *dst, int64_t nb);
 void quant_avx512_q8_K(const float *x, void *dst, int64_t nb);
 
-/* matmul_avx512.c: 16-row panel GEMM (AVX-512 VNNI) for Q8_0, Q4_K, Q6_K, IQ4_NL, IQ4_XS.
+/* matmul_avx512.c: 16-row panel GEMM (AVX-512 VNNI) for Q8_0, Q4_K, Q6_K, IQ4_NL, IQ4_XS,
+ * and (AVX-512F) for F32, F16 and BF16 weights, whose act is x itself (f32).
  * panel_bytes: scratch one thread needs for a packed panel (0: type not
  * handled). panels computes rows [o0, o1) rounded down to whole panels of 16
  * (the caller does the rest) for all n_tokens, bit-identical to
