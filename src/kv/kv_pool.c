@@ -263,7 +263,9 @@ int64_t kv_format_blocks_for_tokens(const kv_pool_config *cfg, int64_t n) {
 }
 
 static int64_t capacity_tokens(kv_format f, int group_blocks, int64_t n_blocks) {
-    if (f.kind != KV_FORMAT_KVARN) return n_blocks * KV_BLOCK_TOKENS;
+    /* group_blocks 0: no layer stores records (a stack without plain-KV
+     * layers), so nothing is given back and a block is a block. */
+    if (f.kind != KV_FORMAT_KVARN || group_blocks < 1) return n_blocks * KV_BLOCK_TOKENS;
     const int64_t spare = KVARN_GROUP / KV_BLOCK_TOKENS - group_blocks;
     /* A sequence's nb-th block is taken when position 16 (nb - 1) is
      * written, before that position's query seals anything: it then holds
