@@ -41,5 +41,8 @@ void attention_head_avx512(const attention_head_args *a);
 /* n heads; the same bits as attention_head_avx512 on each, faster when
  * neighbours share a kv head (same blocks and offsets). */
 void attention_heads_avx512(const attention_head_args *a, int n);
+/* AVX2 (attention_avx2.c): the same contract, 8 lanes. */
+void attention_head_avx2(const attention_head_args *a);
+void attention_heads_avx2(const attention_head_args *a, int n);
 
 #endif

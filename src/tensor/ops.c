@@ -129,8 +129,10 @@ void attention_head_scalar(const attention_head_args *a) {
 void op_attention_paged(float *out, const float *q, const void *const *k_blocks, const void *const *v_blocks,
                         kv_row_type type, int64_t n_keys, int64_t query_pos, int n_head, int n_head_kv, int d_k,
                         int d_v, float scale, int64_t window, int head_begin, int head_end, float *scratch) {
-    void (*head_fn)(const attention_head_args *) =
-        quant_get_isa() == QUANT_ISA_AVX512 ? attention_head_avx512 : attention_head_scalar;
+    quant_isa isa = quant_get_isa();
+    void (*head_fn)(const attention_head_args *) = isa == QUANT_ISA_AVX512 ? attention_head_avx512
+                                                   : isa == QUANT_ISA_AVX2 ? attention_head_avx2
+                                                                           : attention_head_scalar;
     int group = n_head / n_head_kv;
     int64_t first = 0;
     if (window > 0 && query_pos - window + 1 > 0) first = query_pos - window + 1;
@@ -151,8 +153,11 @@ void op_attention_paged(float *out, const float *q, const void *const *k_blocks,
 }
 
 static void run_heads(const attention_head_args *args, int n) {
-    if (quant_get_isa() == QUANT_ISA_AVX512) {
+    quant_isa isa = quant_get_isa();
+    if (isa == QUANT_ISA_AVX512) {
         attention_heads_avx512(args, n);
+    } else if (isa == QUANT_ISA_AVX2) {
+        attention_heads_avx2(args, n);
     } else {
         for (int i = 0; i < n; i++) attention_head_scalar(&args[i]);
     }
