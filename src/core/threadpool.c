@@ -75,6 +75,9 @@ struct ember_pool {
     atomic_bool stop;
     ember_task_fn fn;
     void *ctx;
+    /* counters for ember_pool_get_stats, written by the caller only */
+    uint64_t stat_tasks, stat_parts, stat_caller_parts, stat_waits, stat_sleeps;
+    int64_t stat_wait_ns;
 };
 
 typedef struct worker_arg {
@@ -99,11 +102,12 @@ static inline unsigned claim_gen(uint64_t w) { return (unsigned)(w >> 32); }
 static inline unsigned claim_next(uint64_t w) { return (unsigned)(w >> 16) & 0xffffu; }
 static inline unsigned claim_parts(uint64_t w) { return (unsigned)w & 0xffffu; }
 
-/* Claims and runs parts of generation `gen` until none is left. */
-static void run_parts(ember_pool *pool, unsigned gen) {
+/* Claims and runs parts of generation `gen` until none is left; returns
+ * how many this thread ran. */
+static unsigned run_parts(ember_pool *pool, unsigned gen) {
     uint64_t w = atomic_load_explicit(&pool->claim, memory_order_acquire);
-    for (;;) {
-        if (claim_gen(w) != gen || claim_next(w) >= claim_parts(w)) return;
+    for (unsigned ran = 0;; ran++) {
+        if (claim_gen(w) != gen || claim_next(w) >= claim_parts(w)) return ran;
         if (!atomic_compare_exchange_weak_explicit(&pool->claim, &w, w + (1u << 16), memory_order_acq_rel,
                                                    memory_order_acquire))
             continue;
@@ -202,19 +206,36 @@ void ember_pool_run_parts(ember_pool *pool, ember_task_fn fn, void *ctx, int n_p
     atomic_store_explicit(&pool->claim, (uint64_t)gen << 32 | (unsigned)n_parts, memory_order_release);
     atomic_store(&pool->generation, gen);
     if (atomic_load(&pool->sleepers) > 0) futex_wake_all(&pool->generation);
-    run_parts(pool, gen);
+    pool->stat_tasks++;
+    pool->stat_parts += (unsigned)n_parts;
+    pool->stat_caller_parts += run_parts(pool, gen);
 
     unsigned parts = (unsigned)n_parts, done = atomic_load_explicit(&pool->done, memory_order_acquire);
     if (done == parts) return;
-    int64_t deadline = now_ns() + CALLER_SPIN_NS;
+    int64_t start = now_ns(), deadline = start + CALLER_SPIN_NS;
+    pool->stat_waits++;
     for (int i = 1; (done = atomic_load_explicit(&pool->done, memory_order_acquire)) != parts; i++) {
         cpu_relax();
         if ((i & 63) == 0 && now_ns() > deadline) break;
     }
-    if (done == parts) return;
-    atomic_store(&pool->caller_waiting, 1);
-    while ((done = atomic_load(&pool->done)) != parts) futex_wait(&pool->done, done);
-    atomic_store(&pool->caller_waiting, 0);
+    if (done != parts) {
+        pool->stat_sleeps++;
+        atomic_store(&pool->caller_waiting, 1);
+        while ((done = atomic_load(&pool->done)) != parts) futex_wait(&pool->done, done);
+        atomic_store(&pool->caller_waiting, 0);
+    }
+    pool->stat_wait_ns += now_ns() - start;
+}
+
+void ember_pool_get_stats(const ember_pool *pool, ember_pool_stats *st) {
+    *st = (ember_pool_stats){0};
+    if (pool == NULL) return;
+    st->tasks = pool->stat_tasks;
+    st->parts = pool->stat_parts;
+    st->caller_parts = pool->stat_caller_parts;
+    st->waits = pool->stat_waits;
+    st->sleeps = pool->stat_sleeps;
+    st->wait_ns = pool->stat_wait_ns;
 }
 
 void ember_pool_run(ember_pool *pool, ember_task_fn fn, void *ctx) {

@@ -16,6 +16,8 @@
 #ifndef EMBER_CORE_THREADPOOL_H
 #define EMBER_CORE_THREADPOOL_H
 
+#include <stdint.h>
+
 typedef struct ember_pool ember_pool;
 typedef void (*ember_task_fn)(void *ctx, int ith, int nth);
 
@@ -28,6 +30,18 @@ void ember_pool_run(ember_pool *pool, ember_task_fn fn, void *ctx);
 /* nth = n_parts (1..65535); per-ith scratch must then have n_parts slots. */
 void ember_pool_run_parts(ember_pool *pool, ember_task_fn fn, void *ctx, int n_parts);
 int ember_pool_size(const ember_pool *pool);
+
+/* What the pool did since it was created, for benchmarks: tasks handed to
+ * the workers (a NULL pool, one thread or one part runs inline and is not
+ * counted), their parts and how many the caller ran itself, how often the
+ * caller had to wait for workers' parts after running out of its own, how
+ * often that wait went to sleep, and the time spent waiting. Read by the
+ * caller between tasks. */
+typedef struct ember_pool_stats {
+    uint64_t tasks, parts, caller_parts, waits, sleeps;
+    int64_t wait_ns;
+} ember_pool_stats;
+void ember_pool_get_stats(const ember_pool *pool, ember_pool_stats *st);
 
 /* Splits [0, n) into nth nearly equal ranges, rounded to multiples of
  * `granule`, and returns thread ith's range in *begin, *end. */

@@ -33,6 +33,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/threadpool.h"
 #include "model/model_internal.h"
@@ -134,6 +135,34 @@ void model_ctx_free(model_ctx *c) {
 }
 
 int model_ctx_max_batch(const model_ctx *c) { return c->max_batch; }
+
+/* ---- profile marks: each adds the time since the previous mark to a class ---- */
+
+static int64_t prof_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void prof_mark(model_ctx *c, model_prof_class cls) {
+    if (c->prof == NULL) return;
+    int64_t t = prof_now();
+    c->prof->ns[cls] += t - c->prof_t;
+    c->prof_t = t;
+}
+
+void model_ctx_set_profile(model_ctx *c, model_profile *profile) {
+    c->prof = profile;
+    c->prof_t = prof_now();
+}
+
+void model_ctx_pool_stats(const model_ctx *c, ember_pool_stats *st) { ember_pool_get_stats(c->threads, st); }
+
+const char *model_prof_class_name(model_prof_class cls) {
+    static const char *const names[MODEL_PROF_N] = {"embed", "rmsnorm",  "q/k/v",    "qk prep+rope", "attention", "wo",
+                                                    "residual", "gate/up", "swiglu", "down",         "mixer",     "head"};
+    return (unsigned)cls < MODEL_PROF_N ? names[cls] : "?";
+}
 
 /* Rows per attention unit (task_attention). */
 enum { ATT_ROWS = 16 };
@@ -454,11 +483,16 @@ static int fwd_attention(model_ctx *c, const model_batch *b, const layer_weights
     if (matmul(c, &L->wq, c->xn, n, L->q_gated ? c->qg : c->q, err) < 0) return -1;
     if (matmul(c, &L->wk, c->xn, n, c->k, err) < 0) return -1;
     if (matmul(c, &L->wv, c->xn, n, c->v, err) < 0) return -1;
+    prof_mark(c, MODEL_PROF_QKV);
     run_rows(c, task_qk_prepare, &lt, n);
+    prof_mark(c, MODEL_PROF_QK_PREP);
     if (c->kvarn) kvarn_attention(c, b, &lt);
     else ember_pool_run(c->threads, task_attention, &lt);
     if (L->q_gated) run_rows(c, task_attn_gate, &lt, n);
-    return matmul(c, &L->wo, c->attn, n, out, err);
+    prof_mark(c, MODEL_PROF_ATTN);
+    int rc = matmul(c, &L->wo, c->attn, n, out, err);
+    prof_mark(c, MODEL_PROF_WO);
+    return rc;
 }
 
 static void task_geglu(void *arg, int ith, int nth) {
@@ -475,6 +509,7 @@ static int fwd_ffn(model_ctx *c, const layer_weights *L, int n, ember_error *err
     int D = hp->n_embd;
     if (L->ffn == FFN_MOE) {
         if (ffn_moe(c, L, n, err) < 0) return -1;
+        prof_mark(c, MODEL_PROF_FFN_IN);
         if (L->shexp_up.data == NULL) return 0;
         /* Shared expert, scaled by sigmoid(shexp_inp . x): into exp_in, then added. */
         if (matmul(c, &L->shexp_gate, c->xn, n, c->gate, err) < 0) return -1;
@@ -488,17 +523,22 @@ static int fwd_ffn(model_ctx *c, const layer_weights *L, int n, ember_error *err
             const float *se = c->exp_in + (size_t)r * D;
             for (int d = 0; d < D; d++) o[d] += se[d] * g;
         }
+        prof_mark(c, MODEL_PROF_FFN_IN);
         return 0;
     }
     if (matmul(c, &L->ffn_gate, c->xn, n, c->gate, err) < 0) return -1;
     if (matmul(c, &L->ffn_up, c->xn, n, c->up, err) < 0) return -1;
+    prof_mark(c, MODEL_PROF_FFN_IN);
     if (L->ffn == FFN_GEGLU) {
         rows_task t = {c, n, NULL, c->gate, c->up, hp->n_ff};
         run_rows(c, task_geglu, &t, n);
     } else {
         swiglu_rows(c, c->gate, c->up, n, hp->n_ff);
     }
-    return matmul(c, &L->ffn_down, c->gate, n, c->proj, err);
+    prof_mark(c, MODEL_PROF_ACT);
+    int rc = matmul(c, &L->ffn_down, c->gate, n, c->proj, err);
+    prof_mark(c, MODEL_PROF_FFN_DOWN);
+    return rc;
 }
 
 /* Groups the rows of a chunk by recurrent state and checks that each
@@ -567,6 +607,7 @@ static void embed_rows(model_ctx *c, const model_batch *b, float *dst) {
 static int forward_layer(model_ctx *c, const model_batch *b, const layer_weights *L, int il, ember_error *err) {
     int n = b->n_tokens, D = c->m->hp.n_embd;
     rmsnorm_rows(c, c->xn, c->x, L->attn_norm, n, D);
+    prof_mark(c, MODEL_PROF_NORM);
     int rc = 0;
     switch (L->mixer) {
     case MIX_ATTN: rc = fwd_attention(c, b, L, il, c->proj, err); break;
@@ -580,15 +621,21 @@ static int forward_layer(model_ctx *c, const model_batch *b, const layer_weights
             for (int r = 0; r < n; r++) op_add(c->proj + (size_t)r * D, c->proj2 + (size_t)r * D, D);
         break;
     }
+    prof_mark(c, MODEL_PROF_MIXER); /* recurrent mixers; attention marked its own steps */
     if (rc < 0) return -1;
     if (L->post_attn_norm) rmsnorm_rows(c, c->proj, c->proj, L->post_attn_norm, n, D);
+    prof_mark(c, MODEL_PROF_NORM);
     for (int r = 0; r < n; r++) op_add(c->x + (size_t)r * D, c->proj + (size_t)r * D, D);
+    prof_mark(c, MODEL_PROF_RESID);
     if (L->ffn == FFN_NONE) return 0;
 
     rmsnorm_rows(c, c->xn, c->x, L->ffn_norm, n, D);
+    prof_mark(c, MODEL_PROF_NORM);
     if (fwd_ffn(c, L, n, err) < 0) return -1;
     if (L->post_ffn_norm) rmsnorm_rows(c, c->proj, c->proj, L->post_ffn_norm, n, D);
+    prof_mark(c, MODEL_PROF_NORM);
     for (int r = 0; r < n; r++) op_add(c->x + (size_t)r * D, c->proj + (size_t)r * D, D);
+    prof_mark(c, MODEL_PROF_RESID);
     return 0;
 }
 
@@ -626,12 +673,16 @@ static int forward_chunk(model_ctx *c, const model_batch *b, float *logits, embe
     if (check_rows(c, b, &max_keys, err) < 0) return -1;
     if (m->has_attention && reserve_attention(c, max_keys, err) < 0) return -1;
     if (m->state_floats > 0 && group_states(c, b, err) < 0) return -1;
+    if (c->prof) c->prof_t = prof_now();
     embed_rows(c, b, c->x);
+    prof_mark(c, MODEL_PROF_EMBED);
     for (int il = 0; il < m->hp.n_layer; il++)
         if (forward_layer(c, b, &m->layers[il], il, err) < 0) return -1;
     if (m->state_floats > 0)
         for (int g = 0; g < c->n_groups; g++) c->grp_state[g]->pos += c->grp_start[g + 1] - c->grp_start[g];
-    return head_rows(c, b, m->output_norm, logits, err);
+    int rc = head_rows(c, b, m->output_norm, logits, err);
+    prof_mark(c, MODEL_PROF_HEAD);
+    return rc;
 }
 
 /* The MTP block on one chunk: x = eh_proj [enorm(embd(x_p)) | hnorm(h_prev)],

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "core/error.h"
+#include "core/threadpool.h"
 #include "gguf/gguf.h"
 #include "kv/kv_pool.h"
 #include "model/cache_stack.h"
@@ -121,6 +122,31 @@ void model_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg);
 model_ctx *model_ctx_create(const model *m, kv_pool *pool, int n_threads, int max_batch, ember_error *err);
 void model_ctx_free(model_ctx *ctx);
 int model_ctx_max_batch(const model_ctx *ctx);
+/* Where a forward pass spends its time, for benchmarks: while a profile is
+ * set, each step of every forward on this context adds its wall time (ns)
+ * to one class; NULL stops. The classes cover the pass end to end. */
+typedef enum model_prof_class {
+    MODEL_PROF_EMBED,     /* token embedding rows */
+    MODEL_PROF_NORM,      /* rmsnorm of the residual (pre and post norms) */
+    MODEL_PROF_QKV,       /* q, k, v projections */
+    MODEL_PROF_QK_PREP,   /* biases, q/k norms, rope, K/V store */
+    MODEL_PROF_ATTN,      /* attention over the cache (and its output gate) */
+    MODEL_PROF_WO,        /* attention output projection */
+    MODEL_PROF_RESID,     /* residual adds */
+    MODEL_PROF_FFN_IN,    /* gate and up projections (MoE: router, experts, shared expert) */
+    MODEL_PROF_ACT,       /* SwiGLU / GeGLU */
+    MODEL_PROF_FFN_DOWN,  /* down projection */
+    MODEL_PROF_MIXER,     /* recurrent mixers (gated delta net, mamba2) */
+    MODEL_PROF_HEAD,      /* output norm and LM head */
+    MODEL_PROF_N
+} model_prof_class;
+typedef struct model_profile {
+    int64_t ns[MODEL_PROF_N];
+} model_profile;
+void model_ctx_set_profile(model_ctx *ctx, model_profile *profile);
+/* The context's thread pool's counters (ember_pool_get_stats). */
+void model_ctx_pool_stats(const model_ctx *ctx, ember_pool_stats *st);
+const char *model_prof_class_name(model_prof_class cls);
 /* logits: (number of tokens that want logits, n_vocab), in batch order. */
 int model_forward(model_ctx *ctx, const model_batch *batch, float *logits, ember_error *err);
 /* Single sequence: logits of every token if all_logits, else of the last.

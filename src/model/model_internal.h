@@ -146,6 +146,8 @@ struct model_ctx {
     int *grp_rows;       /* (max_batch) rows grouped by state, each group in batch order */
     int *grp_start;      /* (max_batch + 1) group g is grp_rows[grp_start[g] .. grp_start[g+1]) */
     model_state **grp_state; /* (max_batch) */
+    model_profile *prof; /* model_ctx_set_profile, or NULL */
+    int64_t prof_t;      /* ns at the last profile mark */
     /* attention scratch, one slice per thread */
     int n_threads;
     int64_t att_cap;     /* keys per thread slice */

@@ -61,7 +61,7 @@ static inline void decode_avx2(kv_row_type type, const uint8_t *row, int offset,
         for (int i = 0; i < n; i += KV_ROW_Q8_0_BLOCK, b += sizeof(block_q8_0)) {
             uint16_t h;
             memcpy(&h, b, 2);
-            __m256 d = _mm256_set1_ps(quant_f16_to_f32(h));
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(h)); /* exact, = quant_f16_to_f32 */
             for (int k = 0; k < 4; k++) {
                 __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * k)));
                 _mm256_storeu_ps(dst + i + 8 * k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
@@ -199,6 +199,15 @@ static const values_slice_fn values_slices[2][MQ + 1] = {
     {NULL, values_slice_1_2, values_slice_2_2, values_slice_3_2, values_slice_4_2},
 };
 
+/* The query as kpad floats: in place when d_k is a multiple of 8, else
+ * copied into buf with zeros after it (the same values either way). */
+static inline const float *query_padded(const attention_head_args *a, float *buf, int kpad) {
+    if (a->d_k == kpad) return a->q;
+    memcpy(buf, a->q, (size_t)a->d_k * sizeof(float));
+    memset(buf + a->d_k, 0, (size_t)(kpad - a->d_k) * sizeof(float));
+    return buf;
+}
+
 /* n queries over one kv head: the same blocks, offsets, type, d_k, d_v and
  * first key; n_keys may differ. */
 static void heads_group(const attention_head_args *a, int n) {
@@ -225,12 +234,11 @@ static void heads_group(const attention_head_args *a, int n) {
             decode_avx2(type, attention_row(a[0].k_blocks, a[0].k_stride, j + k), a[0].k_offset, d_k, kt[k]);
         }
         for (int i = 0; i < n; i++) {
-            memcpy(qp, a[i].q, (size_t)d_k * sizeof(float));
-            memset(qp + d_k, 0, (size_t)(kpad - d_k) * sizeof(float));
+            const float *qi = query_padded(&a[i], qp, kpad);
             __m256 acc[KTILE];
             for (int k = 0; k < KTILE; k++) acc[k] = _mm256_setzero_ps();
             for (int c = 0; c < kpad; c += 8) {
-                __m256 qv = _mm256_load_ps(qp + c);
+                __m256 qv = _mm256_loadu_ps(qi + c);
 #pragma GCC unroll 8
                 for (int k = 0; k < KTILE; k++) acc[k] = _mm256_fmadd_ps(qv, _mm256_load_ps(kt[k] + c), acc[k]);
             }
@@ -241,10 +249,9 @@ static void heads_group(const attention_head_args *a, int n) {
         decode_avx2(type, attention_row(a[0].k_blocks, a[0].k_stride, j), a[0].k_offset, d_k, kt[0]);
         for (int i = 0; i < n; i++) {
             if (j >= a[i].n_keys) continue;
-            memcpy(qp, a[i].q, (size_t)d_k * sizeof(float));
-            memset(qp + d_k, 0, (size_t)(kpad - d_k) * sizeof(float));
+            const float *qi = query_padded(&a[i], qp, kpad);
             __m256 acc = _mm256_setzero_ps();
-            for (int c = 0; c < kpad; c += 8) acc = _mm256_fmadd_ps(_mm256_load_ps(qp + c), _mm256_load_ps(kt[0] + c), acc);
+            for (int c = 0; c < kpad; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qi + c), _mm256_load_ps(kt[0] + c), acc);
             a[i].scores[j - first] = hsum8(acc) * a[i].scale;
         }
     }
