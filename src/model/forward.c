@@ -164,10 +164,13 @@ const char *model_prof_class_name(model_prof_class cls) {
     return (unsigned)cls < MODEL_PROF_N ? names[cls] : "?";
 }
 
-/* Rows per attention unit (task_attention). */
-enum { ATT_ROWS = 16 };
+/* Rows per attention unit (task_attention), and the most parts per thread
+ * an attention task is split into (attention_parts). */
+enum { ATT_ROWS = 16, ATT_PARTS_PER_THREAD = 4 };
 
-/* Grows the per-thread attention scratch to hold n_keys keys. */
+/* Grows the attention scratch to hold n_keys keys: n_threads slices of
+ * scores for ATT_ROWS rows of a GQA group, and ATT_PARTS_PER_THREAD block
+ * pointer tables per thread (one per part, attention_parts). */
 static int reserve_attention(model_ctx *c, int64_t n_keys, ember_error *err) {
     int32_t n_blocks = (int32_t)((n_keys + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     if (n_keys > c->att_cap) {
@@ -180,9 +183,10 @@ static int reserve_attention(model_ctx *c, int64_t n_keys, ember_error *err) {
     }
     if (n_blocks > c->ptr_cap) {
         int32_t cap = n_blocks + 64;
-        const void **kp = realloc(c->k_ptrs, (size_t)c->n_threads * (size_t)cap * sizeof(void *));
+        size_t tables = (size_t)c->n_threads * ATT_PARTS_PER_THREAD;
+        const void **kp = realloc(c->k_ptrs, tables * (size_t)cap * sizeof(void *));
         if (kp) c->k_ptrs = kp;
-        const void **vp = realloc(c->v_ptrs, (size_t)c->n_threads * (size_t)cap * sizeof(void *));
+        const void **vp = realloc(c->v_ptrs, tables * (size_t)cap * sizeof(void *));
         if (vp) c->v_ptrs = vp;
         if (kp == NULL || vp == NULL) return ember_fail(err, "out of memory for block pointers");
         c->ptr_cap = cap;
@@ -234,23 +238,26 @@ static void task_qk_prepare(void *arg, int ith, int nth) {
 }
 
 /* Units are (kv head, block of ATT_ROWS rows) in kv-head-major order: every
- * thread gets the same share of kv heads over all rows (balanced under the
+ * part gets the same share of kv heads over all rows (balanced under the
  * causal mask), and one unit's 2 * ATT_ROWS queries (for GQA pairs) read
  * each key and value row once (streaming K/V was the bottleneck). Each
- * query's arithmetic is independent of the split (op_attention_paged_rows). */
+ * query's arithmetic is independent of the split (op_attention_paged_rows).
+ * Part ith uses score slice ith of unit_rows * group * att_cap floats
+ * (attention_parts keeps parts * unit_rows within the scratch). */
 static void task_attention(void *arg, int ith, int nth) {
     layer_task *t = arg;
     model_ctx *c = t->c;
     const model_hparams *hp = &c->m->hp;
     long n_rows = t->b->n_tokens;
     long row_blocks = (n_rows + ATT_ROWS - 1) / ATT_ROWS;
+    long unit_rows = n_rows < ATT_ROWS ? n_rows : ATT_ROWS;
     int group = hp->n_head / hp->n_head_kv;
     long units = row_blocks * hp->n_head_kv, u0, u1;
     ember_split_range(units, 1, ith, nth, &u0, &u1);
     const void **k_ptrs = c->k_ptrs + (size_t)ith * c->ptr_cap;
     const void **v_ptrs = c->v_ptrs + (size_t)ith * c->ptr_cap;
     kv_row_type type = kv_format_row_type(kv_pool_format(c->pool));
-    float *scores = c->att_scores + (size_t)ith * c->att_cap * ATT_ROWS * (size_t)group;
+    float *scores = c->att_scores + (size_t)ith * c->att_cap * (size_t)unit_rows * (size_t)group;
     const kv_seq *built = NULL;
     int32_t n_built = 0;
     float scale = hp->q_prescale ? 1.0f : hp->attn_scale;
@@ -293,6 +300,27 @@ static void task_attention(void *arg, int ith, int nth) {
             r = re;
         }
     }
+}
+
+/* Parts of an attention task. One per thread used to be the rule, but a
+ * decode step has only n_head_kv units: with a worker descheduled, the
+ * caller finished its half and slept until the worker ran again. Up to
+ * ATT_PARTS_PER_THREAD parts per thread let the running thread take the
+ * rest, as far as the score scratch allows (a part of few rows needs a
+ * smaller slice: parts * unit_rows <= n_threads * ATT_ROWS). */
+static int attention_parts(const model_ctx *c, int n_rows) {
+    if (c->n_threads == 1) return 1;
+    long unit_rows = n_rows < ATT_ROWS ? n_rows : ATT_ROWS;
+    long units = (n_rows + ATT_ROWS - 1) / ATT_ROWS * c->m->hp.n_head_kv;
+    long parts = (long)c->n_threads * ATT_PARTS_PER_THREAD;
+    long fit = (long)c->n_threads * ATT_ROWS / unit_rows;
+    if (parts > fit) parts = fit;
+    if (parts > units) parts = units;
+    return parts > (long)c->n_threads ? (int)parts : c->n_threads;
+}
+
+static void run_attention(model_ctx *c, layer_task *lt) {
+    ember_pool_run_parts(c->threads, task_attention, lt, attention_parts(c, lt->b->n_tokens));
 }
 
 typedef struct rows_task {
@@ -338,6 +366,14 @@ static void swiglu_rows(model_ctx *c, float *gate_inout, float *up, int n_rows, 
 
 static int matmul(model_ctx *c, const tensor_weight *w, const float *x, int n, float *y, ember_error *err) {
     if (tensor_matmul(c->threads, c->mm, w, x, n, y) < 0) return ember_fail(err, "out of memory in matmul");
+    return 0;
+}
+
+/* Weights over the same input in one pool task where they allow it
+ * (tensor_matmul_group): one barrier instead of one per weight. */
+static int matmul_group(model_ctx *c, const tensor_weight *const *ws, int n_w, const float *x, int n,
+                        float *const *ys, ember_error *err) {
+    if (tensor_matmul_group(c->threads, c->mm, ws, n_w, x, n, ys) < 0) return ember_fail(err, "out of memory in matmul");
     return 0;
 }
 
@@ -455,7 +491,7 @@ static void kvarn_attention(model_ctx *c, const model_batch *b, layer_task *lt) 
             ready |= c->att_skip[r] == ATTEND;
             waiting |= c->att_skip[r] == WAIT;
         }
-        if (ready) ember_pool_run(c->threads, task_attention, lt);
+        if (ready) run_attention(c, lt);
         if (!waiting) break;
         for (int r = 0; r < n; r++)
             if (c->att_skip[r] == ATTEND) c->att_skip[r] = DONE;
@@ -480,14 +516,14 @@ static int fwd_attention(model_ctx *c, const model_batch *b, const layer_weights
                          ember_error *err) {
     int n = b->n_tokens;
     layer_task lt = {c, b, L, il};
-    if (matmul(c, &L->wq, c->xn, n, L->q_gated ? c->qg : c->q, err) < 0) return -1;
-    if (matmul(c, &L->wk, c->xn, n, c->k, err) < 0) return -1;
-    if (matmul(c, &L->wv, c->xn, n, c->v, err) < 0) return -1;
+    const tensor_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
+    float *qkv_out[3] = {L->q_gated ? c->qg : c->q, c->k, c->v};
+    if (matmul_group(c, qkv, 3, c->xn, n, qkv_out, err) < 0) return -1;
     prof_mark(c, MODEL_PROF_QKV);
     run_rows(c, task_qk_prepare, &lt, n);
     prof_mark(c, MODEL_PROF_QK_PREP);
     if (c->kvarn) kvarn_attention(c, b, &lt);
-    else ember_pool_run(c->threads, task_attention, &lt);
+    else run_attention(c, &lt);
     if (L->q_gated) run_rows(c, task_attn_gate, &lt, n);
     prof_mark(c, MODEL_PROF_ATTN);
     int rc = matmul(c, &L->wo, c->attn, n, out, err);
@@ -526,8 +562,9 @@ static int fwd_ffn(model_ctx *c, const layer_weights *L, int n, ember_error *err
         prof_mark(c, MODEL_PROF_FFN_IN);
         return 0;
     }
-    if (matmul(c, &L->ffn_gate, c->xn, n, c->gate, err) < 0) return -1;
-    if (matmul(c, &L->ffn_up, c->xn, n, c->up, err) < 0) return -1;
+    const tensor_weight *gate_up[2] = {&L->ffn_gate, &L->ffn_up};
+    float *gate_up_out[2] = {c->gate, c->up};
+    if (matmul_group(c, gate_up, 2, c->xn, n, gate_up_out, err) < 0) return -1;
     prof_mark(c, MODEL_PROF_FFN_IN);
     if (L->ffn == FFN_GEGLU) {
         rows_task t = {c, n, NULL, c->gate, c->up, hp->n_ff};

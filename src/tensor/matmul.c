@@ -242,8 +242,11 @@ static void choose_strips(matmul_task *t) {
     t->strip_rows = rows;
 }
 
-int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight *w,
-                  const float *x, int64_t n_tokens, float *y) {
+/* Everything before the compute task: kernels, scratch, and (when
+ * `convert`) the activations converted into scratch. Returns 1 with *out
+ * ready, 0 when there is nothing to compute, -1 out of memory. */
+static int matmul_prepare(ember_pool *pool, matmul_scratch *scratch, const tensor_weight *w, const float *x,
+                          int64_t n_tokens, float *y, bool convert, matmul_task *out) {
     const dtype_info *info = dtype_info_of((uint32_t)w->type);
     if (!info || n_tokens <= 0) return 0;
     matmul_task t = {
@@ -281,9 +284,61 @@ int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight
             t.meta = scratch->meta.p;
         }
         /* A few rows convert faster than a dispatch and barrier cost. */
-        if (n_tokens < 4) convert_task(&t, 0, 1);
-        else ember_pool_run(pool, convert_task, &t);
+        if (convert && n_tokens < 4) convert_task(&t, 0, 1);
+        else if (convert) ember_pool_run(pool, convert_task, &t);
     }
+    *out = t;
+    return 1;
+}
+
+int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight *w,
+                  const float *x, int64_t n_tokens, float *y) {
+    matmul_task t;
+    int rc = matmul_prepare(pool, scratch, w, x, n_tokens, y, true, &t);
+    if (rc <= 0) return rc;
     ember_pool_run_parts(pool, compute_task, &t, matmul_parts(pool, w->n_out, compute_granule(&t)));
+    return 0;
+}
+
+/* Several weights over the same x: the parts of all of them in one task
+ * (global part ith belongs to the weight whose range holds it), so the
+ * threads meet at one barrier instead of one per weight. Each weight is
+ * split into exactly the parts tensor_matmul would give it. */
+typedef struct matmul_group_task {
+    matmul_task t[TENSOR_MATMUL_GROUP_MAX];
+    int first_part[TENSOR_MATMUL_GROUP_MAX + 1];
+    int n;
+} matmul_group_task;
+
+static void group_task(void *ctx, int ith, int nth) {
+    (void)nth;
+    const matmul_group_task *g = ctx;
+    int k = 0;
+    while (ith >= g->first_part[k + 1]) k++;
+    compute_task((void *)&g->t[k], ith - g->first_part[k], g->first_part[k + 1] - g->first_part[k]);
+}
+
+int tensor_matmul_group(ember_pool *pool, matmul_scratch *scratch, const tensor_weight *const *ws, int n_w,
+                        const float *x, int64_t n_tokens, float *const *ys) {
+    bool fuse = n_w <= TENSOR_MATMUL_GROUP_MAX;
+    for (int k = 1; k < n_w && fuse; k++) fuse = ws[k]->type == ws[0]->type && ws[k]->n_in == ws[0]->n_in;
+    matmul_group_task g;
+    /* the activations are converted once, for the first weight; the others
+     * share its buffers (same type and width: the same conversion) */
+    for (int k = 0; k < n_w && fuse; k++) {
+        int rc = matmul_prepare(pool, scratch, ws[k], x, n_tokens, ys[k], k == 0, &g.t[k]);
+        if (rc < 0) return -1;
+        fuse = rc > 0 && g.t[k].pack == NULL; /* packed panels use per-part scratch: one weight at a time */
+    }
+    if (!fuse) {
+        for (int k = 0; k < n_w; k++)
+            if (tensor_matmul(pool, scratch, ws[k], x, n_tokens, ys[k]) < 0) return -1;
+        return 0;
+    }
+    g.n = n_w;
+    g.first_part[0] = 0;
+    for (int k = 0; k < n_w; k++)
+        g.first_part[k + 1] = g.first_part[k] + matmul_parts(pool, ws[k]->n_out, compute_granule(&g.t[k]));
+    ember_pool_run_parts(pool, group_task, &g, g.first_part[n_w]);
     return 0;
 }

@@ -37,4 +37,12 @@ void matmul_scratch_free(matmul_scratch *s);
 int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight *w,
                   const float *x, int64_t n_tokens, float *y);
 
+/* tensor_matmul of n_w weights over the same x (ys[k] = x ws[k]), the same
+ * bits; weights of one type and width whose batch takes the strip or tile
+ * kernels (decode, small batches) run as one task, one barrier for all
+ * (q/k/v, gate/up); others go one call each. */
+enum { TENSOR_MATMUL_GROUP_MAX = 4 };
+int tensor_matmul_group(ember_pool *pool, matmul_scratch *scratch, const tensor_weight *const *ws, int n_w,
+                        const float *x, int64_t n_tokens, float *const *ys);
+
 #endif
