@@ -2,7 +2,10 @@
  * task runs exactly once with the task's nth, parts are claimed by whichever
  * thread runs (a stalled worker's share is taken by the others instead of
  * being waited for), late workers never run a finished task's parts, and a
- * model forward gives the same bits with 1, 2 and 3 threads. */
+ * model forward gives the same bits with 1, 2 and 3 threads. Also the
+ * pool's counters, and what a decode step asks of the pool: one task per
+ * group of matmuls over one input (q/k/v, gate/up), attention, wo, down,
+ * and the LM head, with the step's time accounted to the profile classes. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -204,12 +207,87 @@ static void test_forward_same_bits_any_thread_count(void **state) {
     model_free(m);
 }
 
+static void test_stats_count_tasks(void **state) {
+    (void)state;
+    ember_pool *pool = ember_pool_create(2);
+    assert_non_null(pool);
+    long scratch[MAX_PARTS_TESTED];
+    ember_pool_stats st;
+    ember_pool_get_stats(pool, &st);
+    assert_int_equal(st.tasks, 0);
+    for (int i = 0; i < 10; i++) {
+        count_task t = {.nth = 8, .scratch = scratch};
+        ember_pool_run_parts(pool, count_part, &t, 8);
+    }
+    count_task one = {.nth = 1, .scratch = scratch};
+    ember_pool_run_parts(pool, count_part, &one, 1); /* one part runs inline: no task */
+    ember_pool_run_parts(NULL, count_part, &one, 1);
+    ember_pool_get_stats(pool, &st);
+    assert_int_equal(st.tasks, 10);
+    assert_int_equal(st.parts, 80);
+    assert_true(st.caller_parts >= 1 && st.caller_parts <= 80);
+    assert_true(st.sleeps <= st.waits && st.waits <= 10);
+    assert_true(st.wait_ns >= 0);
+    ember_pool_free(pool);
+}
+
+/* A decode step of a dense model on 2 threads: 5 pool tasks per layer
+ * (q/k/v as one, attention, wo, gate/up as one, down) and 1 for the LM
+ * head; its profile classes add up to the step and cover the big steps. */
+static void test_decode_step_tasks(void **state) {
+    (void)state;
+    REQUIRE_FIXTURE(path, "models/stories260K.gguf");
+    ember_error err;
+    model *m = model_load(path, &err);
+    assert_non_null(m);
+    const model_hparams *hp = model_get_hparams(m);
+    int32_t ids[20];
+    for (int i = 0; i < 20; i++) ids[i] = 1 + (i * 37) % (hp->n_vocab - 1);
+    float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
+    kv_pool_config cfg;
+    model_kv_config(m, 8, &cfg);
+    kv_pool *kp = kv_pool_create(&cfg, &err);
+    assert_non_null(kp);
+    model_ctx *ctx = model_ctx_create(m, kp, 2, 64, &err);
+    assert_non_null(ctx);
+    kv_seq seq;
+    kv_seq_init(&seq);
+    assert_true(model_eval(ctx, &seq, ids, 19, false, logits, &err) >= 0);
+    ember_pool_stats s0, s1;
+    model_profile prof;
+    memset(&prof, 0, sizeof prof);
+    model_ctx_pool_stats(ctx, &s0);
+    model_ctx_set_profile(ctx, &prof);
+    double t0 = ember_now();
+    assert_true(model_eval(ctx, &seq, ids + 19, 1, false, logits, &err) >= 0);
+    int64_t wall = (int64_t)((ember_now() - t0) * 1e9) + 1000; /* clock rounding */
+    model_ctx_set_profile(ctx, NULL);
+    model_ctx_pool_stats(ctx, &s1);
+    assert_int_equal(s1.tasks - s0.tasks, 5 * hp->n_layer + 1);
+    int64_t sum = 0;
+    for (int k = 0; k < MODEL_PROF_N; k++) {
+        assert_true(prof.ns[k] >= 0);
+        sum += prof.ns[k];
+    }
+    assert_true(sum > 0 && sum <= wall);
+    assert_true(prof.ns[MODEL_PROF_QKV] > 0 && prof.ns[MODEL_PROF_ATTN] > 0 && prof.ns[MODEL_PROF_FFN_IN] > 0 &&
+                prof.ns[MODEL_PROF_HEAD] > 0);
+    assert_string_equal(model_prof_class_name(MODEL_PROF_ATTN), "attention");
+    kv_seq_release(kp, &seq);
+    model_ctx_free(ctx);
+    kv_pool_free(kp);
+    free(logits);
+    model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_part_once),
         cmocka_unit_test(test_stalled_worker_share_is_taken),
         cmocka_unit_test(test_back_to_back_tasks),
         cmocka_unit_test(test_forward_same_bits_any_thread_count),
+        cmocka_unit_test(test_stats_count_tasks),
+        cmocka_unit_test(test_decode_step_tasks),
     };
     return test_run_group(tests, NULL, NULL);
 }
