@@ -215,16 +215,19 @@ bench-spec: build
 
 # Decode against the memory bandwidth (issue 15): a STREAM-like triad and a
 # read pass on this machine, then decode at position 512 on the qwen3-0.6b
-# shape in Q8_0, Q4_K and F16, as bytes/s and as a fraction of both
-# (bench/bench_bw.c). BW_THREADS=1 for one core.
-BW_THREADS ?= 2
+# shape in Q8_0, Q4_K and F16, as bytes/s and as a fraction of both at the
+# same thread count, with where each step's time goes (bench/bench_bw.c);
+# then attention per token at 4k positions per KV format and ISA.
+# BW_THREADS=2 for one thread count.
+BW_THREADS ?= 1,2
 bench-bw: build
 	mkdir -p $(BENCH_MODELS)
 	for t in q8_0 q4_k f16; do \
 	  [ -f $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf ] || ./build/ember mkmodel --arch qwen3 --preset qwen3-0.6b --type $$t \
 	    --seed 1 --out $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf || exit 1; done
-	./build/bench_bw --threads $(BW_THREADS) --reps 20 $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf \
+	./build/bench_bw --threads $(BW_THREADS) --reps 20 --profile $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf \
 	  $(BENCH_MODELS)/qwen3-0.6b-q4_k.gguf $(BENCH_MODELS)/qwen3-0.6b-f16.gguf
+	./build/bench_bw --attention 4096 --reps 5
 
 # The remote tier (issue 13): TTFT of a replica that takes another
 # replica's KV from Redis vs a cold prefill, at REMOTE_SIZES tokens on the

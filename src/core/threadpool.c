@@ -75,7 +75,9 @@ struct ember_pool {
     atomic_bool stop;
     ember_task_fn fn;
     void *ctx;
-    /* counters for ember_pool_get_stats, written by the caller only */
+    /* counters for ember_pool_get_stats, written by the caller only, a
+     * cache line away from the words the workers spin on */
+    char pad[64];
     uint64_t stat_tasks, stat_parts, stat_caller_parts, stat_waits, stat_sleeps;
     int64_t stat_wait_ns;
 };

@@ -29,7 +29,13 @@
  * gate), a gated delta net, mamba2, or attention + mamba2 summed (falcon-h1);
  * then, unless the model has no FFN, x += [post_ffn_norm] ffn(rmsnorm(x)).
  * Recurrent mixers consume each sequence's rows token by token in position
- * order from that sequence's model_state. */
+ * order from that sequence's model_state.
+ *
+ * Threads meet at a barrier after every pool task, and a decode step is
+ * little else: projections that read the same input go out as one task
+ * (q/k/v, gate/up), attention is cut into more parts than threads, and the
+ * row-wise steps of a lone row run on the caller. With a profile set
+ * (model_ctx_set_profile) each step's wall time is added to its class. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

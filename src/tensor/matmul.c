@@ -7,7 +7,9 @@
  *    does not depend on the split.
  *  2. Output features are split in multiples of the kernel's row height,
  *    into several parts per thread that the running threads claim (a
- *    descheduled one leaves one small part behind). Small batches (decode,
+ *    descheduled one leaves one small part behind). Weights that read the
+ *    same x (q/k/v, gate/up) can share one task (tensor_matmul_group): the
+ *    same parts, one barrier. Small batches (decode,
  *    speculative verification: up to QUANT_STRIP_TOKENS tokens, or up to
  *    STRIP_MAX_TOKENS in chunks for the 16-lane kernels) use the ISA's strips
  *    (quant_strip_kernel): each weight block is loaded once for every token,
