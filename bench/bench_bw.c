@@ -212,6 +212,7 @@ static void stats_diff(ember_pool_stats *d, const ember_pool_stats *a, const emb
     d->waits = b->waits - a->waits;
     d->sleeps = b->sleeps - a->sleeps;
     d->wait_ns = b->wait_ns - a->wait_ns;
+    d->solo_tasks = b->solo_tasks - a->solo_tasks;
 }
 
 static double decode_step(model_run *r, model_at *a, int ctx, int round) {
@@ -249,11 +250,12 @@ static void print_profile(const model_run *r, const model_at *a, int reps, doubl
         if (r->class_bytes[k] > 0) printf(" %9.2f", r->class_bytes[k] / (ms * 1e-3) * 1e-9);
         printf("\n");
     }
-    double tasks = 0, parts = 0, caller = 0, waits = 0, sleeps = 0;
+    double tasks = 0, parts = 0, caller = 0, waits = 0, sleeps = 0, solo = 0;
     for (int i = 0; i < reps; i++) {
         tasks += (double)a->pstats[i].tasks, parts += (double)a->pstats[i].parts;
         caller += (double)a->pstats[i].caller_parts, waits += (double)a->pstats[i].waits;
         sleeps += (double)a->pstats[i].sleeps;
+        solo += (double)a->pstats[i].solo_tasks;
         v[i] = (double)a->pstats[i].wait_ns * 1e-6;
     }
     double wait_med = median_of(v, reps);
@@ -262,6 +264,9 @@ static void print_profile(const model_run *r, const model_at *a, int reps, doubl
                "(%.0f slept), median %.3f ms = %.1f%% of the step\n",
                tasks / reps, parts / reps, 100 * caller / parts, waits / reps, sleeps / reps, wait_med,
                100 * wait_med / (step_med * 1e3));
+    if (solo > 0)
+        printf("    pool per step: %.0f tasks run by the caller alone (workers were costing more than they gave)\n",
+               solo / reps);
     free(v);
 }
 

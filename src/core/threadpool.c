@@ -23,6 +23,20 @@
  *    worker that holds the part it waits for, instead of the two threads
  *    burning each other's slices.
  *
+ *  - When sharing stops paying, the caller works alone for a while. A
+ *    worker that shares its core with another busy process is preempted in
+ *    the middle of parts, and the caller then waits for it, asleep, for up
+ *    to a scheduler slice; with hundreds of small tasks per decode step that
+ *    made a busy loop on one core cost more than giving the step to one
+ *    thread. So the caller measures, over windows of GOV_WINDOW_NS, the time
+ *    it waited for workers' parts; past a third of the window it runs the
+ *    next GOV_SOLO_NS of tasks alone (every part inline, in order), which
+ *    lets the workers sleep and their cores go to whoever wants them, then
+ *    shares again and measures anew. On a quiet machine the caller waits
+ *    for at most the tail of one part per task, far below the threshold.
+ *    Parts run alone are the same parts (same nth), so results are
+ *    unchanged.
+ *
  * The claim word packs (generation:32 | next part:16 | parts:16). The task's
  * fn/ctx are written before the word is published (release) and read only by
  * a thread whose compare-and-swap claimed a part of that generation
@@ -64,6 +78,11 @@ enum { WORKER_SPIN_NS = 50000, CALLER_SPIN_NS = 20000 };
 
 enum { MAX_PARTS = 0xffff };
 
+/* The sharing governor: a window over which the caller's waits are summed,
+ * and how long it then works alone when they passed a third of it. */
+#define GOV_WINDOW_NS 10000000LL
+#define GOV_SOLO_NS 100000000LL
+
 struct ember_pool {
     int n_threads;              /* including the caller */
     pthread_t *workers;         /* (n_threads - 1) */
@@ -78,8 +97,10 @@ struct ember_pool {
     /* counters for ember_pool_get_stats, written by the caller only, a
      * cache line away from the words the workers spin on */
     char pad[64];
-    uint64_t stat_tasks, stat_parts, stat_caller_parts, stat_waits, stat_sleeps;
+    uint64_t stat_tasks, stat_parts, stat_caller_parts, stat_waits, stat_sleeps, stat_solo_tasks, stat_solo_periods;
     int64_t stat_wait_ns;
+    /* the sharing governor, caller only */
+    int64_t gov_start, gov_wait_ns, solo_until;
 };
 
 typedef struct worker_arg {
@@ -194,10 +215,32 @@ void ember_pool_free(ember_pool *pool) {
 
 int ember_pool_size(const ember_pool *pool) { return pool ? pool->n_threads : 1; }
 
+/* The governor, at the start of a task: closes a window that has run its
+ * length (alone for GOV_SOLO_NS when the caller waited for over a third of
+ * it) and says whether this task runs alone. */
+static bool work_alone(ember_pool *pool) {
+    int64_t t = now_ns();
+    if (t < pool->solo_until) return true;
+    if (t - pool->gov_start < GOV_WINDOW_NS) return false;
+    bool alone = pool->gov_wait_ns * 3 > t - pool->gov_start;
+    if (alone) {
+        pool->solo_until = t + GOV_SOLO_NS;
+        pool->stat_solo_periods++;
+    }
+    pool->gov_start = t;
+    pool->gov_wait_ns = 0;
+    return alone;
+}
+
 void ember_pool_run_parts(ember_pool *pool, ember_task_fn fn, void *ctx, int n_parts) {
     if (n_parts < 1) n_parts = 1;
     if (n_parts > MAX_PARTS) n_parts = MAX_PARTS;
     if (pool == NULL || pool->n_threads == 1 || n_parts == 1) {
+        for (int i = 0; i < n_parts; i++) fn(ctx, i, n_parts);
+        return;
+    }
+    if (work_alone(pool)) {
+        pool->stat_solo_tasks++;
         for (int i = 0; i < n_parts; i++) fn(ctx, i, n_parts);
         return;
     }
@@ -226,7 +269,9 @@ void ember_pool_run_parts(ember_pool *pool, ember_task_fn fn, void *ctx, int n_p
         while ((done = atomic_load(&pool->done)) != parts) futex_wait(&pool->done, done);
         atomic_store(&pool->caller_waiting, 0);
     }
-    pool->stat_wait_ns += now_ns() - start;
+    int64_t waited = now_ns() - start;
+    pool->stat_wait_ns += waited;
+    pool->gov_wait_ns += waited;
 }
 
 void ember_pool_get_stats(const ember_pool *pool, ember_pool_stats *st) {
@@ -238,6 +283,8 @@ void ember_pool_get_stats(const ember_pool *pool, ember_pool_stats *st) {
     st->waits = pool->stat_waits;
     st->sleeps = pool->stat_sleeps;
     st->wait_ns = pool->stat_wait_ns;
+    st->solo_tasks = pool->stat_solo_tasks;
+    st->solo_periods = pool->stat_solo_periods;
 }
 
 void ember_pool_run(ember_pool *pool, ember_task_fn fn, void *ctx) {

@@ -11,7 +11,9 @@
  * not depend on nth or on which thread ran a part).
  * ember_pool_run_parts does the same with a chosen nth: more, smaller parts
  * balance better when the cores are shared. Waiting spins briefly, then
- * sleeps. One pool serves one caller at a time; concurrent callers must use
+ * sleeps; when the caller spends over a third of its time waiting for
+ * workers (a worker preempted by another process), it runs the tasks of the
+ * next 100 ms alone, the same parts in order. One pool serves one caller at a time; concurrent callers must use
  * their own pools. */
 #ifndef EMBER_CORE_THREADPOOL_H
 #define EMBER_CORE_THREADPOOL_H
@@ -35,10 +37,12 @@ int ember_pool_size(const ember_pool *pool);
  * the workers (a NULL pool, one thread or one part runs inline and is not
  * counted), their parts and how many the caller ran itself, how often the
  * caller had to wait for workers' parts after running out of its own, how
- * often that wait went to sleep, and the time spent waiting. Read by the
- * caller between tasks. */
+ * often that wait went to sleep, and the time spent waiting; and how often
+ * the caller chose to work alone because waiting for workers cost more than
+ * sharing gave (solo_periods), with the tasks it ran alone then (not counted
+ * in tasks). Read by the caller between tasks. */
 typedef struct ember_pool_stats {
-    uint64_t tasks, parts, caller_parts, waits, sleeps;
+    uint64_t tasks, parts, caller_parts, waits, sleeps, solo_tasks, solo_periods;
     int64_t wait_ns;
 } ember_pool_stats;
 void ember_pool_get_stats(const ember_pool *pool, ember_pool_stats *st);
