@@ -47,7 +47,7 @@ test-asan: build-asan
 # report makes the process exit 66, which fails the test (the server's exit
 # status is checked by test_serve). tests/tsan.supp silences libzmq, which is
 # not instrumented (its lock-free pipes read as races).
-TSAN_TESTS = test_serve test_apc test_ckpt test_engine test_apc_disk test_disk_async test_kv_events test_remote
+TSAN_TESTS = test_serve test_apc test_ckpt test_engine test_apc_disk test_disk_async test_kv_events test_remote test_threadpool
 TSAN_OPTIONS_ALL = halt_on_error=0 exitcode=66 second_deadlock_stack=1 history_size=4 suppressions=$(CURDIR)/tests/tsan.supp
 build-tsan:
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEMBER_TSAN=ON >/dev/null
