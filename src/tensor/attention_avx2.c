@@ -16,9 +16,9 @@
  *    exponent field, the sum in 8 lanes indexed by key offset from `first`,
  *    then p_j = e_j * (1 / sum);
  *  - values: per output lane, fma(p_j, v_j, acc) over keys in order. Keys go
- *    in chunks of VCHUNK rows and lanes in slices of 16; a slice's
- *    accumulators are stored to out and reloaded for the next chunk, which
- *    is exact, so the chunking never shows in the bits.
+ *    in chunks of rows (as many as fit a 32 KB tile) and lanes in slices of
+ *    16; a slice's accumulators are stored to out and reloaded for the next
+ *    chunk, which is exact, so the chunking never shows in the bits.
  *
  * K and V rows are decoded into small f32 tiles (f16 by vcvtph2ps, q8_0 as
  * d * q in one multiply, both the values kv_row_decode gives; other
@@ -38,9 +38,9 @@
 #include "tensor/quant.h"
 
 enum {
-    KTILE = 8,   /* keys per score tile */
-    VCHUNK = 32, /* value rows decoded per chunk */
-    MQ = 4,      /* queries per value pass (2 x MQ accumulators + 2 loads + p) */
+    KTILE = 8,          /* keys per score tile */
+    VT_FLOATS = 8192,   /* the value tile (32 KB of stack): 8192 / padded d_v rows per chunk, >= 16 */
+    MQ = 4,             /* queries per value pass (2 x MQ accumulators + 2 loads + p) */
 };
 
 /* Values [offset, offset + n) of an encoded row into dst (exact). */
@@ -257,13 +257,14 @@ static void heads_group(const attention_head_args *a, int n) {
     }
     for (int i = 0; i < n; i++) softmax_scale(a[i].scores, a[i].n_keys - first);
 
-    /* Values: chunks of VCHUNK rows; every query run of MQ and slice of 16
+    /* Values: chunks of vchunk rows; every query run of MQ and slice of 16
      * lanes per chunk. */
-    float vt[VCHUNK * ATTENTION_MAX_HEAD] __attribute__((aligned(32)));
-    for (int64_t j0 = first; j0 < hi; j0 += VCHUNK) {
-        int64_t j1 = j0 + VCHUNK < hi ? j0 + VCHUNK : hi;
+    float vt[VT_FLOATS] __attribute__((aligned(32)));
+    const int vchunk = VT_FLOATS / vpad;
+    for (int64_t j0 = first; j0 < hi; j0 += vchunk) {
+        int64_t j1 = j0 + vchunk < hi ? j0 + vchunk : hi;
         for (int64_t jj = j0; jj < j1; jj++) {
-            if (jj + VCHUNK < hi) prefetch_row(a[0].v_blocks, a[0].v_stride, jj + VCHUNK, v_head, v_bytes);
+            if (jj + vchunk < hi) prefetch_row(a[0].v_blocks, a[0].v_stride, jj + vchunk, v_head, v_bytes);
             float *dst = vt + (size_t)(jj - j0) * vpad;
             decode_avx2(type, attention_row(a[0].v_blocks, a[0].v_stride, jj), a[0].v_offset, d_v, dst);
             for (int d = d_v; d < vpad; d++) dst[d] = 0.0f;
