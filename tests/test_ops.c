@@ -161,7 +161,7 @@ static void test_attention_isas_agree(void **state) {
             uint64_t seed = 77 + s * 3 + (uint64_t)t;
             int n_head = shapes[s].n_head, d = shapes[s].d, n_rows = shapes[s].n_rows, n_keys = shapes[s].n_keys;
             int n_blocks = (n_keys + 15) / 16, q_width = n_head * d;
-            enc_blocks kb = make_blocks(types[t], n_blocks, shapes[s].n_head_kv * d, &seed);
+            enc_blocks kb = make_blocks(kv_row_key_type(types[t]), n_blocks, shapes[s].n_head_kv * d, &seed);
             enc_blocks vb = make_blocks(types[t], n_blocks, shapes[s].n_head_kv * d, &seed);
             float *q = malloc((size_t)n_rows * q_width * sizeof(float));
             for (int i = 0; i < n_rows * q_width; i++) q[i] = frand(&seed) * 3.0f;

@@ -20,10 +20,12 @@
  *    16; a slice's accumulators are stored to out and reloaded for the next
  *    chunk, which is exact, so the chunking never shows in the bits.
  *
- * K and V rows are decoded into small f32 tiles (f16 by vcvtph2ps, q8_0 as
- * d * q in one multiply, both the values kv_row_decode gives; other
- * offsets and tails by kv_row_decode itself), so attention over encoded
- * rows equals attention over their decoded f32 copies bit for bit. The
+ * K and V rows are decoded, each in its own format (a q8_0 pool keeps K in
+ * q12h), into small f32 tiles (f16 by vcvtph2ps, q8_0 and q12h as d * q in
+ * one multiply, the values kv_row_decode gives; other offsets and tails by
+ * kv_row_decode itself), so attention over encoded rows equals attention
+ * over their decoded f32 copies bit for bit (the query comes in the keys'
+ * domain, kv_row_query). The
  * tiles are loaded once per run of queries: the more queries share a kv
  * head, the fewer times K and V stream from memory.
  *
@@ -56,6 +58,25 @@ static inline void decode_avx2(kv_row_type type, const uint8_t *row, int offset,
         if (i < n) kv_row_decode(type, row, offset + i, n - i, dst + i);
         return;
     }
+    if (type == KV_ROW_Q12H && offset % KV_ROW_Q12H_BLOCK == 0 && n % KV_ROW_Q12H_BLOCK == 0) {
+        /* value j of a block: d * (16 * hi[j] + nibble j of lo), one product */
+        const uint8_t *b = row + (size_t)(offset / KV_ROW_Q12H_BLOCK) * sizeof(kv_block_q12h);
+        const __m128i low4 = _mm_set1_epi8(15);
+        for (int i = 0; i < n; i += KV_ROW_Q12H_BLOCK, b += sizeof(kv_block_q12h)) {
+            uint16_t h;
+            memcpy(&h, b, 2);
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+            __m128i lo = _mm_loadu_si128((const __m128i *)(b + 34));
+            __m128i nib[2] = {_mm_and_si128(lo, low4), _mm_and_si128(_mm_srli_epi16(lo, 4), low4)};
+            for (int k = 0; k < 4; k++) {
+                __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * k)));
+                __m128i nb = k % 2 ? _mm_srli_si128(nib[k / 2], 8) : nib[k / 2];
+                __m256i q = _mm256_add_epi32(_mm256_slli_epi32(hi, 4), _mm256_cvtepu8_epi32(nb));
+                _mm256_storeu_ps(dst + i + 8 * k, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
+            }
+        }
+        return;
+    }
     if (type == KV_ROW_Q8_0 && offset % KV_ROW_Q8_0_BLOCK == 0 && n % KV_ROW_Q8_0_BLOCK == 0) {
         const uint8_t *b = row + (size_t)(offset / KV_ROW_Q8_0_BLOCK) * sizeof(block_q8_0);
         for (int i = 0; i < n; i += KV_ROW_Q8_0_BLOCK, b += sizeof(block_q8_0)) {
@@ -77,6 +98,7 @@ static inline size_t value_byte(kv_row_type type, int offset) {
     switch (type) {
     case KV_ROW_F16: return 2 * (size_t)offset;
     case KV_ROW_Q8_0: return (size_t)(offset / KV_ROW_Q8_0_BLOCK) * sizeof(block_q8_0);
+    case KV_ROW_Q12H: return (size_t)(offset / KV_ROW_Q12H_BLOCK) * sizeof(kv_block_q12h);
     default: return 4 * (size_t)offset;
     }
 }
@@ -208,11 +230,11 @@ static inline const float *query_padded(const attention_head_args *a, float *buf
     return buf;
 }
 
-/* n queries over one kv head: the same blocks, offsets, type, d_k, d_v and
+/* n queries over one kv head: the same blocks, offsets, types, d_k, d_v and
  * first key; n_keys may differ. */
 static void heads_group(const attention_head_args *a, int n) {
     const int64_t first = a[0].first;
-    const kv_row_type type = a[0].type;
+    const kv_row_type k_type = a[0].k_type, v_type = a[0].v_type;
     const int d_k = a[0].d_k, d_v = a[0].d_v;
     const int kpad = (d_k + 7) & ~7, vpad = (d_v + 7) & ~7;
     int64_t lo = a[0].n_keys, hi = a[0].n_keys;
@@ -220,8 +242,8 @@ static void heads_group(const attention_head_args *a, int n) {
         lo = a[i].n_keys < lo ? a[i].n_keys : lo;
         hi = a[i].n_keys > hi ? a[i].n_keys : hi;
     }
-    const size_t k_head = value_byte(type, a[0].k_offset), v_head = value_byte(type, a[0].v_offset);
-    const size_t k_bytes = value_byte(type, d_k), v_bytes = value_byte(type, d_v);
+    const size_t k_head = value_byte(k_type, a[0].k_offset), v_head = value_byte(v_type, a[0].v_offset);
+    const size_t k_bytes = value_byte(k_type, d_k), v_bytes = value_byte(v_type, d_v);
     float kt[KTILE][ATTENTION_MAX_HEAD] __attribute__((aligned(32)));
     float qp[ATTENTION_MAX_HEAD] __attribute__((aligned(32)));
     for (int k = 0; k < KTILE; k++) memset(kt[k] + d_k, 0, (size_t)(kpad - d_k) * sizeof(float));
@@ -231,7 +253,7 @@ static void heads_group(const attention_head_args *a, int n) {
     for (; j + KTILE <= lo; j += KTILE) {
         for (int k = 0; k < KTILE; k++) {
             if (j + KTILE + k < hi) prefetch_row(a[0].k_blocks, a[0].k_stride, j + KTILE + k, k_head, k_bytes);
-            decode_avx2(type, attention_row(a[0].k_blocks, a[0].k_stride, j + k), a[0].k_offset, d_k, kt[k]);
+            decode_avx2(k_type, attention_row(a[0].k_blocks, a[0].k_stride, j + k), a[0].k_offset, d_k, kt[k]);
         }
         for (int i = 0; i < n; i++) {
             const float *qi = query_padded(&a[i], qp, kpad);
@@ -246,7 +268,7 @@ static void heads_group(const attention_head_args *a, int n) {
         }
     }
     for (; j < hi; j++) {
-        decode_avx2(type, attention_row(a[0].k_blocks, a[0].k_stride, j), a[0].k_offset, d_k, kt[0]);
+        decode_avx2(k_type, attention_row(a[0].k_blocks, a[0].k_stride, j), a[0].k_offset, d_k, kt[0]);
         for (int i = 0; i < n; i++) {
             if (j >= a[i].n_keys) continue;
             const float *qi = query_padded(&a[i], qp, kpad);
@@ -266,7 +288,7 @@ static void heads_group(const attention_head_args *a, int n) {
         for (int64_t jj = j0; jj < j1; jj++) {
             if (jj + vchunk < hi) prefetch_row(a[0].v_blocks, a[0].v_stride, jj + vchunk, v_head, v_bytes);
             float *dst = vt + (size_t)(jj - j0) * vpad;
-            decode_avx2(type, attention_row(a[0].v_blocks, a[0].v_stride, jj), a[0].v_offset, d_v, dst);
+            decode_avx2(v_type, attention_row(a[0].v_blocks, a[0].v_stride, jj), a[0].v_offset, d_v, dst);
             for (int d = d_v; d < vpad; d++) dst[d] = 0.0f;
         }
         for (int s0 = 0; s0 < n; s0 += MQ) {
@@ -298,7 +320,7 @@ void attention_heads_avx2(const attention_head_args *a, int n) {
                a[i + m].k_blocks == a[i].k_blocks && a[i + m].v_blocks == a[i].v_blocks &&
                a[i + m].k_offset == a[i].k_offset && a[i + m].v_offset == a[i].v_offset &&
                a[i + m].k_stride == a[i].k_stride && a[i + m].v_stride == a[i].v_stride &&
-               a[i + m].type == a[i].type && a[i + m].first == a[i].first)
+               a[i + m].k_type == a[i].k_type && a[i + m].v_type == a[i].v_type && a[i + m].first == a[i].first)
             m++;
         heads_group(a + i, m);
         i += m;
