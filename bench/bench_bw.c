@@ -33,8 +33,9 @@
  *
  * --attention KEYS: one decode token's attention on the qwen3-0.6b shape
  * (16 query heads over 8 kv heads of 128, 28 layers) over KEYS cached
- * positions, per KV row format and per instruction set (scalar, AVX2,
- * AVX-512 where the CPU has them), interleaved, best of R: ms per token. */
+ * positions, per KV row format (K rows in the pool's key format: q12h for
+ * q8_0) and per instruction set (scalar, AVX2, AVX-512 where the CPU has
+ * them), interleaved, best of R: ms per token. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -289,19 +290,22 @@ static int attention_bench(int n_keys, int reps) {
     for (int t = 0; t < 3; t++)
         for (int i = 0; i < 3; i++) best[t][i] = 1e30;
     for (int t = 0; t < 3; t++) {
-        size_t rb = kv_row_bytes(types[t], N_KV * D);
+        /* K rows in the pool's key format (q12h for a q8_0 pool), V rows as the type */
+        kv_row_type k_type = kv_row_key_type(types[t]);
+        size_t k_rb = kv_row_bytes(k_type, N_KV * D), v_rb = kv_row_bytes(types[t], N_KV * D);
         /* separate K and V blocks per layer, as in a model: each layer's
          * attention streams its own KV from memory */
         void **kb = malloc((size_t)LAYERS * n_blocks * sizeof(void *)), **vb = malloc((size_t)LAYERS * n_blocks * sizeof(void *));
         for (int b = 0; b < LAYERS * n_blocks; b++) {
-            kb[b] = malloc(16 * rb);
-            vb[b] = malloc(16 * rb);
+            kb[b] = malloc(16 * k_rb);
+            vb[b] = malloc(16 * v_rb);
             for (int k = 0; k < 32; k++) {
                 for (int e = 0; e < N_KV * D; e++) {
                     seed = seed * 6364136223846793005ull + 1442695040888963407ull;
                     row[e] = (float)((seed >> 40) & 0xFFFF) / 65536.0f - 0.5f;
                 }
-                kv_row_encode(types[t], row, (uint8_t *)(k < 16 ? kb[b] : vb[b]) + (size_t)(k % 16) * rb, N_KV * D);
+                if (k < 16) kv_row_encode(k_type, row, (uint8_t *)kb[b] + (size_t)k * k_rb, N_KV * D);
+                else kv_row_encode(types[t], row, (uint8_t *)vb[b] + (size_t)(k - 16) * v_rb, N_KV * D);
             }
         }
         for (int e = 0; e < N_HEAD * D; e++) q[e] = (float)(e % 17) * 0.05f - 0.4f;
