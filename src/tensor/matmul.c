@@ -245,10 +245,12 @@ static void choose_strips(matmul_task *t) {
 }
 
 /* Everything before the compute task: kernels, scratch, and (when
- * `convert`) the activations converted into scratch. Returns 1 with *out
- * ready, 0 when there is nothing to compute, -1 out of memory. */
+ * `convert`) the activations converted into scratch. pack_busy is the
+ * panel slots' word, owned by the caller for as long as the task runs.
+ * Returns 1 with *out ready, 0 when there is nothing to compute, -1 out of
+ * memory. */
 static int matmul_prepare(ember_pool *pool, matmul_scratch *scratch, const tensor_weight *w, const float *x,
-                          int64_t n_tokens, float *y, bool convert, matmul_task *out) {
+                          int64_t n_tokens, float *y, bool convert, _Atomic unsigned *pack_busy, matmul_task *out) {
     const dtype_info *info = dtype_info_of((uint32_t)w->type);
     if (!info || n_tokens <= 0) return 0;
     matmul_task t = {
@@ -260,14 +262,14 @@ static int matmul_prepare(ember_pool *pool, matmul_scratch *scratch, const tenso
     size_t pb = quant_get_isa() == QUANT_ISA_AVX512 && n_tokens >= PANEL_MIN_TOKENS && !t.strip
                     ? matmul_avx512_panel_bytes(w->type, w->n_in)
                     : 0;
-    _Atomic unsigned pack_busy = 0;
     if (pb > 0) {
         int slots = ember_pool_size(pool);
         if (slots > PACK_SLOTS_MAX) slots = PACK_SLOTS_MAX;
         if (scratch_reserve(&scratch->pack, pb * (size_t)slots) != 0) return -1;
         t.pack = scratch->pack.p;
         t.pack_bytes = pb;
-        t.pack_busy = &pack_busy;
+        t.pack_busy = pack_busy;
+        atomic_store(pack_busy, 0);
     }
     if (t.act_type == DT_F32) {
         t.act = (const uint8_t *)x;
@@ -296,7 +298,8 @@ static int matmul_prepare(ember_pool *pool, matmul_scratch *scratch, const tenso
 int tensor_matmul(ember_pool *pool, matmul_scratch *scratch, const tensor_weight *w,
                   const float *x, int64_t n_tokens, float *y) {
     matmul_task t;
-    int rc = matmul_prepare(pool, scratch, w, x, n_tokens, y, true, &t);
+    _Atomic unsigned pack_busy = 0;
+    int rc = matmul_prepare(pool, scratch, w, x, n_tokens, y, true, &pack_busy, &t);
     if (rc <= 0) return rc;
     ember_pool_run_parts(pool, compute_task, &t, matmul_parts(pool, w->n_out, compute_granule(&t)));
     return 0;
@@ -325,12 +328,13 @@ int tensor_matmul_group(ember_pool *pool, matmul_scratch *scratch, const tensor_
     bool fuse = n_w <= TENSOR_MATMUL_GROUP_MAX;
     for (int k = 1; k < n_w && fuse; k++) fuse = ws[k]->type == ws[0]->type && ws[k]->n_in == ws[0]->n_in;
     matmul_group_task g;
+    _Atomic unsigned pack_busy = 0; /* unused: fused weights have no panels */
     /* the activations are converted once, for the first weight; the others
      * share its buffers (same type and width: the same conversion) */
     for (int k = 0; k < n_w && fuse; k++) {
-        int rc = matmul_prepare(pool, scratch, ws[k], x, n_tokens, ys[k], k == 0, &g.t[k]);
+        int rc = matmul_prepare(pool, scratch, ws[k], x, n_tokens, ys[k], k == 0, &pack_busy, &g.t[k]);
         if (rc < 0) return -1;
-        fuse = rc > 0 && g.t[k].pack == NULL; /* packed panels use per-part scratch: one weight at a time */
+        fuse = rc > 0 && g.t[k].pack == NULL; /* packed panels share the slots: one weight at a time */
     }
     if (!fuse) {
         for (int k = 0; k < n_w; k++)
