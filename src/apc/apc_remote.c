@@ -1129,6 +1129,32 @@ static const char *parse_side(apc_remote *r, const uint8_t *v, size_t len, const
     return why;
 }
 
+/* A whole-entry value (snapshot, skeleton, side entry) that failed its
+ * checks: said once, counted as corrupt, forgotten and deleted, so the next
+ * reader misses instead of tripping on it again. */
+static void reject_entry(apc_remote *r, redisContext *c, const apc_key *key, const char *name, const char *what,
+                         int64_t tokens, const char *why) {
+    ember_log(EMBER_LOG_WARN, "APC remote: %s of %lld tokens rejected (%s); deleted, counted as a miss", what,
+              (long long)tokens, why);
+    pthread_mutex_lock(&r->lock);
+    r->corrupt++;
+    known_forget(r, key);
+    pthread_mutex_unlock(&r->lock);
+    redisReply *d = redisCommand(c, "DEL %s", name);
+    if (d) freeReplyObject(d);
+}
+
+/* The end of a whole-entry read: a connection that failed (a DEL of a
+ * rejected value is its last command) is dropped, a sound one goes back. */
+static void finish_entry_read(apc_remote *r, redisContext *c, double deadline) {
+    if (c->err) {
+        fail_conn(r, c, deadline, "DEL");
+        return;
+    }
+    note_ok(r);
+    conn_put(r, c);
+}
+
 static uint32_t *load_side(apc_remote *r, uint64_t salt, const apc_side_owner *owner, const int32_t *tokens,
                            int64_t p, int64_t n, size_t words, void **state_out, int64_t *n_out, double deadline) {
     if (p < APC_REMOTE_ANCHOR_TOKENS) p = APC_REMOTE_ANCHOR_TOKENS;
@@ -1187,14 +1213,7 @@ static uint32_t *load_side(apc_remote *r, uint64_t salt, const apc_side_owner *o
                 known_add(r, &key, now_ms());
                 pthread_mutex_unlock(&r->lock);
             } else {
-                ember_log(EMBER_LOG_WARN, "APC remote: side entry of %lld tokens rejected (%s); deleted, counted as a miss",
-                          (long long)m, why);
-                pthread_mutex_lock(&r->lock);
-                r->corrupt++;
-                known_forget(r, &key);
-                pthread_mutex_unlock(&r->lock);
-                redisReply *d = redisCommand(c, "DEL %s", name);
-                if (d) freeReplyObject(d);
+                reject_entry(r, c, &key, name, "side entry", m, why);
             }
         }
         free(rows);
@@ -1202,12 +1221,7 @@ static uint32_t *load_side(apc_remote *r, uint64_t salt, const apc_side_owner *o
         freeReplyObject(v);
     }
     freeReplyObject(lens);
-    if (c->err) {
-        fail_conn(r, c, deadline, "DEL");
-        return got;
-    }
-    note_ok(r);
-    conn_put(r, c);
+    finish_entry_read(r, c, deadline);
     return got;
 }
 
@@ -1331,25 +1345,13 @@ static apc_exact_entry *load_exact(apc_remote *r, const int32_t *tokens, int64_t
                 known_add(r, &key, now_ms());
                 pthread_mutex_unlock(&r->lock);
             } else if (why) {
-                ember_log(EMBER_LOG_WARN, "APC remote: snapshot of %lld tokens rejected (%s); deleted, counted as a miss",
-                          (long long)n, why);
-                pthread_mutex_lock(&r->lock);
-                r->corrupt++;
-                known_forget(r, &key);
-                pthread_mutex_unlock(&r->lock);
-                redisReply *d = redisCommand(c, "DEL %s", name);
-                if (d) freeReplyObject(d);
+                reject_entry(r, c, &key, name, "snapshot", n, why);
             }
         }
         freeReplyObject(v);
     }
     freeReplyObject(lens);
-    if (c->err) {
-        fail_conn(r, c, deadline, "DEL");
-        return got;
-    }
-    note_ok(r);
-    conn_put(r, c);
+    finish_entry_read(r, c, deadline);
     return got;
 }
 
@@ -1456,25 +1458,13 @@ static int64_t find_skeleton(apc_remote *r, const int32_t *tokens, int64_t max_p
                     pthread_mutex_unlock(&r->lock);
                 }
             } else if (strcmp(why, "out of memory") != 0) {
-                ember_log(EMBER_LOG_WARN, "APC remote: skeleton of %lld tokens rejected (%s); deleted, counted as a miss",
-                          (long long)p, why);
-                pthread_mutex_lock(&r->lock);
-                r->corrupt++;
-                known_forget(r, &key);
-                pthread_mutex_unlock(&r->lock);
-                redisReply *d = redisCommand(c, "DEL %s", name);
-                if (d) freeReplyObject(d);
+                reject_entry(r, c, &key, name, "skeleton", p, why);
             }
         }
         freeReplyObject(v);
     }
     freeReplyObject(lens);
-    if (c->err) {
-        fail_conn(r, c, deadline, "DEL");
-        return got;
-    }
-    note_ok(r);
-    conn_put(r, c);
+    finish_entry_read(r, c, deadline);
     return got;
 }
 
