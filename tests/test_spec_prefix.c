@@ -45,17 +45,8 @@ typedef struct prompt_ids {
 } prompt_ids;
 
 static bool load_prompt(const char *name, prompt_ids *p) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "reference/%s.json", name);
-    const char *path = fixture_path(rel);
-    if (path == NULL) return false;
-    cJSON *j = test_load_json(path);
-    cJSON *ids = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "prompt"), "ids");
-    p->n = cJSON_GetArraySize(ids);
-    assert_true(p->n > 0 && p->n <= 512);
-    for (int i = 0; i < p->n; i++) p->ids[i] = cJSON_GetArrayItem(ids, i)->valueint;
-    cJSON_Delete(j);
-    return true;
+    p->n = test_load_prompt_ids(name, p->ids, 512);
+    return p->n > 0;
 }
 
 enum { GEN = 16 };

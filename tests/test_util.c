@@ -207,3 +207,17 @@ cJSON *test_load_json(const char *path) {
     if (j == NULL) fail_msg("%s is not JSON", path);
     return j;
 }
+
+int test_load_prompt_ids(const char *name, int32_t *ids, int cap) {
+    char rel[256];
+    snprintf(rel, sizeof rel, "reference/%s.json", name);
+    const char *path = fixture_path(rel);
+    if (path == NULL) return 0;
+    cJSON *j = test_load_json(path);
+    cJSON *arr = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "prompt"), "ids");
+    int n = cJSON_GetArraySize(arr);
+    if (n < 1 || n > cap) fail_msg("%s: %d prompt ids (1..%d expected)", path, n, cap);
+    for (int i = 0; i < n; i++) ids[i] = cJSON_GetArrayItem(arr, i)->valueint;
+    cJSON_Delete(j);
+    return n;
+}

@@ -67,6 +67,10 @@ void *read_whole_file(const char *path, size_t *size);
  * missing or not JSON. The caller frees it with cJSON_Delete. */
 struct cJSON;
 struct cJSON *test_load_json(const char *path);
+/* The prompt ids of a reference fixture (reference/NAME.json, prompt.ids)
+ * into ids; their count, or 0 when the fixture is absent (the caller
+ * skips). Fails the test on a file with none or more than cap. */
+int test_load_prompt_ids(const char *name, int32_t *ids, int cap);
 
 /* The test program's private XDG_CACHE_HOME (set before main, removed at
  * exit; see test_util.c), or NULL when none could be made (then APC_DISK=0

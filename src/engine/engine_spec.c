@@ -492,30 +492,88 @@ void spec_sidecar_attach(spec_drafter *d, apc *cache) {
 }
 
 /* Under the lock: a memory entry of n rows from a side file's rows. */
+/* ---- Sidecar entries: making one ----
+ * Every entry (the head's or a draft model's, stored from a request or read
+ * from a side file) is made the same way: side_entry_new evicts older
+ * entries until the budgets have room and allocates the empty entry;
+ * side_entry_pin (rows a request already holds: its blocks, referenced) or
+ * side_entry_reserve (rows to be copied in) gives it K/V blocks;
+ * side_entry_add puts it in the LRU; side_entry_discard frees one that
+ * never got there. */
+
+/* Under the lock: room for `bytes` and an empty entry with ids (n), hidden
+ * rows (n, n_embd) when `hidden`, and a state of sb bytes; NULL when out of
+ * memory. */
+static sidecar_entry *side_entry_new(spec_drafter *d, int64_t n, bool hidden, size_t sb, size_t bytes) {
+    while (d->n_side > 0 && (d->n_side >= d->cfg.sidecar_entries || d->n_side >= SIDECAR_MAX ||
+                             d->side_bytes + bytes > d->cfg.sidecar_bytes))
+        side_evict_lru(d);
+    sidecar_entry *e = calloc(1, sizeof *e);
+    if (e == NULL) return NULL;
+    kv_seq_init(&e->seq);
+    e->ids = malloc((size_t)n * sizeof(int32_t));
+    if (hidden) e->hidden = malloc((size_t)n * (size_t)d->n_embd * sizeof(float));
+    if (sb) e->state = malloc(sb);
+    if (e->ids == NULL || (hidden && e->hidden == NULL) || (sb && e->state == NULL)) {
+        free(e->ids);
+        free(e->hidden);
+        free(e->state);
+        free(e);
+        return NULL;
+    }
+    return e;
+}
+
+static void side_entry_discard(spec_drafter *d, sidecar_entry *e) {
+    kv_seq_release(d->pool, &e->seq);
+    free(e->ids);
+    free(e->hidden);
+    free(e->state);
+    free(e);
+}
+
+/* e references the blocks of src's rows [0, n). */
+static bool side_entry_pin(spec_drafter *d, sidecar_entry *e, const kv_seq *src, int64_t n) {
+    int32_t n_blocks = (int32_t)((n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    ember_error err;
+    for (int32_t b = 0; b < n_blocks; b++)
+        if (kv_seq_adopt_block(d->pool, &e->seq, src->blocks[b], &err) < 0) return false;
+    kv_seq_truncate(d->pool, &e->seq, n);
+    return true;
+}
+
+/* e holds blocks for n rows (to be copied in), older entries giving theirs
+ * back when the pool is full. */
+static bool side_entry_reserve(spec_drafter *d, sidecar_entry *e, int64_t n) {
+    ember_error err;
+    int rc = kv_seq_prepare_append(d->pool, &e->seq, n, &err);
+    while (rc < 0 && d->n_side > 0) {
+        side_evict_lru(d);
+        rc = kv_seq_prepare_append(d->pool, &e->seq, n, &err);
+    }
+    return rc == 0;
+}
+
+static void side_entry_add(spec_drafter *d, sidecar_entry *e, uint64_t salt, const int32_t *ids, int64_t n,
+                           size_t bytes) {
+    memcpy(e->ids, ids, (size_t)n * sizeof(int32_t));
+    e->salt = salt;
+    e->n = n;
+    e->bytes = bytes;
+    e->used = ++d->side_clock;
+    d->side[d->n_side++] = e;
+    d->side_bytes += bytes;
+}
+
 static void side_from_rows(spec_drafter *d, uint64_t salt, const int32_t *tokens, int64_t n, const uint32_t *rows) {
     const size_t D = (size_t)d->n_embd;
     int32_t n_blocks = (int32_t)((n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     size_t bytes = (size_t)n * (D * sizeof(float) + sizeof(int32_t)) + (size_t)n_blocks * kv_pool_block_bytes(d->pool);
     if (bytes > d->cfg.sidecar_bytes) return;
-    while (d->n_side > 0 && (d->n_side >= d->cfg.sidecar_entries || d->n_side >= SIDECAR_MAX ||
-                             d->side_bytes + bytes > d->cfg.sidecar_bytes))
-        side_evict_lru(d);
-    sidecar_entry *e = calloc(1, sizeof *e);
+    sidecar_entry *e = side_entry_new(d, n, true, 0, bytes);
     if (e == NULL) return;
-    kv_seq_init(&e->seq);
-    e->ids = malloc((size_t)n * sizeof(int32_t));
-    e->hidden = malloc((size_t)n * D * sizeof(float));
-    ember_error err;
-    int rc = e->ids && e->hidden ? kv_seq_prepare_append(d->pool, &e->seq, n, &err) : -1;
-    while (rc < 0 && e->ids && e->hidden && d->n_side > 0) { /* the head's pool is full: older entries go */
-        side_evict_lru(d);
-        rc = kv_seq_prepare_append(d->pool, &e->seq, n, &err);
-    }
-    if (rc < 0) {
-        kv_seq_release(d->pool, &e->seq);
-        free(e->ids);
-        free(e->hidden);
-        free(e);
+    if (!side_entry_reserve(d, e, n)) {
+        side_entry_discard(d, e);
         return;
     }
     for (int64_t t = 0; t < n; t++) {
@@ -523,13 +581,7 @@ static void side_from_rows(spec_drafter *d, uint64_t salt, const int32_t *tokens
         memcpy(e->hidden + (size_t)t * D, row, D * sizeof(float));
     }
     e->seq.n_tokens = n;
-    memcpy(e->ids, tokens, (size_t)n * sizeof(int32_t));
-    e->salt = salt;
-    e->n = n;
-    e->bytes = bytes;
-    e->used = ++d->side_clock;
-    d->side[d->n_side++] = e;
-    d->side_bytes += bytes;
+    side_entry_add(d, e, salt, tokens, n, bytes);
     d->side_disk_loads++;
 }
 
@@ -588,33 +640,14 @@ static void draft_side_put(spec_drafter *d, spec_seq *s, const int32_t *all, int
             i--;
         }
     }
-    while (d->n_side > 0 && (d->n_side >= d->cfg.sidecar_entries || d->n_side >= SIDECAR_MAX ||
-                             d->side_bytes + bytes > d->cfg.sidecar_bytes))
-        side_evict_lru(d);
-    sidecar_entry *e = calloc(1, sizeof *e);
+    sidecar_entry *e = side_entry_new(d, n, false, sb, bytes);
     if (e == NULL) return;
-    kv_seq_init(&e->seq);
-    e->ids = malloc((size_t)n * sizeof(int32_t));
-    if (sb) e->state = malloc(sb);
-    ember_error err;
-    bool ok = e->ids && (!sb || e->state);
-    for (int32_t b = 0; ok && b < n_blocks; b++) ok = kv_seq_adopt_block(d->pool, &e->seq, s->seq.blocks[b], &err) == 0;
-    if (!ok) {
-        kv_seq_release(d->pool, &e->seq);
-        free(e->ids);
-        free(e->state);
-        free(e);
+    if (!side_entry_pin(d, e, &s->seq, n)) {
+        side_entry_discard(d, e);
         return;
     }
-    kv_seq_truncate(d->pool, &e->seq, n);
-    memcpy(e->ids, all, (size_t)n * sizeof(int32_t));
     if (sb) memcpy(e->state, state, sb);
-    e->salt = s->salt;
-    e->n = n;
-    e->bytes = bytes;
-    e->used = ++d->side_clock;
-    d->side[d->n_side++] = e;
-    d->side_bytes += bytes;
+    side_entry_add(d, e, s->salt, all, n, bytes);
     d->side_writes++;
     side_to_disk(d, e); /* the SSD mirror: its rows copied now, written by the disk's writers */
 }
@@ -689,37 +722,16 @@ static void draft_side_from_rows(spec_drafter *d, uint64_t salt, const int32_t *
     int32_t n_blocks = (int32_t)((n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     size_t bytes = (size_t)n * sizeof(int32_t) + (size_t)n_blocks * kv_pool_block_bytes(d->pool) + sb;
     if (n < 1 || bytes > d->cfg.sidecar_bytes || (sb && state == NULL)) return;
-    while (d->n_side > 0 && (d->n_side >= d->cfg.sidecar_entries || d->n_side >= SIDECAR_MAX ||
-                             d->side_bytes + bytes > d->cfg.sidecar_bytes))
-        side_evict_lru(d);
-    sidecar_entry *e = calloc(1, sizeof *e);
+    sidecar_entry *e = side_entry_new(d, n, false, sb, bytes);
     if (e == NULL) return;
-    kv_seq_init(&e->seq);
-    e->ids = malloc((size_t)n * sizeof(int32_t));
-    if (sb) e->state = malloc(sb);
-    ember_error err;
-    int rc = e->ids && (!sb || e->state) ? kv_seq_prepare_append(d->pool, &e->seq, n, &err) : -1;
-    while (rc < 0 && e->ids && (!sb || e->state) && d->n_side > 0) { /* the pool is full: older entries go */
-        side_evict_lru(d);
-        rc = kv_seq_prepare_append(d->pool, &e->seq, n, &err);
-    }
-    if (rc < 0) {
-        kv_seq_release(d->pool, &e->seq);
-        free(e->ids);
-        free(e->state);
-        free(e);
+    if (!side_entry_reserve(d, e, n)) {
+        side_entry_discard(d, e);
         return;
     }
     for (int64_t t = 0; t < n; t++) side_row_in(d, &e->seq, t, rows + (size_t)t * d->side_words);
     e->seq.n_tokens = n;
-    memcpy(e->ids, tokens, (size_t)n * sizeof(int32_t));
     if (sb) memcpy(e->state, state, sb);
-    e->salt = salt;
-    e->n = n;
-    e->bytes = bytes;
-    e->used = ++d->side_clock;
-    d->side[d->n_side++] = e;
-    d->side_bytes += bytes;
+    side_entry_add(d, e, salt, tokens, n, bytes);
     d->side_disk_loads++;
 }
 
@@ -778,33 +790,14 @@ void spec_sidecar_store(spec_drafter *d, spec_seq *s, const int32_t *all, int64_
             i--;
         }
     }
-    while (d->n_side > 0 && (d->n_side >= d->cfg.sidecar_entries || d->n_side >= SIDECAR_MAX ||
-                             d->side_bytes + bytes > d->cfg.sidecar_bytes))
-        side_evict_lru(d);
-    sidecar_entry *e = calloc(1, sizeof *e);
+    sidecar_entry *e = side_entry_new(d, n, true, 0, bytes);
     if (e == NULL) goto done;
-    e->ids = malloc((size_t)n * sizeof(int32_t));
-    e->hidden = malloc((size_t)n * D * sizeof(float));
-    kv_seq_init(&e->seq);
-    ember_error err;
-    bool ok = e->ids && e->hidden;
-    for (int32_t b = 0; ok && b < n_blocks; b++) ok = kv_seq_adopt_block(d->pool, &e->seq, s->seq.blocks[b], &err) == 0;
-    if (!ok) {
-        kv_seq_release(d->pool, &e->seq);
-        free(e->ids);
-        free(e->hidden);
-        free(e);
+    if (!side_entry_pin(d, e, &s->seq, n)) {
+        side_entry_discard(d, e);
         goto done;
     }
-    kv_seq_truncate(d->pool, &e->seq, n);
-    memcpy(e->ids, all, (size_t)n * sizeof(int32_t));
     memcpy(e->hidden, s->hist, (size_t)n * D * sizeof(float));
-    e->salt = s->salt;
-    e->n = n;
-    e->bytes = bytes;
-    e->used = ++d->side_clock;
-    d->side[d->n_side++] = e;
-    d->side_bytes += bytes;
+    side_entry_add(d, e, s->salt, all, n, bytes);
     d->side_writes++;
     side_to_disk(d, e);
 done:
