@@ -1077,17 +1077,7 @@ void spec_import(spec_drafter *d, spec_seq *s, const int32_t *all, int64_t n, co
         rc = kv_seq_prepare_append(d->pool, &s->seq, n, &err);
     }
     for (int64_t t = 0; rc == 0 && t < n; t++) {
-        const uint32_t *row = rows + (size_t)t * d->side_words;
-        int32_t b = s->seq.blocks[t / KV_BLOCK_TOKENS];
-        int r = (int)(t % KV_BLOCK_TOKENS);
-        for (int l = 0; l < d->pool_layers; l++)
-            for (int kv = 0; kv < 2; kv++) {
-                size_t w = kv_pool_row_bytes(d->pool, l, kv) / 4;
-                if (w == 0) continue;
-                float *dst = kv ? kv_block_v(d->pool, b, l) : kv_block_k(d->pool, b, l);
-                memcpy(dst + (size_t)r * w, row, w * 4);
-                row += w;
-            }
+        const uint32_t *row = side_row_in(d, &s->seq, t, rows + (size_t)t * d->side_words);
         if (hist_put(d, s, t, (const float *)row) < 0) rc = -1;
     }
     if (rc == 0) {
