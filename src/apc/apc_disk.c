@@ -1316,7 +1316,7 @@ float *apc_disk_exact_dst_fn(void *user, int layer, int kv, uint32_t piece) {
 typedef struct cand {
     apc_key name;
     int64_t n;
-    int kind; /* skeletons: the checkpoint kind */
+    int kind; /* the file's first_block: for skeletons, the checkpoint kind */
 } cand;
 
 static int cand_cmp(const void *a, const void *b) {
@@ -1324,26 +1324,36 @@ static int cand_cmp(const void *a, const void *b) {
     return x->n < y->n ? 1 : x->n > y->n ? -1 : 0;
 }
 
-apc_exact_entry *apc_disk_load_exact(apc_disk *d, const int32_t *tokens, int64_t max_len, int64_t min_len,
-                                     uint64_t salt, size_t max_bytes) {
+/* The live files of one kind under salt whose length n has lo <= n <= hi,
+ * longest first (malloc'd; *nc their count), or NULL when out of memory. A
+ * reader tries them in order, so the longest usable file wins. */
+static cand *list_candidates(apc_disk *d, uint32_t kind, uint64_t salt, int64_t lo, int64_t hi, int *nc) {
     pthread_mutex_lock(&d->lock);
     cand *c = malloc((size_t)(d->n_files ? d->n_files : 1) * sizeof *c);
-    int nc = 0;
+    *nc = 0;
     for (int32_t i = 0; c && i < d->n_files; i++) {
         const file_rec *r = &d->files[i];
-        if (!r->live || r->kind != APC_DISK_KIND_EXACT || r->salt != salt) continue;
-        if ((int64_t)r->n_tokens <= min_len || (int64_t)r->n_tokens > max_len) continue;
-        if (apc_snapshot_bytes(d->lay, (int64_t)r->n_tokens) + d->lay->state_bytes > max_bytes) continue;
-        c[nc].name = r->name;
-        c[nc].n = (int64_t)r->n_tokens;
-        nc++;
+        if (!r->live || r->kind != kind || r->salt != salt) continue;
+        if ((int64_t)r->n_tokens < lo || (int64_t)r->n_tokens > hi) continue;
+        c[*nc].name = r->name;
+        c[*nc].n = (int64_t)r->n_tokens;
+        c[*nc].kind = (int)r->first_block;
+        (*nc)++;
     }
     pthread_mutex_unlock(&d->lock);
+    if (c) qsort(c, (size_t)*nc, sizeof *c, cand_cmp);
+    return c;
+}
+
+apc_exact_entry *apc_disk_load_exact(apc_disk *d, const int32_t *tokens, int64_t max_len, int64_t min_len,
+                                     uint64_t salt, size_t max_bytes) {
+    int nc;
+    cand *c = list_candidates(d, APC_DISK_KIND_EXACT, salt, min_len + 1, max_len, &nc);
     if (c == NULL) return NULL;
-    qsort(c, (size_t)nc, sizeof *c, cand_cmp);
     apc_exact_entry *got = NULL;
     char path[4096];
     for (int k = 0; k < nc && got == NULL; k++) {
+        if (apc_snapshot_bytes(d->lay, c[k].n) + d->lay->state_bytes > max_bytes) continue;
         apc_key want = apc_disk_exact_key(salt, tokens, c[k].n);
         if (!apc_key_eq(&want, &c[k].name)) continue;
         file_path(d, APC_DISK_KIND_EXACT, &c[k].name, path, sizeof path);
@@ -1490,20 +1500,9 @@ uint32_t *apc_disk_load_side(apc_disk *d, uint64_t salt, const apc_side_owner *o
     size_t sb = owner->state_bytes;
     if (state_out) *state_out = NULL;
     if ((sb && state_out == NULL) || sb > APC_DISK_SIDE_MAX_STATE) return NULL;
-    pthread_mutex_lock(&d->lock);
-    cand *c = malloc((size_t)(d->n_files ? d->n_files : 1) * sizeof *c);
-    int nc = 0;
-    for (int32_t i = 0; c && i < d->n_files; i++) {
-        const file_rec *r = &d->files[i];
-        if (!r->live || r->kind != APC_DISK_KIND_SIDE || r->salt != salt) continue;
-        if ((int64_t)r->n_tokens < p || (int64_t)r->n_tokens > n) continue;
-        c[nc].name = r->name;
-        c[nc].n = (int64_t)r->n_tokens;
-        nc++;
-    }
-    pthread_mutex_unlock(&d->lock);
+    int nc;
+    cand *c = list_candidates(d, APC_DISK_KIND_SIDE, salt, p, n, &nc);
     if (c == NULL) return NULL;
-    qsort(c, (size_t)nc, sizeof *c, cand_cmp);
     int width[1];
     apc_layout lay = apc_disk_side_layout(width, words, sb);
     apc_disk_expect ex = d->ex;
@@ -1680,27 +1679,14 @@ static float *skel_dst_fn(void *user, int layer, int kv, uint32_t piece) {
 
 int64_t apc_disk_find_skeleton(apc_disk *d, const int32_t *tokens, int64_t max_p, int64_t min_p, int64_t replay_at,
                                uint64_t salt, void *state_out, apc_key *name_out, int *kind_out) {
-    pthread_mutex_lock(&d->lock);
-    cand *c = malloc((size_t)(d->n_files ? d->n_files : 1) * sizeof *c);
-    int nc = 0;
-    for (int32_t i = 0; c && i < d->n_files; i++) {
-        const file_rec *r = &d->files[i];
-        if (!r->live || r->kind != APC_DISK_KIND_SKEL || r->salt != salt) continue;
-        int64_t p = (int64_t)r->n_tokens;
-        if (p <= min_p || p > max_p) continue;
-        if (r->first_block == 2 /* APC_CKPT_REPLAY */ && replay_at >= 0 && p != replay_at) continue;
-        c[nc].name = r->name;
-        c[nc].n = p;
-        c[nc].kind = (int)r->first_block;
-        nc++;
-    }
-    pthread_mutex_unlock(&d->lock);
+    int nc;
+    cand *c = list_candidates(d, APC_DISK_KIND_SKEL, salt, min_p + 1, max_p, &nc);
     if (c == NULL) return 0;
-    qsort(c, (size_t)nc, sizeof *c, cand_cmp);
     int64_t got = 0;
     char path[4096];
     int32_t *tok = NULL;
     for (int k = 0; k < nc && got == 0; k++) {
+        if (c[k].kind == 2 /* APC_CKPT_REPLAY */ && replay_at >= 0 && c[k].n != replay_at) continue;
         apc_key want = apc_disk_skel_key(salt, tokens, c[k].n);
         if (!apc_key_eq(&want, &c[k].name)) continue;
         file_path(d, APC_DISK_KIND_SKEL, &c[k].name, path, sizeof path);
