@@ -416,44 +416,6 @@ static void test_restart_across_formats(void **state) {
 
 /* ---- the bitrate-b scenario, through the server ---- */
 
-typedef struct completion {
-    char *text;
-    int prompt_tokens, cached;
-} completion;
-
-static completion complete(int port, const char *prompt) {
-    char body[8192];
-    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":16,\"temperature\":0}", prompt);
-    char *resp = NULL;
-    int status = http_call(port, "POST", "/v1/completions", NULL, body, &resp);
-    if (status != 200) fail_msg("completion: HTTP %d: %s", status, resp ? resp : "");
-    cJSON *j = cJSON_Parse(resp);
-    assert_non_null(j);
-    completion c;
-    cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
-    cJSON *text = choice ? cJSON_GetObjectItem(choice, "text") : NULL;
-    assert_true(cJSON_IsString(text));
-    c.text = strdup(text->valuestring);
-    cJSON *usage = cJSON_GetObjectItem(j, "usage");
-    c.prompt_tokens = cJSON_GetObjectItem(usage, "prompt_tokens")->valueint;
-    c.cached = cJSON_GetObjectItem(cJSON_GetObjectItem(usage, "prompt_tokens_details"), "cached_tokens")->valueint;
-    cJSON_Delete(j);
-    free(resp);
-    return c;
-}
-
-static double stat_of(int port, const char *key) {
-    char *resp = NULL;
-    assert_int_equal(http_call(port, "GET", "/v1/cache/stats", NULL, NULL, &resp), 200);
-    cJSON *j = cJSON_Parse(resp);
-    assert_non_null(j);
-    cJSON *v = cJSON_GetObjectItem(j, key);
-    if (v == NULL) fail_msg("stats lack %s: %s", key, resp);
-    double d = cJSON_IsString(v) ? 0 : v->valuedouble;
-    cJSON_Delete(j);
-    free(resp);
-    return d;
-}
 
 /* The reference's bitrate-b phase (section 16) with ember's formats: a
  * server at f16 warms a disk root, a second server at q8_0 on the same root
@@ -482,18 +444,18 @@ static void test_bitrate_b_scenario(void **state) {
     snprintf(log, sizeof log, "%s/a.log", root);
     int port = http_spawn_ember(ember_binary(), model_path, fmt_f16, log, &pid);
     assert_true(port > 0);
-    completion a = complete(port, prompt);
+    test_completion a = test_complete(port, prompt);
     assert_true(a.prompt_tokens > 128);
     assert_int_equal(http_stop_server(&pid, 10000), 0);
 
     snprintf(log, sizeof log, "%s/b.log", root);
     port = http_spawn_ember(ember_binary(), model_path, fmt_q8, log, &pid);
     assert_true(port > 0);
-    completion b1 = complete(port, prompt);
+    test_completion b1 = test_complete(port, prompt);
     assert_true(b1.cached < 64);
-    assert_int_equal((int)stat_of(port, "disk_hits"), 0);
-    assert_true(stat_of(port, "stores") > 0);
-    completion b2 = complete(port, prompt);
+    assert_int_equal((int)test_cache_stat(port, "disk_hits"), 0);
+    assert_true(test_cache_stat(port, "stores") > 0);
+    test_completion b2 = test_complete(port, prompt);
     if (b2.cached * 2 <= b2.prompt_tokens) fail_msg("warm replay adopted %d of %d", b2.cached, b2.prompt_tokens);
     assert_string_equal(b2.text, b1.text);
     assert_int_equal(http_stop_server(&pid, 10000), 0);
@@ -507,9 +469,9 @@ static void test_bitrate_b_scenario(void **state) {
     snprintf(log, sizeof log, "%s/c.log", root);
     port = http_spawn_ember(ember_binary(), model_path, fmt_f16, log, &pid);
     assert_true(port > 0);
-    completion c = complete(port, prompt);
+    test_completion c = test_complete(port, prompt);
     if (c.cached * 2 <= c.prompt_tokens) fail_msg("f16 restart adopted %d of %d", c.cached, c.prompt_tokens);
-    assert_true(stat_of(port, "disk_hits") > 0);
+    assert_true(test_cache_stat(port, "disk_hits") > 0);
     assert_string_equal(c.text, a.text);
     assert_int_equal(http_stop_server(&pid, 10000), 0);
     print_message("bitrate-b: %d prompt tokens; q8_0 after f16: cached %d, replay %d; f16 again: cached %d\n",

@@ -734,50 +734,12 @@ static void test_restart_stock_and_kvarn(void **state) {
 
 /* ---- the bitrate-b scenario, through the server ---- */
 
-typedef struct completion {
-    char *text;
-    int prompt_tokens, cached;
-} completion;
-
-static completion complete(int port, const char *prompt) {
-    char body[8192];
-    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":16,\"temperature\":0}", prompt);
-    char *resp = NULL;
-    int status = http_call(port, "POST", "/v1/completions", NULL, body, &resp);
-    if (status != 200) fail_msg("completion: HTTP %d: %s", status, resp ? resp : "");
-    cJSON *j = cJSON_Parse(resp);
-    assert_non_null(j);
-    completion c;
-    cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
-    cJSON *text = choice ? cJSON_GetObjectItem(choice, "text") : NULL;
-    assert_true(cJSON_IsString(text));
-    c.text = strdup(text->valuestring);
-    cJSON *usage = cJSON_GetObjectItem(j, "usage");
-    c.prompt_tokens = cJSON_GetObjectItem(usage, "prompt_tokens")->valueint;
-    c.cached = cJSON_GetObjectItem(cJSON_GetObjectItem(usage, "prompt_tokens_details"), "cached_tokens")->valueint;
-    cJSON_Delete(j);
-    free(resp);
-    return c;
-}
-
-static double stat_of(int port, const char *key) {
-    char *resp = NULL;
-    assert_int_equal(http_call(port, "GET", "/v1/cache/stats", NULL, NULL, &resp), 200);
-    cJSON *j = cJSON_Parse(resp);
-    assert_non_null(j);
-    cJSON *v = cJSON_GetObjectItem(j, key);
-    if (v == NULL) fail_msg("stats lack %s: %s", key, resp);
-    double d = cJSON_IsString(v) ? 0 : v->valuedouble;
-    cJSON_Delete(j);
-    free(resp);
-    return d;
-}
 
 /* A counter that the request's retirement (after the reply) may still be
  * raising: polled for up to 10 s. */
 static double stat_reaching(int port, const char *key, double at_least) {
     double v = 0;
-    for (int i = 0; i < 200 && (v = stat_of(port, key)) < at_least; i++) usleep(50 * 1000);
+    for (int i = 0; i < 200 && (v = test_cache_stat(port, key)) < at_least; i++) usleep(50 * 1000);
     return v;
 }
 
@@ -808,7 +770,7 @@ static void test_bitrate_b_kvarn(void **state) {
     snprintf(log, sizeof log, "%s/a.log", root);
     int port = http_spawn_ember(ember_binary(), model_path, k6v5, log, &pid);
     assert_true(port > 0);
-    completion a = complete(port, prompt);
+    test_completion a = test_complete(port, prompt);
     assert_true(a.prompt_tokens > 256);
     assert_true(stat_reaching(port, "exact_stores", 1) > 0);
     assert_int_equal(http_stop_server(&pid, 10000), 0);
@@ -816,11 +778,11 @@ static void test_bitrate_b_kvarn(void **state) {
     snprintf(log, sizeof log, "%s/b.log", root);
     port = http_spawn_ember(ember_binary(), model_path, k4v4, log, &pid);
     assert_true(port > 0);
-    completion b1 = complete(port, prompt);
+    test_completion b1 = test_complete(port, prompt);
     assert_true(b1.cached < 64);
-    assert_int_equal((int)stat_of(port, "disk_hits"), 0);
+    assert_int_equal((int)test_cache_stat(port, "disk_hits"), 0);
     assert_true(stat_reaching(port, "exact_stores", 1) > 0);
-    completion b2 = complete(port, prompt);
+    test_completion b2 = test_complete(port, prompt);
     if (b2.cached * 2 <= b2.prompt_tokens) fail_msg("warm replay adopted %d of %d", b2.cached, b2.prompt_tokens);
     assert_string_equal(b2.text, b1.text);
     assert_int_equal(http_stop_server(&pid, 10000), 0);

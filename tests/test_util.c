@@ -8,6 +8,7 @@
  * it. */
 #define _GNU_SOURCE
 #include "test_util.h"
+#include "http_client.h"
 
 #include "engine/engine.h"
 
@@ -220,4 +221,38 @@ int test_load_prompt_ids(const char *name, int32_t *ids, int cap) {
     for (int i = 0; i < n; i++) ids[i] = cJSON_GetArrayItem(arr, i)->valueint;
     cJSON_Delete(j);
     return n;
+}
+
+test_completion test_complete(int port, const char *prompt) {
+    char body[8192];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":16,\"temperature\":0}", prompt);
+    char *resp = NULL;
+    int status = http_call(port, "POST", "/v1/completions", NULL, body, &resp);
+    if (status != 200) fail_msg("completion: HTTP %d: %s", status, resp ? resp : "");
+    cJSON *j = cJSON_Parse(resp);
+    assert_non_null(j);
+    test_completion c;
+    cJSON *choice = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cJSON *text = choice ? cJSON_GetObjectItem(choice, "text") : NULL;
+    assert_true(cJSON_IsString(text));
+    c.text = strdup(text->valuestring);
+    cJSON *usage = cJSON_GetObjectItem(j, "usage");
+    c.prompt_tokens = cJSON_GetObjectItem(usage, "prompt_tokens")->valueint;
+    c.cached = cJSON_GetObjectItem(cJSON_GetObjectItem(usage, "prompt_tokens_details"), "cached_tokens")->valueint;
+    cJSON_Delete(j);
+    free(resp);
+    return c;
+}
+
+double test_cache_stat(int port, const char *key) {
+    char *resp = NULL;
+    assert_int_equal(http_call(port, "GET", "/v1/cache/stats", NULL, NULL, &resp), 200);
+    cJSON *j = cJSON_Parse(resp);
+    assert_non_null(j);
+    cJSON *v = cJSON_GetObjectItem(j, key);
+    if (v == NULL) fail_msg("stats lack %s: %s", key, resp);
+    double d = cJSON_IsString(v) ? 0 : v->valuedouble;
+    cJSON_Delete(j);
+    free(resp);
+    return d;
 }

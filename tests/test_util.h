@@ -72,6 +72,16 @@ struct cJSON *test_load_json(const char *path);
  * skips). Fails the test on a file with none or more than cap. */
 int test_load_prompt_ids(const char *name, int32_t *ids, int cap);
 
+/* A greedy 16-token /v1/completions of prompt on a test server: the text
+ * (malloc'd), prompt tokens and cached tokens; fails the test on an error. */
+typedef struct test_completion {
+    char *text;
+    int prompt_tokens, cached;
+} test_completion;
+test_completion test_complete(int port, const char *prompt);
+/* One numeric field of the server's /v1/cache/stats (0 for a string). */
+double test_cache_stat(int port, const char *key);
+
 /* The test program's private XDG_CACHE_HOME (set before main, removed at
  * exit; see test_util.c), or NULL when none could be made (then APC_DISK=0
  * keeps spawned servers off the disk). */
