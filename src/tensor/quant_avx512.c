@@ -329,6 +329,22 @@ ALWAYS_INLINE int32_t hsum_madd16(__m256i a, __m256i b) {
     return hsum256_epi32(_mm256_madd_epi16(a, b));
 }
 
+/* One block's contribution to a K-quant dot, 16 (row, token) pairs at a
+ * time: with a min (Q2_K, Q4_K, Q5_K) the scaled integer sum and the scaled sum of
+ * the mins subtracted as two FMAs (min's sign flipped by its bit); without
+ * (Q3_K, Q6_K) the offset is in csum and one FMA serves. The K kernels and
+ * the K strips share it so both keep the single-row dot's order. */
+ALWAYS_INLINE __m512 k_scaled_fma(__m512 acc, __m512i isum, __m512i csum, __m512 dw16, __m512 dm16, __m512 da16,
+                                  int has_min) {
+    if (has_min) {
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw16, da16), acc);
+        __m512 negm = _mm512_castsi512_ps(
+            _mm512_xor_si512(_mm512_castps_si512(_mm512_cvtepi32_ps(csum)), _mm512_set1_epi32((int)0x80000000u)));
+        return _mm512_fmadd_ps(negm, _mm512_mul_ps(dm16, da16), acc);
+    }
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum, csum)), _mm512_mul_ps(dw16, da16), acc);
+}
+
 #define K_KERNELS(NAME, HAS_MIN)                                                               \
     __attribute__((unused)) static float dot_##NAME(int64_t n, const void *w, const void *a) {                         \
         const uint8_t *x = w;                                                                  \
@@ -393,16 +409,8 @@ ALWAYS_INLINE int32_t hsum_madd16(__m256i a, __m256i b) {
             }                                                                                  \
             __m512 dw16 = _mm512_permutexvar_ps(row_of, _mm512_castps128_ps512(_mm_loadu_ps(dw))); \
             __m512 da16 = _mm512_permutexvar_ps(tok_of, _mm512_castps128_ps512(_mm_loadu_ps(da))); \
-            if (HAS_MIN) {                                                                     \
-                __m512 dm16 = _mm512_permutexvar_ps(row_of, _mm512_castps128_ps512(_mm_loadu_ps(dmw))); \
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw16, da16), acc); \
-                __m512 negm = _mm512_castsi512_ps(_mm512_xor_si512(                             \
-                    _mm512_castps_si512(_mm512_cvtepi32_ps(csum)), _mm512_set1_epi32((int)0x80000000u))); \
-                acc = _mm512_fmadd_ps(negm, _mm512_mul_ps(dm16, da16), acc);                   \
-            } else {                                                                           \
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum, csum)),         \
-                                      _mm512_mul_ps(dw16, da16), acc);                         \
-            }                                                                                  \
+            __m512 dm16 = HAS_MIN ? _mm512_permutexvar_ps(row_of, _mm512_castps128_ps512(_mm_loadu_ps(dmw))) : _mm512_setzero_ps(); \
+            acc = k_scaled_fma(acc, isum, csum, dw16, dm16, da16, HAS_MIN); \
         }                                                                                      \
         float out[16];                                                                         \
         _mm512_storeu_ps(out, acc);                                                            \
@@ -772,16 +780,8 @@ LEGACY_STRIP(q5_1, 24, 36, 4, 0, 1)
             __m512i csum = reduce_pairs_256(R * C, m);                                             \
             __m512 dw16 = _mm512_permutexvar_ps(row_of, _mm512_loadu_ps(dw));                      \
             __m512 da16 = _mm512_permutexvar_ps(tok_of, _mm512_loadu_ps(da));                      \
-            if (HAS_MIN) {                                                                         \
-                __m512 dm16 = _mm512_permutexvar_ps(row_of, _mm512_loadu_ps(dmw));                 \
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw16, da16), acc);   \
-                __m512 negm = _mm512_castsi512_ps(_mm512_xor_si512(                                 \
-                    _mm512_castps_si512(_mm512_cvtepi32_ps(csum)), _mm512_set1_epi32((int)0x80000000u))); \
-                acc = _mm512_fmadd_ps(negm, _mm512_mul_ps(dm16, da16), acc);                       \
-            } else {                                                                               \
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(isum, csum)),             \
-                                      _mm512_mul_ps(dw16, da16), acc);                             \
-            }                                                                                      \
+            __m512 dm16 = HAS_MIN ? _mm512_permutexvar_ps(row_of, _mm512_loadu_ps(dmw)) : _mm512_setzero_ps(); \
+            acc = k_scaled_fma(acc, isum, csum, dw16, dm16, da16, HAS_MIN); \
         }                                                                                          \
         strip_store(R, C, rows, acc, yout, ys);                                                    \
     }
