@@ -86,6 +86,7 @@ serve-soak: build
 # i-quants gives ratios for the llama-3.2-1b ones).
 BENCH_MODELS = build/bench-models
 LLAMA_BENCH ?=
+LLAMA_PERPLEXITY ?=
 BENCH_ROWS ?= qwen3-0.6b:q8_0 qwen3-0.6b:q4_k qwen3-0.6b:f16 qwen3-0.6b:bf16 \
   llama-3.2-1b:q8_0 llama-3.2-1b:q4_k llama-3.2-1b:f16 llama-3.2-1b:bf16
 BENCH_IQ4_ROWS ?= qwen3-0.6b:iq4_nl qwen3-0.6b:iq4_xs llama-3.2-1b:iq4_nl llama-3.2-1b:iq4_xs
@@ -125,7 +126,14 @@ bench: build
 # weights: its KL measures the numerical perturbation only). kvarn is measured
 # by simulation (bench/bench_kv.c says how). docs/kv-formats.md.
 KV_FORMATS ?= --formats f16,q8_0,kvarn-k6v5,kvarn-k6v5-t0,kvarn-k4v4-t0
+# Beside llama.cpp's caches (LLAMA_PERPLEXITY=/path/llama-perplexity, a local
+# build): the llama256 fixture (a llama both can run; stories260K's 8-wide
+# heads are too narrow for llama.cpp's quantized caches), scored on the
+# second half of each window as llama-perplexity scores.
+KV_LLAMA_FORMATS ?= --formats q8_0,kvarn-k6v5,kvarn-k6v8,kvarn-k7v8-t0,kvarn-k4v4-t0
 bench-kv: build
+	./build/bench_kv ../shared/fixtures/reference/llama256-f32.gguf --text bench/data/kv_text.txt --threads 2 \
+	  --second-halves 1 --decode-rounds 1 $(KV_LLAMA_FORMATS) --llama-perplexity "$(LLAMA_PERPLEXITY)" || exit 1
 	mkdir -p $(BENCH_MODELS)
 	./build/bench_kv models/stories260K.gguf --text bench/data/kv_text.txt --threads 2 $(KV_FORMATS) || exit 1
 	[ -f $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf ] || ./build/ember mkmodel --arch qwen3 --preset qwen3-0.6b --type q8_0 --seed 1 --out $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf || exit 1

@@ -34,11 +34,24 @@
  * shared machine the least disturbed round is the truest figure). Beside
  * it, one thread's attention time for one token over that context, all
  * layers (each layer's best of 5 tries, summed): the part of the step the
- * format changes, free of the matrix products' noise. */
+ * format changes, free of the matrix products' noise.
+ *
+ * llama.cpp beside it: --llama-perplexity PATH (a local llama-perplexity
+ * binary; never part of ember) runs the same text in the same windows
+ * through llama.cpp: a base with an f32 cache (no flash attention: its
+ * flash attention takes no f32 K), then f16, q8_0 and q4_0 caches with flash
+ * attention (a quantized V needs it), each scored against the base
+ * (--kl-divergence, second halves of each window), and prints its mean KL,
+ * "same top" and cache bytes per token. Compare them with a run of this
+ * tool under --second-halves 1, which scores the same positions. Two
+ * limits of those figures: llama-perplexity prints the mean KL with six
+ * decimals, and it keeps the base's log-probabilities as 16-bit values,
+ * so its own floor is near 1e-6 (single positions even score below zero). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/clock.h"
 #include "core/rng.h"
@@ -94,6 +107,76 @@ static int argmax(const float *x, int n) {
     for (int i = 1; i < n; i++)
         if (x[i] > x[best]) best = i;
     return best;
+}
+
+/* bytes a llama.cpp cache of type `type` takes per token over all layers */
+static double llama_cache_bytes(const model_hparams *hp, const char *type) {
+    double values = 2.0 * hp->n_layer * hp->n_head_kv * hp->d_k; /* K and V */
+    if (strcmp(type, "f16") == 0) return values * 2;
+    if (strcmp(type, "q8_0") == 0) return values * 34 / 32; /* 32 int8 + an f16 scale */
+    if (strcmp(type, "q4_0") == 0) return values * 18 / 32; /* 32 nibbles + an f16 scale */
+    return values * 4;
+}
+
+/* Runs llama-perplexity with `args` after the model, text and window;
+ * returns its exit status, with its output lines scanned for the mean KL
+ * and the "same top" share (NAN where absent). On failure the last line
+ * it printed is left in `last` (it names what stopped it). */
+static int llama_perplexity(const char *exe, const char *model_path, const char *text_path, int window, int threads,
+                            const char *args, double *kl, double *same_top, char *last, size_t last_size) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' -m '%s' -f '%s' -c %d -b %d -t %d %s 2>&1", exe, model_path, text_path, window,
+             window, threads, args);
+    *kl = NAN;
+    *same_top = NAN;
+    last[0] = 0;
+    FILE *p = popen(cmd, "r");
+    if (p == NULL) return -1;
+    char line[4096];
+    while (fgets(line, sizeof line, p)) {
+        if (strncmp(line, "Mean    KLD:", 12) == 0) *kl = atof(line + 12);
+        else if (strncmp(line, "Same top p:", 11) == 0) *same_top = atof(line + 11);
+        if (line[0] != '\n') {
+            strncpy(last, line, last_size - 1);
+            last[last_size - 1] = 0;
+        }
+    }
+    size_t l = strlen(last);
+    if (l && last[l - 1] == '\n') last[l - 1] = 0;
+    return pclose(p);
+}
+
+static void llama_rows(const char *exe, const char *model_path, const char *text_path, int window, int threads,
+                       const model_hparams *hp) {
+    char base[] = "/tmp/bench_kv_base_XXXXXX", args[512], last[512];
+    int fd = mkstemp(base);
+    if (fd < 0) {
+        fprintf(stderr, "bench_kv: cannot make a file for llama.cpp's base logits\n");
+        return;
+    }
+    close(fd);
+    double kl, top;
+    snprintf(args, sizeof args, "-ctk f32 -ctv f32 --kl-divergence-base '%s'", base);
+    printf("llama.cpp (%s), windows of %d, second halves scored against its f32-cache base:\n", exe, window);
+    if (llama_perplexity(exe, model_path, text_path, window, threads, args, &kl, &top, last, sizeof last) != 0) {
+        printf("  llama.cpp could not run this model: %s\n", last);
+        unlink(base);
+        return;
+    }
+    static const char *types[] = {"f16", "q8_0", "q4_0"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "-fa -ctk %s -ctv %s --kl-divergence-base '%s' --kl-divergence", types[i], types[i],
+                 base);
+        char name[32];
+        snprintf(name, sizeof name, "llama.cpp %s", types[i]);
+        if (llama_perplexity(exe, model_path, text_path, window, threads, args, &kl, &top, last, sizeof last) != 0 ||
+            isnan(kl)) {
+            printf("%-18s could not run: %s\n", name, last);
+            continue;
+        }
+        printf("%-18s %12.6f %9.2f%% %12s %12.0f\n", name, kl, top, "-", llama_cache_bytes(hp, types[i]));
+    }
+    unlink(base);
 }
 
 static int open_run(const model *m, fmt_run *r, int32_t n_blocks, int threads, ember_error *err) {
@@ -253,10 +336,11 @@ static void decode_rates(const model *m, fmt_run *runs, int n_fmt, int n_ctx, in
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: bench_kv MODEL --text FILE [--window W] [--threads N] [--formats f32,f16,q8_0] "
-                        "[--decode-ctx 4096] [--decode-steps 8] [--decode-rounds 4] [--second-halves 1]\n");
+                        "[--decode-ctx 4096] [--decode-steps 8] [--decode-rounds 4] [--second-halves 1] "
+                        "[--llama-perplexity PATH]\n");
         return 2;
     }
-    const char *path = argv[1], *text_path = NULL;
+    const char *path = argv[1], *text_path = NULL, *llama_exe = NULL;
     int threads = 2, window = 0, decode_ctx = 4096, decode_steps = 8, decode_rounds = 4, second_halves = 0;
     char formats_arg[128] = "f32,f16,q8_0";
     for (int i = 2; i + 1 < argc; i += 2) {
@@ -267,6 +351,7 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--decode-steps") == 0) decode_steps = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--decode-rounds") == 0) decode_rounds = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--second-halves") == 0) second_halves = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--llama-perplexity") == 0) llama_exe = argv[i + 1][0] ? argv[i + 1] : NULL;
         else if (strcmp(argv[i], "--formats") == 0) snprintf(formats_arg, sizeof formats_arg, "%s", argv[i + 1]);
         else {
             fprintf(stderr, "bench_kv: unknown option %s\n", argv[i]);
@@ -400,6 +485,7 @@ int main(int argc, char **argv) {
     printf("decode: tokens/s of single-token steps at a context of %d tokens (best of %d rounds of %d steps, formats "
            "interleaved); attn: one thread's attention of one token over that context, all layers (best round)\n",
            decode_ctx, decode_rounds, decode_steps);
+    if (llama_exe) llama_rows(llama_exe, path, text_path, window, threads, hp);
     free(ref);
     free(got);
     free(lp_ref);
