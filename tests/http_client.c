@@ -189,6 +189,17 @@ http_resp http_request(int port, const char *method, const char *path, const cha
 
 /* ---- servers ---- */
 
+/* A sanitizer build runs the server several times slower (ThreadSanitizer
+ * most), and a loaded CI machine slows it again: the start-up wait and the
+ * drain's grace scale by this so that they keep the same real margin. */
+#if defined(__SANITIZE_THREAD__)
+#define SANITIZER_SLOWDOWN 4
+#elif defined(__SANITIZE_ADDRESS__)
+#define SANITIZER_SLOWDOWN 2
+#else
+#define SANITIZER_SLOWDOWN 1
+#endif
+
 static void sleep_ms(int ms) {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
@@ -218,7 +229,7 @@ int http_spawn_server(char *const argv[], const char *log_path, int wait_s, pid_
         _exit(127);
     }
     const char *marker = "listening on http://127.0.0.1:";
-    for (int waited = 0; waited < wait_s * 1000; waited += 50) {
+    for (int waited = 0; waited < wait_s * 1000 * SANITIZER_SLOWDOWN; waited += 50) {
         FILE *f = fopen(log_path, "r");
         char line[512];
         while (f && fgets(line, sizeof line, f)) {
@@ -268,7 +279,7 @@ int http_stop_server(pid_t *pid, int grace_ms) {
     if (*pid <= 0) return -1;
     int st = 0;
     if (grace_ms > 0 && kill(*pid, SIGTERM) == 0) {
-        for (int waited = 0; waited <= grace_ms; waited += 50) {
+        for (int waited = 0; waited <= grace_ms * SANITIZER_SLOWDOWN; waited += 50) {
             pid_t w = waitpid(*pid, &st, WNOHANG);
             if (w == *pid) {
                 *pid = 0;
