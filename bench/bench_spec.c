@@ -128,6 +128,7 @@ typedef struct run {
 } run;
 
 static int decode_threads = 2;
+static bool skip_fixed = false; /* --no-fixed: plain and adaptive only (quicker) */
 
 static engine *open_engine(const model *m, const spec_config *sc) {
     ember_error err;
@@ -188,39 +189,110 @@ static int generate_one(engine *e, const model *m, const char *prompt, int p, in
 
 static double tps(const run *r) { return r->tokens / r->seconds; }
 
-/* One drafter against plain decoding. A round opens fresh engines (plain,
- * fixed k, adaptive: the adaptive one learns from nothing, its cost
- * governor included) and runs every prompt on each in turn, so that a busy
- * machine slows the three alike. Prints the median and best tok/s of each
- * and the median of the per-round ratios against the round's own plain
- * runs; acceptance and draft-model rows per generated token over all
- * rounds. */
+static void spread(const double *v, int n, double *lo, double *hi) {
+    *lo = *hi = v[0];
+    for (int i = 1; i < n; i++) {
+        if (v[i] < *lo) *lo = v[i];
+        if (v[i] > *hi) *hi = v[i];
+    }
+}
+
+/* "0.97x (0.93..1.02)": the median of per-round ratios and their spread. */
+static void print_ratio(const char *what, double *v, int n) {
+    double lo, hi;
+    spread(v, n, &lo, &hi);
+    printf("%s %5.2fx (%.2f..%.2f)", what, median(v, n), lo, hi);
+}
+
+/* The cost governor's account between two readings, against the plain
+ * decoding time of the same requests: where speculation's cost went. */
+static void print_account(const spec_governor_stats *a, const spec_governor_stats *b, double plain_s) {
+    printf("governor: %lld measurements, %lld pauses, %lld speculative rounds (%.1f ms, %+.1f%% of plain beyond "
+           "plain), one-off catch-ups %lld rows (%.1f%% of plain), %lld plain rounds (%lld paused)",
+           (long long)(b->measurements - a->measurements), (long long)(b->pauses - a->pauses),
+           (long long)(b->spec_rounds - a->spec_rounds), (b->spec_s - a->spec_s) * 1e3,
+           100.0 * (b->spec_extra_s - a->spec_extra_s) / plain_s, (long long)(b->catch_rows - a->catch_rows),
+           100.0 * (b->catch_s - a->catch_s) / plain_s, (long long)(b->plain_rounds - a->plain_rounds),
+           (long long)(b->paused_rounds - a->paused_rounds));
+}
+
+enum { MAX_ROUNDS = 64 };
+
+/* One drafter against plain decoding, the way a long-running server sees
+ * it: one engine per mode (plain, fixed k, adaptive) for the whole run,
+ * whose adaptive governor learns in an unmeasured first pass and keeps
+ * what it learnt; then R rounds in which every prompt runs on each engine
+ * in turn, so that a busy machine slows the three alike. Apart from that,
+ * what a fresh engine's first request costs (the governor learning from
+ * nothing, a draft model prefilling the prompt): per round, a fresh plain
+ * and a fresh adaptive engine run one prompt each. Prints per kind the
+ * median tok/s, the median and spread (min..max) of the per-round ratios
+ * against the round's plain run, in wall and in process CPU time,
+ * acceptance, draft-model rows per generated token and the governor's
+ * account. */
 static int compare(const model *m, spec_config sc, const char *name, char **prompts, int n_prompts, int n_tokens,
                    int32_t **want, int rounds) {
     enum { PLAIN, FIXED, ADAPTIVE, KINDS };
-    double v[KINDS][16], ratio[KINDS][16], cpu_ratio[KINDS][16], best[KINDS] = {0};
-    run total[KINDS];
+    double v[KINDS][MAX_ROUNDS], ratio[KINDS][MAX_ROUNDS], cpu_ratio[KINDS][MAX_ROUNDS];
+    double first_ratio[MAX_ROUNDS], first_cpu[MAX_ROUNDS], plain_s = 0, first_plain_s = 0;
+    run total[KINDS], first_total;
     memset(total, 0, sizeof total);
-    for (int r = 0; r < rounds; r++) {
-        engine *e[KINDS];
-        spec_config c[KINDS] = {sc, sc, sc};
-        c[FIXED].adaptive = false;
-        c[ADAPTIVE].adaptive = true;
-        for (int kind = 0; kind < KINDS; kind++) e[kind] = open_engine(m, kind == PLAIN ? NULL : &c[kind]);
+    memset(&first_total, 0, sizeof first_total);
+    spec_governor_stats first_a, first_b;
+    memset(&first_a, 0, sizeof first_a);
+    memset(&first_b, 0, sizeof first_b);
+    engine *e[KINDS];
+    spec_config c[KINDS] = {sc, sc, sc};
+    c[FIXED].adaptive = false;
+    c[ADAPTIVE].adaptive = true;
+    for (int kind = 0; kind < KINDS; kind++) e[kind] = open_engine(m, kind == PLAIN ? NULL : &c[kind]);
+    int rc = e[PLAIN] && e[FIXED] && e[ADAPTIVE] ? 0 : -1;
+    run warm;
+    memset(&warm, 0, sizeof warm);
+    for (int p = 0; rc == 0 && p < n_prompts; p++) /* the first pass: the adaptive governor learns */
+        for (int kind = 0; rc == 0 && kind < KINDS; kind++) rc = generate_one(e[kind], m, prompts[p], p, n_tokens, want, &warm);
+    spec_governor_stats acc0 = rc == 0 ? spec_governor_get_stats(engine_drafter(e[ADAPTIVE])) : first_a;
+    int64_t rows0[KINDS] = {0};
+    for (int kind = FIXED; rc == 0 && kind < KINDS; kind++) rows0[kind] = spec_sidecar_get_stats(engine_drafter(e[kind])).draft_rows;
+    for (int r = 0; rc == 0 && r < rounds; r++) {
         run now[KINDS];
         memset(now, 0, sizeof now);
-        int rc = e[PLAIN] && e[FIXED] && e[ADAPTIVE] ? 0 : -1;
+        /* The order of the kinds turns round by round: a run slows the one
+         * after it (caches, a draft pool's threads winding down), and the
+         * same kind must not always pay for that. */
         for (int p = 0; rc == 0 && p < n_prompts; p++)
-            for (int kind = 0; rc == 0 && kind < KINDS; kind++)
-                rc = generate_one(e[kind], m, prompts[p], p, n_tokens, want, &now[kind]);
-        for (int kind = 0; kind < KINDS; kind++) {
-            if (e[kind] && engine_drafter(e[kind])) now[kind].draft_rows = spec_sidecar_get_stats(engine_drafter(e[kind])).draft_rows;
-            engine_free(e[kind]);
+            for (int i = 0; rc == 0 && i < KINDS; i++) {
+                int kind = (r + i) % KINDS;
+                if (kind != FIXED || !skip_fixed) rc = generate_one(e[kind], m, prompts[p], p, n_tokens, want, &now[kind]);
+            }
+        if (skip_fixed) now[FIXED] = now[PLAIN];
+        /* A fresh engine's first request, plain and adaptive in turn. */
+        engine *fp = rc == 0 ? open_engine(m, NULL) : NULL, *fa = fp ? open_engine(m, &c[ADAPTIVE]) : NULL;
+        run first[2];
+        memset(first, 0, sizeof first);
+        if (fa == NULL) rc = -1;
+        for (int i = 0; rc == 0 && i < 2; i++) { /* plain first in even rounds, adaptive first in odd ones */
+            int which = (r + i) % 2;
+            rc = generate_one(which ? fa : fp, m, prompts[r % n_prompts], r % n_prompts, n_tokens, want, &first[which]);
         }
-        if (rc < 0) return -1;
+        if (rc == 0) {
+            spec_governor_stats g = spec_governor_get_stats(engine_drafter(fa));
+            first_b.measurements += g.measurements, first_b.pauses += g.pauses;
+            first_b.spec_rounds += g.spec_rounds, first_b.spec_s += g.spec_s, first_b.spec_extra_s += g.spec_extra_s;
+            first_b.catch_rows += g.catch_rows, first_b.catch_s += g.catch_s;
+            first_b.plain_rounds += g.plain_rounds, first_b.paused_rounds += g.paused_rounds;
+            first_total.drafted += first[1].drafted, first_total.accepted += first[1].accepted;
+            first_total.tokens += first[1].tokens;
+            first_total.draft_rows += spec_sidecar_get_stats(engine_drafter(fa)).draft_rows;
+            first_ratio[r] = tps(&first[1]) / tps(&first[0]);
+            first_cpu[r] = first[0].cpu_s / first[1].cpu_s;
+            first_plain_s += first[0].seconds;
+        }
+        engine_free(fp);
+        engine_free(fa);
+        if (rc < 0) break;
         for (int kind = 0; kind < KINDS; kind++) {
             v[kind][r] = tps(&now[kind]);
-            if (v[kind][r] > best[kind]) best[kind] = v[kind][r];
             ratio[kind][r] = v[kind][r] / v[PLAIN][r];
             cpu_ratio[kind][r] = now[PLAIN].cpu_s / now[kind].cpu_s;
             total[kind].drafted += now[kind].drafted;
@@ -228,23 +300,37 @@ static int compare(const model *m, spec_config sc, const char *name, char **prom
             total[kind].steps += now[kind].steps;
             total[kind].tokens += now[kind].tokens;
             total[kind].paused += now[kind].paused;
-            total[kind].draft_rows += now[kind].draft_rows;
         }
+        plain_s += now[PLAIN].seconds;
     }
-    printf("%s\n  plain     %7.0f tok/s (best %7.0f)\n", name, median(v[PLAIN], rounds), best[PLAIN]);
+    spec_governor_stats acc1 = rc == 0 ? spec_governor_get_stats(engine_drafter(e[ADAPTIVE])) : acc0;
+    for (int kind = FIXED; rc == 0 && kind < KINDS; kind++)
+        total[kind].draft_rows = spec_sidecar_get_stats(engine_drafter(e[kind])).draft_rows - rows0[kind];
+    for (int kind = 0; kind < KINDS; kind++) engine_free(e[kind]);
+    if (rc < 0) return -1;
+    printf("%s\n  plain     %7.0f tok/s\n", name, median(v[PLAIN], rounds));
     const char *label[KINDS] = {"", "fixed k", "adaptive"};
     for (int kind = FIXED; kind < KINDS; kind++) {
         const run *t = &total[kind];
-        printf("  %-9s %7.0f tok/s (best %7.0f)  %5.2fx plain (median of rounds; best/best %5.2fx; cpu time %5.2fx)  "
-               "acceptance %5.1f%% (%lld/%lld), %.2f tokens/step, draft rows/token %.2f",
-               label[kind], median(v[kind], rounds), best[kind], median(ratio[kind], rounds), best[kind] / best[PLAIN],
-               median(cpu_ratio[kind], rounds),
+        printf("  %-9s %7.0f tok/s ", label[kind], median(v[kind], rounds));
+        print_ratio("", ratio[kind], rounds);
+        print_ratio(" plain; cpu time", cpu_ratio[kind], rounds);
+        printf("; acceptance %5.1f%% (%lld/%lld), %.2f tokens/step, draft rows/token %.2f\n",
                t->drafted ? 100.0 * t->accepted / t->drafted : 0.0, (long long)t->accepted, (long long)t->drafted,
                t->steps ? (double)(t->accepted + t->steps) / (double)t->steps : 0.0,
                (double)t->draft_rows / (double)t->tokens);
-        if (kind == ADAPTIVE) printf(", %lld pauses", (long long)t->paused);
-        printf("\n");
     }
+    printf("            ");
+    print_account(&acc0, &acc1, plain_s);
+    printf("\n  first request of a fresh adaptive engine:");
+    print_ratio("", first_ratio, rounds);
+    print_ratio(" plain; cpu time", first_cpu, rounds);
+    printf("; acceptance %5.1f%% (%lld/%lld), draft rows/token %.2f\n            ",
+           first_total.drafted ? 100.0 * first_total.accepted / first_total.drafted : 0.0,
+           (long long)first_total.accepted, (long long)first_total.drafted,
+           (double)first_total.draft_rows / (double)first_total.tokens);
+    print_account(&first_a, &first_b, first_plain_s);
+    printf("\n");
     fflush(stdout);
     return 0;
 }
@@ -289,9 +375,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--lookup")) lookup = true;
         else if (!strcmp(argv[i], "--mtp")) mtp = true;
         else if (!strcmp(argv[i], "--self")) self = true;
+        else if (!strcmp(argv[i], "--no-fixed")) skip_fixed = true;
     }
     if (rounds < 1) rounds = 1;
-    if (rounds > 16) rounds = 16;
+    if (rounds > MAX_ROUNDS) rounds = MAX_ROUNDS;
     static char *default_prompts[] = {"Once upon a time", "Lily and Tom went to the park.",
                                       "The cat sat on the mat. The cat sat on the mat. The cat"};
     if (n_prompts == 0) {
@@ -306,7 +393,8 @@ int main(int argc, char **argv) {
     }
     int32_t *want[16] = {0};
     printf("decode on %s: %d prompts x %d greedy tokens, %d threads, k = %d fixed and adaptive; %d rounds of plain, "
-           "fixed, adaptive taking turns per prompt, fresh engines each round (load average %.2f)\n",
+           "fixed, adaptive taking turns per prompt on one engine each (after a first, unmeasured pass), then a fresh plain "
+           "and adaptive engine's first request (load average %.2f)\n",
            argv[2], n_prompts, n_tokens, decode_threads, k, rounds, load_average());
     for (int d = 0; d <= n_drafts + 2; d++) {
         spec_config sc = {.k = k, .ngram_min = 1, .ngram_max = 3};

@@ -423,6 +423,7 @@ int engine_generate(engine *e, const engine_request *req, engine_result *out, em
     rp.plan = req->plan;
     rp.async = false; /* a scheduler of one stalls nobody */
     rp.drafter = e->drafter;
+    rp.draft_marks = req->draft_marks;
     engine_req *q = engine_req_create(e, &rp, err);
     if (q == NULL) return -1;
     const int64_t N = req->n_prompt;

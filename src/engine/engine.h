@@ -97,6 +97,10 @@ typedef struct engine_request {
      * plain prompt). Only decides where the cache stores, never what a
      * lookup adopts. The predictor is borrowed. */
     chat_cache_plan plan;
+    /* Optional (max_tokens): per generated token, what speculation made of
+     * it (SPEC_MARK_*: not drafted, its draft rejected, its draft accepted),
+     * for per-position acceptance (bench_spec warm). */
+    uint8_t *draft_marks;
 } engine_request;
 
 typedef struct engine_result {

@@ -59,6 +59,7 @@ struct engine_req {
     /* speculative decoding */
     spec_drafter *drafter;       /* borrowed, or NULL */
     spec_seq *spec;
+    uint8_t *draft_marks;        /* borrowed, optional: SPEC_MARK_* per generated token */
     int32_t draft[SPEC_MAX_K];   /* the drafts of the current step */
     int n_draft;
     int64_t step_rows;           /* FIRST/DECODE/RETIRE rows decided by engine_req_step_rows */
@@ -133,6 +134,7 @@ engine_req *engine_req_create(engine *e, const engine_req_params *p, ember_error
     kv_seq_init(&q->seq);
     q->all = malloc((size_t)(N + max_tokens + 1) * sizeof(int32_t));
     if (q->all == NULL) goto oom;
+    q->draft_marks = p->draft_marks;
     if (p->drafter) {
         q->drafter = p->drafter;
         q->spec = spec_seq_create(p->drafter, p->salt, err);
@@ -536,6 +538,10 @@ void engine_req_accept(engine_req *q, int32_t token) {
     assert(q->rows_sampled < (q->round_decode ? 1 + q->n_draft : 1));
     q->all[q->N + q->n_gen++] = token;
     int row = q->rows_sampled++;
+    if (q->draft_marks)
+        q->draft_marks[q->n_gen - 1] = !q->round_decode || row >= q->n_draft ? SPEC_MARK_NONE
+                                       : token == q->draft[row]               ? SPEC_MARK_ACCEPTED
+                                                                              : SPEC_MARK_REJECTED;
     /* The next row was fed draft[row]: it is valid iff that is what came. */
     if (row < q->n_draft && token == q->draft[row]) {
         q->round_matched++;

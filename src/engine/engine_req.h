@@ -95,6 +95,7 @@ typedef struct engine_req_params {
     int disk_wait_ms;        /* async: longest wait for the SSD reads; <= 0: 1000 (the
                               * remote tier's read deadline extends it when longer) */
     spec_drafter *drafter;   /* borrowed; NULL: no speculation */
+    uint8_t *draft_marks;    /* borrowed, optional (max_tokens): SPEC_MARK_* per generated token */
 } engine_req_params;
 
 /* The arrays of one forward (model_batch), filled by engine_req_add_rows. */

@@ -169,6 +169,7 @@ struct spec_drafter {
     int64_t pauses;          /* pauses so far */
     double catch_s;          /* seconds and rows of the drafter's one-off catch-ups */
     int64_t catch_rows;
+    spec_governor_stats account; /* spec_governor_get_stats */
 };
 
 struct spec_seq {
@@ -1192,6 +1193,8 @@ static void govern(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
     if (s->round_catch_rows > 0) {
         d->catch_s += catch_s;
         d->catch_rows += s->round_catch_rows;
+        d->account.catch_s += catch_s;
+        d->account.catch_rows += s->round_catch_rows;
     }
     s->t_last = now;
     s->round_catch_s = 0;
@@ -1200,6 +1203,15 @@ static void govern(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
     double round_s = now - t_prev - catch_s;
     if (round_s < 0) round_s = 0;
     const int tokens = accepted + 1;
+    if (drafted == 0) {
+        d->account.plain_rounds++;
+        if (d->paused) d->account.paused_rounds++;
+    } else {
+        d->account.spec_rounds++;
+        d->account.spec_tokens += tokens;
+        d->account.spec_s += round_s;
+        if (d->plain_win.n > 0) d->account.spec_extra_s += round_s - tokens * window_median(&d->plain_win);
+    }
     if (drafted == 0) {
         window_add(&d->plain_win, round_s / tokens);
         d->since_plain = 0;
@@ -1227,6 +1239,7 @@ static void govern(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
         if (d->probe_s < 0) d->probe_s = 0;
         if (d->failed < SPEC_BACKOFF_MAX) d->failed++;
         d->pauses++;
+        d->account.pauses++;
         s->stats.paused++;
     } else {
         d->failed = 0;
@@ -1291,6 +1304,7 @@ static void measure_afresh(spec_drafter *d) {
     d->measure_s = 0;
     d->since_plain = 0;
     d->measuring = true;
+    d->account.measurements++;
 }
 
 static int next_k(spec_drafter *d, spec_seq *s, int64_t n) {
@@ -1319,6 +1333,14 @@ int spec_next_k(spec_drafter *d, spec_seq *s, int64_t n) {
 }
 
 spec_stats spec_seq_stats(const spec_seq *s) { return s->stats; }
+
+spec_governor_stats spec_governor_get_stats(spec_drafter *d) {
+    pthread_mutex_lock(&d->lock);
+    spec_governor_stats st = d->account;
+    st.plain_token_s = d->plain_win.n > 0 ? window_median(&d->plain_win) : 0;
+    pthread_mutex_unlock(&d->lock);
+    return st;
+}
 
 void spec_drafter_refuse_snapshots(spec_drafter *d, bool refuse) { d->no_snapshots = refuse; }
 

@@ -96,6 +96,11 @@ enum { SPEC_MAX_K = 16 };
 typedef struct spec_drafter spec_drafter;
 typedef struct spec_seq spec_seq;
 
+/* Per generated token (engine_request.draft_marks): whether a draft
+ * proposed it and whether the target kept that draft. A token after a
+ * rejection in the same round was never judged: SPEC_MARK_NONE. */
+enum { SPEC_MARK_NONE = 0, SPEC_MARK_REJECTED = 1, SPEC_MARK_ACCEPTED = 2 };
+
 /* Per-request acceptance counters (for stats and the bench). */
 typedef struct spec_stats {
     int64_t rounds;          /* verification forwards that carried drafts */
@@ -179,6 +184,22 @@ spec_sidecar_stats spec_sidecar_get_stats(spec_drafter *d);
  * starts measuring it again. */
 int spec_next_k(spec_drafter *d, spec_seq *s, int64_t n);
 spec_stats spec_seq_stats(const spec_seq *s);
+/* The cost governor's own account (adaptive k; all zeros otherwise), over
+ * every request of the drafter: where speculation's cost went. */
+typedef struct spec_governor_stats {
+    int64_t measurements;    /* measurements begun: the first, the re-checks, the probes after a pause */
+    int64_t pauses;          /* verdicts that paused speculation */
+    int64_t spec_rounds;     /* verified rounds that carried drafts */
+    int64_t spec_tokens;     /* tokens those rounds committed */
+    double spec_s;           /* their wall time, one-off catch-ups left out */
+    double spec_extra_s;     /* of that, beyond the same tokens at the plain median of the time */
+    int64_t plain_rounds;    /* rounds without drafts (paused, k = 0, plain halves of a pair) */
+    int64_t paused_rounds;   /* of those, rounds while paused */
+    int64_t catch_rows;      /* one-off catch-ups: the prompt, or what a pause skipped (rows, seconds) */
+    double catch_s;
+    double plain_token_s;    /* the current median plain round per token (0: none yet) */
+} spec_governor_stats;
+spec_governor_stats spec_governor_get_stats(spec_drafter *d);
 
 /* ---- Testing ---- */
 /* A recurrent draft model keeps no snapshot of its state, so each rollback
