@@ -201,7 +201,13 @@ bench-retire-stall: build
 # lookup, and at low acceptance by random-weight models with its vocabulary
 # (a llama and a recurrent mamba2, `ember mkmodel --vocab`) and by lookup on
 # text that does not repeat; then the qwen35 MTP head (a random fixture:
-# acceptance near 0). docs/speculative-cache.md keeps the figures.
+# acceptance near 0). Each drafter runs on one engine per mode for the whole
+# run (a server's view: the governor learns once), with a fresh engine's
+# first request apart. Then `warm`: per decoded position, the acceptance of
+# a cold request and of the same prompt warm with and without the drafter's
+# sidecar, with the times and the draft model's rows (stories260K drafted by
+# its Q8_0 copy, and the qwen35 MTP head). docs/speculative-cache.md keeps
+# the figures.
 SPEC_NOREPEAT = --prompt "Tim found a blue kite under an old bench." --prompt "A small frog jumped over seven wet stones." \
   --prompt "Grandpa baked bread while snow covered every roof outside."
 bench-spec: build
@@ -220,6 +226,10 @@ bench-spec: build
 	./build/bench_spec decode models/stories260K.gguf --lookup $(SPEC_NOREPEAT) --tokens 256 --rounds 7 2>/dev/null
 	./build/bench_spec decode ../shared/fixtures/reference/qwen35-mtp-normjit-f32.gguf --mtp --lookup --tokens 512 \
 	  --rounds 5 2>/dev/null
+	./build/bench_spec warm models/stories260K.gguf --draft $(BENCH_MODELS)/stories260K-q8_0.gguf --prompt-len 512 \
+	  --tokens 128 2>/dev/null
+	./build/bench_spec warm ../shared/fixtures/reference/qwen35-mtp-normjit-f32.gguf --mtp --prompt-len 512 --tokens 128 \
+	  2>/dev/null
 
 # Decode against the memory bandwidth (issue 15): a STREAM-like triad and a
 # read pass on this machine, then decode at position 512 on the qwen3-0.6b

@@ -335,6 +335,241 @@ static int compare(const model *m, spec_config sc, const char *name, char **prom
     return 0;
 }
 
+/* ---- warm: per-position acceptance with and without the sidecar ---- */
+
+enum { WARM_MAX_PROMPTS = 16 };
+
+/* One request's trace: what each generated token was (SPEC_MARK_*), when
+ * it came, the draft model's rows, what the cache and sidecar gave. */
+typedef struct trace {
+    int n;
+    uint8_t *marks;          /* (n) */
+    double *at;              /* (n) seconds from the request's start to each token */
+    double t0;
+    int32_t *tokens;         /* (n) */
+    int64_t cached;          /* prompt tokens from the cache */
+    int64_t draft_rows;      /* rows the draft model forwarded */
+    int64_t restored;        /* drafter rows the sidecar restored */
+    uint64_t digest;
+} trace;
+
+static bool trace_token(void *user, int32_t token) {
+    trace *t = user;
+    (void)token;
+    t->at[t->n++] = ember_now() - t->t0;
+    return true;
+}
+
+static int traced(engine *e, const int32_t *ids, int n, int n_tokens, engine_cache_mode mode, trace *t) {
+    memset(t, 0, sizeof *t);
+    t->marks = calloc((size_t)n_tokens, 1);
+    t->at = calloc((size_t)n_tokens, sizeof(double));
+    engine_request req = engine_default_request();
+    req.prompt = ids;
+    req.n_prompt = n;
+    req.max_tokens = n_tokens;
+    req.stop_at_eog = false;
+    req.cache = mode;
+    req.draft_marks = t->marks;
+    req.on_token = trace_token;
+    req.user = t;
+    spec_drafter *d = engine_drafter(e);
+    spec_sidecar_stats s0, s1;
+    memset(&s0, 0, sizeof s0);
+    if (d) s0 = spec_sidecar_get_stats(d);
+    s1 = s0;
+    engine_result r;
+    ember_error err;
+    t->t0 = ember_now();
+    if (engine_generate(e, &req, &r, &err) < 0) {
+        fprintf(stderr, "bench_spec: %s\n", err.msg);
+        return -1;
+    }
+    if (d) s1 = spec_sidecar_get_stats(d);
+    t->tokens = r.tokens;
+    r.tokens = NULL;
+    t->cached = r.cached_tokens;
+    t->draft_rows = s1.draft_rows - s0.draft_rows;
+    t->restored = s1.restored_rows - s0.restored_rows;
+    t->digest = r.spec.digest;
+    engine_result_free(&r);
+    return 0;
+}
+
+static void trace_free(trace *t) {
+    free(t->marks);
+    free(t->at);
+    free(t->tokens);
+}
+
+/* Accepted and judged drafts at generated positions [from, to) (1-based)
+ * over n traces. */
+static void count_marks(const trace *t, int n, int from, int to, int *acc, int *judged) {
+    *acc = *judged = 0;
+    for (int i = 0; i < n; i++)
+        for (int p = from; p < to && p <= t[i].n; p++) {
+            uint8_t m = t[i].marks[p - 1];
+            *acc += m == SPEC_MARK_ACCEPTED;
+            *judged += m != SPEC_MARK_NONE;
+        }
+}
+
+static double trace_median(const trace *t, int n, double (*f)(const trace *)) {
+    double v[WARM_MAX_PROMPTS];
+    for (int i = 0; i < n; i++) v[i] = f(&t[i]);
+    return median(v, n);
+}
+static double ttft_of(const trace *t) { return t->at[0]; }
+static double second_of(const trace *t) { return t->n > 1 ? t->at[1] : t->at[0]; }
+static double last_of(const trace *t) { return t->at[t->n - 1]; }
+static double rows_of(const trace *t) { return (double)t->draft_rows; }
+static double cached_of(const trace *t) { return (double)t->cached; }
+static double restored_of(const trace *t) { return (double)t->restored; }
+
+/* Prompts of n_ids tokens: each seed text (or a token of its own when the
+ * model has no tokenizer) continued by the model's own greedy text, so a
+ * drafter that predicts the model drafts as well as it can. */
+static int32_t *make_prompt(engine *plain, const model *m, const char *seed, int p, int n_ids) {
+    int32_t *ids = malloc((size_t)n_ids * sizeof(int32_t));
+    int32_t *enc = NULL;
+    size_t n = 0;
+    ember_error err;
+    const tokenizer *tk = model_get_tokenizer(m);
+    if (tk == NULL || tokenizer_encode(tk, seed, strlen(seed), true, false, &enc, &n, &err) < 0 || n == 0) {
+        free(enc);
+        enc = malloc(sizeof(int32_t));
+        enc[0] = 1 + p;
+        n = 1;
+    }
+    if ((int)n > n_ids) n = (size_t)n_ids;
+    memcpy(ids, enc, n * sizeof(int32_t));
+    free(enc);
+    if ((int)n < n_ids) {
+        engine_request req = engine_default_request();
+        req.prompt = ids;
+        req.n_prompt = (int64_t)n;
+        req.max_tokens = n_ids - (int)n;
+        req.stop_at_eog = false;
+        req.cache = ENGINE_CACHE_BYPASS;
+        engine_result r;
+        if (engine_generate(plain, &req, &r, &err) < 0) {
+            fprintf(stderr, "bench_spec: %s\n", err.msg);
+            free(ids);
+            return NULL;
+        }
+        memcpy(ids + n, r.tokens, (size_t)r.n_tokens * sizeof(int32_t));
+        engine_result_free(&r);
+    }
+    return ids;
+}
+
+/* A cold request per prompt (it stores the target's prefix and, with the
+ * sidecar, the drafter's), then the same prompt warm, on an engine with
+ * the sidecar and on one without; per generated position the acceptance
+ * of the cold run and of both warm runs, then the times and the draft
+ * model's rows. Fixed k: adaptive k would let the governor's timing decide
+ * where drafts are made. Every run's tokens must equal plain's. */
+static int bench_warm(const model *m, spec_config sc, const char *name, char **seeds, int n_prompts, int n_ids,
+                      int n_tokens) {
+    enum { COLD, WARM_SIDE, WARM_NONE, RUNS };
+    trace t[RUNS][WARM_MAX_PROMPTS], cold_none[WARM_MAX_PROMPTS];
+    engine_config pc = engine_default_config();
+    pc.n_threads = decode_threads;
+    pc.n_ctx = 2048;
+    pc.cache.force_tier = APC_FORCE_OFF;
+    ember_error err;
+    engine *plain = engine_create(m, &pc, &err);
+    if (plain == NULL) {
+        fprintf(stderr, "bench_spec: %s\n", err.msg);
+        return -1;
+    }
+    int32_t *prompt[WARM_MAX_PROMPTS];
+    trace want[WARM_MAX_PROMPTS];
+    int rc = 0;
+    for (int p = 0; p < n_prompts; p++) {
+        prompt[p] = make_prompt(plain, m, seeds[p], p, n_ids);
+        if (prompt[p] == NULL || traced(plain, prompt[p], n_ids, n_tokens, ENGINE_CACHE_BYPASS, &want[p]) < 0) return -1;
+    }
+    engine_free(plain);
+    for (int with = 1; with >= 0 && rc == 0; with--) {
+        engine_config cfg = engine_default_config();
+        cfg.n_threads = decode_threads;
+        cfg.n_ctx = 2048;
+        cfg.spec = sc;
+        cfg.spec.adaptive = false;
+        cfg.spec.sidecar_entries = with ? 16 : 0;
+        cfg.spec.sidecar_bytes = (size_t)256 << 20;
+        cfg.spec.prefix_entries = 0; /* the pools and the sidecar only: L0 would restore the drafter too */
+        engine *e = engine_create(m, &cfg, &err);
+        if (e == NULL) {
+            fprintf(stderr, "bench_spec: %s\n", err.msg);
+            return -1;
+        }
+        for (int p = 0; p < n_prompts && rc == 0; p++) {
+            trace *cold = with ? &t[COLD][p] : &cold_none[p];
+            rc = traced(e, prompt[p], n_ids, n_tokens, ENGINE_CACHE_STORE, cold);
+            if (rc == 0) rc = traced(e, prompt[p], n_ids, n_tokens, ENGINE_CACHE_LOOKUP, &t[with ? WARM_SIDE : WARM_NONE][p]);
+            for (int k = 0; rc == 0 && k < 2; k++) {
+                const trace *x = k ? &t[with ? WARM_SIDE : WARM_NONE][p] : cold;
+                if (memcmp(x->tokens, want[p].tokens, (size_t)n_tokens * sizeof(int32_t)) != 0) {
+                    fprintf(stderr, "bench_spec: speculative output differs from plain on prompt %d\n", p);
+                    rc = -1;
+                }
+            }
+        }
+        engine_free(e);
+    }
+    if (rc < 0) return -1;
+    bool same_cold = true;
+    for (int p = 0; p < n_prompts; p++)
+        same_cold = same_cold && memcmp(t[COLD][p].marks, cold_none[p].marks, (size_t)n_tokens) == 0;
+    printf("%s: %d prompts of %d tokens, %d greedy tokens, k = %d fixed; cold (stores), then warm with the sidecar, "
+           "warm without it (the cold runs on both engines %s)\n",
+           name, n_prompts, n_ids, n_tokens, sc.k, same_cold ? "drafted alike" : "DIFFER");
+    printf("  position      cold        warm, sidecar   warm, no sidecar   (accepted/judged drafts over the prompts; "
+           "position 1 is the prefill's token)\n");
+    const char *label[RUNS] = {"cold", "warm, sidecar", "warm, no sidecar"};
+    for (int from = 1; from <= n_tokens;) {
+        int to = from < 17 ? from + 1 : from * 2 - 1; /* 1..16 one by one, then 17-32, 33-64, ... */
+        if (from == 17) to = 33;
+        if (to > n_tokens + 1) to = n_tokens + 1;
+        char pos[32];
+        if (to == from + 1) snprintf(pos, sizeof pos, "%d", from);
+        else snprintf(pos, sizeof pos, "%d-%d", from, to - 1);
+        printf("  %-9s", pos);
+        for (int w = 0; w < RUNS; w++) {
+            int acc, judged;
+            count_marks(t[w], n_prompts, from, to, &acc, &judged);
+            char cell[32];
+            if (judged) snprintf(cell, sizeof cell, "%d/%d %3.0f%%", acc, judged, 100.0 * acc / judged);
+            else snprintf(cell, sizeof cell, "-");
+            printf("  %-16s", cell);
+        }
+        printf("\n");
+        from = to;
+    }
+    for (int w = 0; w < RUNS; w++) {
+        int acc, judged;
+        count_marks(t[w], n_prompts, 1, n_tokens + 1, &acc, &judged);
+        bool same_drafts = true;
+        for (int p = 0; p < n_prompts; p++) same_drafts = same_drafts && t[w][p].digest == t[COLD][p].digest;
+        printf("  %-17s acceptance %5.1f%%; medians: cached %4.0f tokens, sidecar restored %4.0f rows, draft-model "
+               "rows %5.0f, time to token 1 %7.2f ms, to token 2 %7.2f ms, to token %d %7.2f ms; drafts %s the cold run's\n",
+               label[w], judged ? 100.0 * acc / judged : 0.0, trace_median(t[w], n_prompts, cached_of),
+               trace_median(t[w], n_prompts, restored_of), trace_median(t[w], n_prompts, rows_of),
+               trace_median(t[w], n_prompts, ttft_of) * 1e3, trace_median(t[w], n_prompts, second_of) * 1e3,
+               n_tokens, trace_median(t[w], n_prompts, last_of) * 1e3, same_drafts ? "equal" : "differ from");
+    }
+    for (int p = 0; p < n_prompts; p++) {
+        for (int w = 0; w < RUNS; w++) trace_free(&t[w][p]);
+        trace_free(&cold_none[p]);
+        trace_free(&want[p]);
+        free(prompt[p]);
+    }
+    fflush(stdout);
+    return 0;
+}
+
 static double load_average(void) {
     double l = -1;
     FILE *f = fopen("/proc/loadavg", "r");
@@ -349,7 +584,9 @@ int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: bench_spec verify MODEL [--ctx C] [--reps R] [--threads N]\n"
                         "       bench_spec decode TARGET [--draft D]... [--lookup] [--mtp] [--self] [--tokens T] "
-                        "[--k K] [--rounds R] [--threads N] [--prompt TEXT]...\n");
+                        "[--k K] [--rounds R] [--threads N] [--prompt TEXT]... [--no-fixed]\n"
+                        "       bench_spec warm TARGET [--draft D]... [--mtp] [--tokens T] [--k K] [--prompt-len P] "
+                        "[--threads N] [--prompt SEED]...\n");
         return 2;
     }
     if (!strcmp(argv[1], "verify")) {
@@ -361,6 +598,8 @@ int main(int argc, char **argv) {
         }
         return bench_verify(argv[2], ctx, reps, threads);
     }
+    bool warm_mode = !strcmp(argv[1], "warm");
+    int prompt_len = 256;
     const char *drafts[8];
     char *prompts[16];
     int n_drafts = 0, n_prompts = 0, n_tokens = 128, k = 4, rounds = 5;
@@ -376,12 +615,20 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--mtp")) mtp = true;
         else if (!strcmp(argv[i], "--self")) self = true;
         else if (!strcmp(argv[i], "--no-fixed")) skip_fixed = true;
+        else if (!strcmp(argv[i], "--prompt-len") && i + 1 < argc) prompt_len = atoi(argv[++i]);
     }
     if (rounds < 1) rounds = 1;
     if (rounds > MAX_ROUNDS) rounds = MAX_ROUNDS;
     static char *default_prompts[] = {"Once upon a time", "Lily and Tom went to the park.",
                                       "The cat sat on the mat. The cat sat on the mat. The cat"};
-    if (n_prompts == 0) {
+    static char *warm_seeds[] = {"Once upon a time", "Lily and Tom went to the park.", "The little dog was sad.",
+                                 "Sam had a red ball.", "One day, a bird flew into the garden.",
+                                 "Mia wanted to bake a cake.", "The sun was hot and the sky was blue.",
+                                 "Ben found a box under his bed."};
+    if (n_prompts == 0 && warm_mode) {
+        for (int i = 0; i < 8; i++) prompts[i] = warm_seeds[i];
+        n_prompts = 8;
+    } else if (n_prompts == 0) {
         for (int i = 0; i < 3; i++) prompts[i] = default_prompts[i];
         n_prompts = 3;
     }
@@ -392,10 +639,18 @@ int main(int argc, char **argv) {
         return 1;
     }
     int32_t *want[16] = {0};
+    if (warm_mode) {
+        printf("warm on %s, %d threads (load average %.2f)\n", argv[2], decode_threads, load_average());
+        if (prompt_len < 2 || prompt_len + n_tokens > 2048 || n_prompts > WARM_MAX_PROMPTS) {
+            fprintf(stderr, "bench_spec: warm needs 2 <= --prompt-len and prompt + tokens <= 2048\n");
+            return 2;
+        }
+    } else {
     printf("decode on %s: %d prompts x %d greedy tokens, %d threads, k = %d fixed and adaptive; %d rounds of plain, "
            "fixed, adaptive taking turns per prompt on one engine each (after a first, unmeasured pass), then a fresh plain "
            "and adaptive engine's first request (load average %.2f)\n",
            argv[2], n_prompts, n_tokens, decode_threads, k, rounds, load_average());
+    }
     for (int d = 0; d <= n_drafts + 2; d++) {
         spec_config sc = {.k = k, .ngram_min = 1, .ngram_max = 3};
         char name[160];
@@ -424,7 +679,8 @@ int main(int argc, char **argv) {
             sc.kind = SPEC_MTP;
             snprintf(name, sizeof name, "MTP head");
         }
-        int rc = compare(m, sc, name, prompts, n_prompts, n_tokens, want, rounds);
+        int rc = warm_mode ? bench_warm(m, sc, name, prompts, n_prompts, prompt_len, n_tokens)
+                           : compare(m, sc, name, prompts, n_prompts, n_tokens, want, rounds);
         model_free(dm);
         if (rc < 0) return 1;
     }
