@@ -311,6 +311,9 @@ static void test_governor_pauses(void **unused) {
         if (run == 0) {
             assert_true(r.spec.paused >= 1); /* learnt within the first request */
             assert_true(r.spec.drafted > 0);
+            /* The first measurement drafts one token a round: it starts at
+             * k = 1 and k stays at 1 while every draft misses. */
+            assert_int_equal(r.spec.drafted, r.spec.rounds);
             rows_after_first = st.draft_rows;
         } else {
             assert_int_equal(r.spec.drafted, 0);
@@ -319,9 +322,9 @@ static void test_governor_pauses(void **unused) {
         drafted += r.spec.drafted;
         engine_result_free(&r);
     }
-    /* One measurement: at most a few rounds of k drafts (k halves on each
-     * rejection), far from the 3 x 159 x 4 a fixed k drafts. */
-    assert_true(drafted <= 4 * cfg.spec.k);
+    /* One measurement: its SPEC_SAMPLES (3) timed rounds and the untimed
+     * first, one draft each, far from the 3 x 159 x 4 a fixed k drafts. */
+    assert_true(drafted <= 4);
     engine_free(e);
     engine_result_free(&want);
     model_free(m);
@@ -526,12 +529,79 @@ static void test_api(void **unused) {
     }
 }
 
+/* The governor's first measurement starts at k = 1 and doubles k on each
+ * round whose drafts all hold: stories260K drafting itself (every draft
+ * accepted) drafts 1, then 2, then the configured 4 in its first
+ * speculative rounds (the runs of accepted tokens in the request's
+ * per-token marks), whatever the timing then decides; the output is
+ * plain's. */
+static void test_governor_first_probe_ramp(void **unused) {
+    (void)unused;
+    const char *tp = fixture_path("models/stories260K.gguf");
+    if (tp == NULL) {
+        print_message("skipping: needs stories260K\n");
+        skip();
+    }
+    model *m = test_load_model(tp);
+    prompt_ids p = {.n = 12};
+    uint64_t rng = 5;
+    test_random_tokens(&rng, p.ids, p.n, model_get_hparams(m)->n_vocab);
+    p.ids[0] = 1; /* BOS */
+    enum { TOKENS = 64 };
+    engine *plain = open_spec(m, SPEC_OFF, 0, NULL);
+    engine_result want;
+    generate(plain, &p, TOKENS, 0.0f, &want);
+    engine_free(plain);
+    engine_config cfg = engine_default_config();
+    cfg.n_threads = 2;
+    cfg.n_ctx = 1024;
+    cfg.spec.kind = SPEC_DRAFT;
+    cfg.spec.k = 4;
+    cfg.spec.adaptive = true;
+    cfg.spec.draft = m;
+    engine *e = test_open_engine(m, &cfg);
+    uint8_t marks[TOKENS];
+    memset(marks, 0xff, sizeof marks);
+    engine_request req = engine_default_request();
+    req.prompt = p.ids;
+    req.n_prompt = p.n;
+    req.max_tokens = TOKENS;
+    req.stop_at_eog = false;
+    req.want_logits = true;
+    req.draft_marks = marks;
+    engine_result r;
+    ember_error err;
+    if (engine_generate(e, &req, &r, &err) < 0) fail_msg("engine_generate: %s", err.msg);
+    assert_warm_equals_cold(&want, &r, "self-draft, governed");
+    int runs[8], n_runs = 0, len = 0;
+    for (int i = 0; i < TOKENS; i++) {
+        assert_true(marks[i] <= SPEC_MARK_ACCEPTED);      /* every token marked */
+        assert_true(marks[i] != SPEC_MARK_REJECTED);      /* drafting itself, every draft holds */
+        if (marks[i] == SPEC_MARK_ACCEPTED) len++;
+        else if (len > 0 && n_runs < 8) runs[n_runs++] = len, len = 0;
+    }
+    assert_int_equal(marks[0], SPEC_MARK_NONE);          /* the prefill's token */
+    print_message("first runs of accepted drafts: %d %d %d (of %d); %lld drafted, %lld accepted\n", n_runs > 0 ? runs[0] : 0,
+                  n_runs > 1 ? runs[1] : 0, n_runs > 2 ? runs[2] : 0, n_runs, (long long)r.spec.drafted,
+                  (long long)r.spec.accepted);
+    assert_true(n_runs >= 3);
+    assert_int_equal(runs[0], 1);
+    assert_int_equal(runs[1], 2);
+    assert_int_equal(runs[2], 4);
+    assert_int_equal(r.spec.accepted, r.spec.drafted);
+    engine_result_free(&r);
+    engine_result_free(&want);
+    engine_free(e);
+    model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_families),
         cmocka_unit_test(test_draft_model),
         cmocka_unit_test(test_recurrent_draft_fallback),
         cmocka_unit_test(test_governor_pauses),
+        cmocka_unit_test(test_governor_first_probe_ramp),
         cmocka_unit_test(test_mtp_drafter),
         cmocka_unit_test(test_mtp_sidecar),
         cmocka_unit_test(test_api),

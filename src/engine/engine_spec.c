@@ -28,7 +28,13 @@
  * Adaptive k: a round whose drafts were all accepted doubles k (up to the
  * configured k), one whose first draft was rejected halves it; at 0 the
  * request probes with one draft every SPEC_PROBE rounds, so a drafter that
- * keeps missing costs one draft row in SPEC_PROBE steps.
+ * keeps missing costs one draft row in SPEC_PROBE steps. A measurement of
+ * the cost governor (below) that starts from nothing known (the drafter's
+ * first, or the probe after a pause) starts its request at k = 1, and k
+ * does not fall under 1 while it measures: a drafter that misses costs one
+ * draft and one verified row per sample, instead of k halving from the
+ * configured k (4 + 2 + 1), and one that hits still reaches that k by
+ * doubling within the measurement.
  *
  * Acceptance alone does not say whether speculation pays: a draft model
  * that is as slow as the target (tiny models, where a step is overhead), or
@@ -1257,6 +1263,7 @@ void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
     if (!d->cfg.adaptive) return;
     pthread_mutex_lock(&d->lock);
     govern(d, s, drafted, accepted);
+    bool measuring = d->measuring;
     pthread_mutex_unlock(&d->lock);
     if (drafted == 0) {
         if (s->k_now == 0) s->idle_rounds++;
@@ -1265,7 +1272,10 @@ void spec_verified(spec_drafter *d, spec_seq *s, int drafted, int accepted) {
     if (accepted == drafted) {
         s->k_now = s->k_now * 2 > d->cfg.k ? d->cfg.k : (s->k_now < 1 ? 1 : s->k_now * 2);
     } else if (accepted == 0) {
-        s->k_now /= 2;
+        /* A measurement keeps drafting (one token a round at least): at
+         * k = 0 its speculative samples would come every SPEC_PROBE rounds,
+         * and the rounds between would catch the drafter up for nothing. */
+        s->k_now = s->k_now / 2 < 1 && measuring ? 1 : s->k_now / 2;
         s->idle_rounds = 0;
     }
 }
@@ -1316,7 +1326,9 @@ static int next_k(spec_drafter *d, spec_seq *s, int64_t n) {
         if (!probe_due(d, s, n)) return 0;
         d->paused = false;
         measure_afresh(d);
+        s->k_now = 1; /* a drafter last found losing is probed at the smallest k */
     } else if (!d->measuring && (d->spec_win.n == 0 || d->since_plain >= SPEC_REPLAIN)) {
+        if (d->spec_win.n == 0) s->k_now = 1; /* nothing known yet: the first probe too */
         measure_afresh(d); /* the first, then one every SPEC_REPLAIN speculative rounds */
     }
     if (d->measuring && d->since_plain > 0) return 0; /* the plain half of a pair */
