@@ -222,10 +222,10 @@ bench-spec: build
 	cat /proc/loadavg
 	./build/bench_spec decode models/stories260K.gguf --draft $(BENCH_MODELS)/stories260K-q8_0.gguf \
 	  --draft $(BENCH_MODELS)/stories260K-q4_0.gguf --draft $(BENCH_MODELS)/random-llama-stories-vocab.gguf \
-	  --draft $(BENCH_MODELS)/random-mamba2-stories-vocab.gguf --self --lookup --tokens 256 --rounds 7 2>/dev/null
-	./build/bench_spec decode models/stories260K.gguf --lookup $(SPEC_NOREPEAT) --tokens 256 --rounds 7 2>/dev/null
+	  --draft $(BENCH_MODELS)/random-mamba2-stories-vocab.gguf --self --lookup --tokens 256 --rounds 11 2>/dev/null
+	./build/bench_spec decode models/stories260K.gguf --lookup $(SPEC_NOREPEAT) --tokens 256 --rounds 11 2>/dev/null
 	./build/bench_spec decode ../shared/fixtures/reference/qwen35-mtp-normjit-f32.gguf --mtp --lookup --tokens 512 \
-	  --rounds 5 2>/dev/null
+	  --rounds 7 2>/dev/null
 	./build/bench_spec warm models/stories260K.gguf --draft $(BENCH_MODELS)/stories260K-q8_0.gguf --prompt-len 512 \
 	  --tokens 128 2>/dev/null
 	./build/bench_spec warm ../shared/fixtures/reference/qwen35-mtp-normjit-f32.gguf --mtp --prompt-len 512 --tokens 128 \
