@@ -529,6 +529,128 @@ static void test_api(void **unused) {
     }
 }
 
+/* Per decoded position, a warm request whose drafter the sidecar restored
+ * drafts and keeps exactly what the cold run did, from its first decoded
+ * token (engine_request.draft_marks equal, position by position): the MTP
+ * head (qwen35 fixture; random, so it mostly misses) and a draft model
+ * that keeps some drafts and misses others (stories260K drafted by its
+ * Q4_0 copy, on a prompt of its own text). Without the sidecar the draft
+ * model reaches the same marks by forwarding the prompt again (as many
+ * draft rows as the cold run). */
+enum { MARKED_GEN = 48 };
+
+static void marked(engine *e, const prompt_ids *p, engine_cache_mode mode, uint8_t *marks, engine_result *r,
+                   int64_t *draft_rows) {
+    engine_request req = engine_default_request();
+    req.prompt = p->ids;
+    req.n_prompt = p->n;
+    req.max_tokens = MARKED_GEN;
+    req.stop_at_eog = false;
+    req.want_logits = true;
+    req.cache = mode;
+    req.draft_marks = marks;
+    int64_t before = spec_sidecar_get_stats(engine_drafter(e)).draft_rows;
+    ember_error err;
+    if (engine_generate(e, &req, r, &err) < 0) fail_msg("engine_generate: %s", err.msg);
+    *draft_rows = spec_sidecar_get_stats(engine_drafter(e)).draft_rows - before;
+}
+
+/* stories260K's own greedy text after its BOS and a story opening, as a
+ * prompt of n ids. */
+static void story_prompt(const model *m, prompt_ids *p, int n) {
+    const char *text = "Once upon a time, there was a little girl named Lily.";
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    ember_error err;
+    assert_int_equal(tokenizer_encode(model_get_tokenizer(m), text, strlen(text), true, false, &ids, &n_ids, &err), 0);
+    assert_true((int)n_ids < n);
+    memcpy(p->ids, ids, n_ids * sizeof(int32_t));
+    p->n = (int)n_ids;
+    free(ids);
+    engine *plain = open_spec(m, SPEC_OFF, 0, NULL);
+    engine_result r;
+    generate(plain, p, n - p->n, 0.0f, &r);
+    memcpy(p->ids + p->n, r.tokens, (size_t)r.n_tokens * sizeof(int32_t));
+    p->n += r.n_tokens;
+    engine_result_free(&r);
+    engine_free(plain);
+}
+
+static void test_sidecar_per_position(void **unused) {
+    (void)unused;
+    const char *sp = fixture_path("models/stories260K.gguf");
+    char *dir = NULL, qpath[1100] = "";
+    if (sp && ember_binary()) {
+        dir = make_temp_dir();
+        snprintf(qpath, sizeof qpath, "%s/stories260K-q4_0.gguf", dir);
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "'%s' quantize '%s' '%s' --type q4_0 >/dev/null 2>&1", ember_binary(), sp, qpath);
+        assert_int_equal(system(cmd), 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        const char *tp = i == 0 ? fixture_path("reference/qwen35-mtp-normjit-f32.gguf") : sp;
+        if (tp == NULL || (i == 1 && dir == NULL)) {
+            print_message("skipping case %d: needs its fixture (and EMBER_BIN for the Q4_0 copy)\n", i);
+            continue;
+        }
+        char tpath[1024];
+        snprintf(tpath, sizeof tpath, "%s", tp);
+        model *m = test_load_model(tpath), *d = i == 1 ? test_load_model(qpath) : NULL;
+        prompt_ids p;
+        if (i == 0) assert_true(load_prompt("qwen35-mtp-normjit-f32", &p));
+        else story_prompt(m, &p, 96);
+        engine *plain = open_spec(m, SPEC_OFF, 0, NULL);
+        engine_result want;
+        generate(plain, &p, MARKED_GEN, 0.0f, &want);
+        engine_free(plain);
+        for (int with = 1; with >= (d ? 0 : 1); with--) {
+            engine_config cfg = engine_default_config();
+            cfg.n_threads = 2;
+            cfg.n_ctx = 1024;
+            cfg.spec.kind = d ? SPEC_DRAFT : SPEC_MTP;
+            cfg.spec.draft = d;
+            cfg.spec.k = 4;
+            cfg.spec.sidecar_entries = with ? 4 : 0;
+            cfg.spec.sidecar_bytes = (size_t)64 << 20;
+            engine *e = test_open_engine(m, &cfg);
+            uint8_t cold_marks[MARKED_GEN], warm_marks[MARKED_GEN];
+            memset(cold_marks, 0xff, sizeof cold_marks);
+            memset(warm_marks, 0xfe, sizeof warm_marks);
+            engine_result cold, warm;
+            int64_t cold_rows, warm_rows;
+            marked(e, &p, ENGINE_CACHE_STORE, cold_marks, &cold, &cold_rows);
+            marked(e, &p, ENGINE_CACHE_LOOKUP, warm_marks, &warm, &warm_rows);
+            assert_warm_equals_cold(&want, &cold, "per position: cold");
+            assert_warm_equals_cold(&want, &warm, "per position: warm");
+            assert_true(warm.cached_tokens > 0);
+            int judged = 0, kept = 0;
+            for (int t = 0; t < MARKED_GEN; t++) {
+                judged += cold_marks[t] != SPEC_MARK_NONE;
+                kept += cold_marks[t] == SPEC_MARK_ACCEPTED;
+            }
+            print_message("%s, sidecar %s: %d of %d drafts kept cold; warm from %lld cached tokens; draft-model rows "
+                          "cold %lld, warm %lld\n",
+                          i ? "stories260K + Q4_0" : "qwen35 MTP", with ? "on" : "off", kept, judged,
+                          (long long)warm.cached_tokens, (long long)cold_rows, (long long)warm_rows);
+            assert_true(judged > 0);
+            if (d) assert_true(kept > 0 && kept < judged); /* a pattern of hits and misses to reproduce */
+            assert_memory_equal(cold_marks, warm_marks, MARKED_GEN); /* from the first decoded token on */
+            if (d && with) assert_true(warm_rows < cold_rows);      /* the prompt's rows came from the sidecar */
+            if (d && !with) assert_int_equal(warm_rows, cold_rows); /* forwarded again */
+            engine_result_free(&cold);
+            engine_result_free(&warm);
+            engine_free(e);
+        }
+        engine_result_free(&want);
+        model_free(m);
+        model_free(d);
+    }
+    if (dir) {
+        remove_tree(dir);
+        free(dir);
+    }
+}
+
 /* The governor's first measurement starts at k = 1 and doubles k on each
  * round whose drafts all hold: stories260K drafting itself (every draft
  * accepted) drafts 1, then 2, then the configured 4 in its first
@@ -604,6 +726,7 @@ int main(void) {
         cmocka_unit_test(test_governor_first_probe_ramp),
         cmocka_unit_test(test_mtp_drafter),
         cmocka_unit_test(test_mtp_sidecar),
+        cmocka_unit_test(test_sidecar_per_position),
         cmocka_unit_test(test_api),
     };
     return test_run_group(tests, NULL, NULL);
