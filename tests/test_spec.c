@@ -325,6 +325,19 @@ static void test_governor_pauses(void **unused) {
     /* One measurement: its SPEC_SAMPLES (3) timed rounds and the untimed
      * first, one draft each, far from the 3 x 159 x 4 a fixed k drafts. */
     assert_true(drafted <= 4);
+    /* The governor's own account of the same: every speculative round one
+     * draft, the paused rounds counted, the prompt's catch-up one-off. */
+    spec_governor_stats g = spec_governor_get_stats(engine_drafter(e));
+    print_message("governor: %lld measurements, %lld pauses, %lld speculative rounds (%.2f ms, %+.2f ms beyond plain), "
+                  "%lld catch-up rows, %lld plain rounds (%lld paused)\n",
+                  (long long)g.measurements, (long long)g.pauses, (long long)g.spec_rounds, g.spec_s * 1e3,
+                  g.spec_extra_s * 1e3, (long long)g.catch_rows, (long long)g.plain_rounds, (long long)g.paused_rounds);
+    assert_true(g.measurements >= 1 && g.pauses >= 1);
+    assert_true(g.spec_rounds >= 1 && g.spec_rounds <= drafted); /* the first round is not timed */
+    assert_true(g.spec_tokens >= g.spec_rounds);
+    assert_true(g.paused_rounds > 2 * (TOKENS - 8)); /* the later requests, paused throughout */
+    assert_true(g.catch_rows >= p.n - 1);
+    assert_true(g.plain_token_s > 0);
     engine_free(e);
     engine_result_free(&want);
     model_free(m);
