@@ -77,6 +77,18 @@ static engine *open_spec(const model *m, spec_kind kind, int k, const model *dra
     return test_open_engine(m, &cfg);
 }
 
+/* A draft-model engine under the cost governor (adaptive k from 4). */
+static engine *open_adaptive_draft(const model *m, const model *draft) {
+    engine_config cfg = engine_default_config();
+    cfg.n_threads = 2;
+    cfg.n_ctx = 1024;
+    cfg.spec.kind = SPEC_DRAFT;
+    cfg.spec.k = 4;
+    cfg.spec.adaptive = true;
+    cfg.spec.draft = draft;
+    return test_open_engine(m, &cfg);
+}
+
 enum { GEN = 24 }; /* tokens per generation */
 
 /* The plain engine's greedy and seeded-sampling results for p. */
@@ -289,14 +301,7 @@ static void test_governor_pauses(void **unused) {
     engine_result want;
     generate(plain, &p, TOKENS, 0.0f, &want);
     engine_free(plain);
-    engine_config cfg = engine_default_config();
-    cfg.n_threads = 2;
-    cfg.n_ctx = 1024;
-    cfg.spec.kind = SPEC_DRAFT;
-    cfg.spec.k = 4;
-    cfg.spec.adaptive = true;
-    cfg.spec.draft = d;
-    engine *e = test_open_engine(m, &cfg);
+    engine *e = open_adaptive_draft(m, d);
     int64_t drafted = 0, rows_after_first = 0;
     for (int run = 0; run < 3; run++) {
         engine_result r;
@@ -687,14 +692,7 @@ static void test_governor_first_probe_ramp(void **unused) {
     engine_result want;
     generate(plain, &p, TOKENS, 0.0f, &want);
     engine_free(plain);
-    engine_config cfg = engine_default_config();
-    cfg.n_threads = 2;
-    cfg.n_ctx = 1024;
-    cfg.spec.kind = SPEC_DRAFT;
-    cfg.spec.k = 4;
-    cfg.spec.adaptive = true;
-    cfg.spec.draft = m;
-    engine *e = test_open_engine(m, &cfg);
+    engine *e = open_adaptive_draft(m, m);
     uint8_t marks[TOKENS];
     memset(marks, 0xff, sizeof marks);
     engine_request req = engine_default_request();
