@@ -47,7 +47,7 @@ static void check_type(ember_dtype type, int64_t n_in, ember_pool *pool, matmul_
     tensor_weight w = {.type = type, .n_in = n_in, .n_out = n_out, .row_bytes = row_bytes, .data = wdata};
 
     /* Reference: each activation row converted alone, one dot per output. */
-    ember_dtype act = dtype_info_of(type)->dot_act;
+    ember_dtype act = quant_dot_act(type);
     size_t act_bytes = dtype_row_bytes(act, n_in);
     uint8_t *a = malloc(act_bytes);
     float *ref = malloc(max_tokens * n_out * sizeof(float));
@@ -66,8 +66,9 @@ static void check_type(ember_dtype type, int64_t n_in, ember_pool *pool, matmul_
         if (memcmp(y, ref + first * n_out, nt * n_out * sizeof(float)) != 0) {
             for (int64_t i = 0; i < nt * n_out; i++)
                 if (memcmp(&y[i], &ref[first * n_out + i], 4) != 0)
-                    fail_msg("%s isa=%s threads=%d n_tokens=%lld: y[%lld][%lld] %.9g != dot %.9g",
+                    fail_msg("%s isa=%s%s threads=%d n_tokens=%lld: y[%lld][%lld] %.9g != dot %.9g",
                              dtype_info_of(type)->name, quant_isa_name(quant_get_isa()),
+                             quant_avx512_bf16_in_use() ? "+bf16" : "",
                              ember_pool_size(pool), (long long)nt, (long long)(i / n_out),
                              (long long)(i % n_out), y[i], ref[first * n_out + i]);
         }
@@ -79,10 +80,17 @@ static void test_bit_identity(void **state) {
     (void)state;
     quant_isa best = quant_best_isa();
     matmul_scratch *scratch = matmul_scratch_create();
+    /* AVX-512 runs twice where the CPU has AVX512_BF16: BF16 weights on
+     * vdpbf16ps (the default there), then on the f32 kernels other CPUs use. */
+    bool has_bf16 = quant_set_avx512_bf16(true);
     for (int threads = 1; threads <= 2; threads++) {
         ember_pool *pool = ember_pool_create(threads);
-        for (int isa = 0; isa <= (int)best; isa++) {
+        for (int pass = 0; pass <= (int)best + has_bf16; pass++) {
+            int isa = pass > (int)best ? (int)best : pass;
             assert_true(quant_set_isa((quant_isa)isa));
+            assert_true(quant_set_avx512_bf16(has_bf16 && pass == isa));
+            if (isa == QUANT_ISA_AVX512 && pass == isa)
+                assert_int_equal(quant_dot_act(DT_BF16), has_bf16 ? DT_BF16 : DT_F32);
             for (size_t t = 0; t < sizeof tm_types / sizeof tm_types[0]; t++) {
                 check_type(tm_types[t], 512, pool, scratch);
                 /* float rows also end in a 16-chunk and a masked tail, and
@@ -98,6 +106,7 @@ static void test_bit_identity(void **state) {
         ember_pool_free(pool);
     }
     quant_set_isa(best);
+    quant_set_avx512_bf16(has_bf16);
     matmul_scratch_free(scratch);
 }
 

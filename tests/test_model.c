@@ -314,6 +314,8 @@ static void test_batch_invariance(void **state) {
     check_batch_invariance("models/stories260K.gguf");
     check_batch_invariance("reference/llama256-q8_0.gguf");
     check_batch_invariance("reference/llama256-q4_k_m.gguf");
+    check_batch_invariance("reference/llama256-bf16.gguf"); /* vdpbf16ps where the CPU has it */
+    check_batch_invariance("reference/llama256-f16.gguf");
     check_batch_invariance("reference/qwen3moe-f32.gguf");
     check_batch_invariance("reference/qwen3-normjit-f32.gguf");
     check_batch_invariance("reference/gemma3-normjit-f32.gguf");   /* window 24 < 100 tokens */

@@ -205,6 +205,20 @@ static void test_dots(void **state) {
                     assert_true(quant_set_isa((quant_isa)isa));
                     float simd = quant_vec_dot(type, n, r.w, r.a);
                     bool is_float = type == DT_F32 || type == DT_F16 || type == DT_BF16;
+                    ember_dtype act = quant_dot_act(type);
+                    if (act != dtype_info_of(type)->dot_act) {
+                        /* BF16 on vdpbf16ps: activations rounded to BF16;
+                         * the scalar dot of the rounded values is the reference */
+                        void *a2 = malloc(dtype_row_bytes(act, n));
+                        float *af2 = malloc(n * sizeof(float));
+                        quant_quantize_row(act, r.af, a2, n);
+                        quant_dequantize_row(act, a2, af2, n);
+                        simd = quant_vec_dot(type, n, r.w, a2);
+                        assert_true(quant_set_isa(QUANT_ISA_SCALAR));
+                        scalar = quant_vec_dot(type, n, r.w, af2);
+                        assert_true(quant_set_isa((quant_isa)isa));
+                        free(a2), free(af2);
+                    }
                     if (is_float) {
                         if (fabs(simd - scalar) > 1e-6 * mag + 1e-7)
                             fail_msg("%s %s n=%lld: %.9g vs scalar %.9g", dtype_info_of(type)->name,
@@ -255,6 +269,34 @@ static void test_dots_extreme(void **state) {
     quant_set_isa(best);
 }
 
+/* The AVX-512 f32 -> BF16 rounding (BF16 activations for vdpbf16ps, and
+ * writing BF16 files) gives quant_f32_to_bf16's bytes: ties to even both
+ * ways, carries into the exponent, infinities, NaNs made quiet, subnormals. */
+static void test_bf16_rounding_isa(void **state) {
+    (void)state;
+    quant_isa best = quant_best_isa();
+    const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3f7fffffu, 0x7f7fffffu, 0x7f800000u,
+                                0xff800000u, 0x7f800001u, 0xffc00000u, 0x7fbfffffu, 0x00000001u, 0x80008000u,
+                                0x00018000u, 0x00000000u, 0x80000000u, 0x477fe000u, 0xc0490fdbu};
+    enum { N = 1000 + 7, NS = sizeof special / sizeof special[0] }; /* a scalar tail after the 16-wide part */
+    float x[N];
+    for (int i = 0; i < N; i++) {
+        tq_uniform();
+        uint32_t bits = i < NS ? special[i] : (uint32_t)(tq_rng_state >> 32);
+        if (i >= NS && i % 3 == 0) bits = (bits & ~0xffffu) | 0x8000u; /* a tie */
+        memcpy(&x[i], &bits, 4);
+    }
+    uint16_t ref[N], got[N];
+    for (int i = 0; i < N; i++) ref[i] = quant_f32_to_bf16(x[i]);
+    for (int isa = 0; isa <= (int)best; isa++) {
+        assert_true(quant_set_isa((quant_isa)isa));
+        memset(got, 0, sizeof got);
+        assert_int_equal(quant_quantize_row(DT_BF16, x, got, N), 0);
+        assert_memory_equal(got, ref, sizeof ref);
+    }
+    quant_set_isa(best);
+}
+
 static void test_activation_formats(void **state) {
     (void)state;
     float x[256];
@@ -285,6 +327,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f16_scalars),   cmocka_unit_test(test_layouts),
         cmocka_unit_test(test_roundtrip),     cmocka_unit_test(test_activation_formats),
+        cmocka_unit_test(test_bf16_rounding_isa),
         cmocka_unit_test(test_dots),          cmocka_unit_test(test_dots_extreme),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -254,7 +254,7 @@ static int matmul_prepare(ember_pool *pool, matmul_scratch *scratch, const tenso
     const dtype_info *info = dtype_info_of((uint32_t)w->type);
     if (!info || n_tokens <= 0) return 0;
     matmul_task t = {
-        .w = w, .x = x, .y = y, .n_tokens = n_tokens, .act_type = info->dot_act,
+        .w = w, .x = x, .y = y, .n_tokens = n_tokens, .act_type = quant_dot_act(w->type),
         .dot = quant_dot_kernel(w->type),
     };
     t.tile = quant_tile_kernel(w->type, &t.tile_rows, &t.tile_cols);

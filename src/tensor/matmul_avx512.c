@@ -73,6 +73,7 @@ size_t matmul_avx512_panel_bytes(ember_dtype type, int64_t n_in) {
     if (type == DT_IQ4_XS) return quant_iq4_xs_panel_bytes(n_in);
     if (type == DT_Q4_K) return (size_t)(n_in / 256) * Q4K_PANEL_BLOCK;
     if (type == DT_Q6_K) return (size_t)(n_in / 256) * Q6K_PANEL_BLOCK;
+    if (type == DT_BF16 && quant_dot_act(DT_BF16) == DT_BF16) return matmul_bf16dp_panel_bytes(n_in);
     if (type == DT_F32 || type == DT_F16 || type == DT_BF16) return (size_t)float_chunks(n_in) * PANEL * 64;
     return 0;
 }
@@ -528,6 +529,8 @@ void matmul_avx512_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_
         }
     } else if (type == DT_IQ4_XS) {
         quant_iq4_xs_panels(w, wrb, n_in, o0, o1, act, as, n_tokens, y, n_out, pk);
+    } else if (type == DT_BF16 && quant_dot_act(DT_BF16) == DT_BF16) {
+        matmul_bf16dp_panels(w, wrb, n_in, o0, o1, act, as, n_tokens, y, n_out, pk);
     } else if (type == DT_F32 || type == DT_F16 || type == DT_BF16) {
         float_panels(type, w, wrb, n_in, o0, o1, (const float *)act, as / sizeof(float), n_tokens, y, n_out,
                      (float *)pk);

@@ -827,6 +827,10 @@ int quant_quantize_row(ember_dtype type, const float *src, void *dst, int64_t n)
         }
         return 0;
     case DT_BF16:
+        if (quant_get_isa() == QUANT_ISA_AVX512) {
+            quant_avx512_bf16(src, dst, n);
+            return 0;
+        }
         for (int64_t i = 0; i < n; i++) {
             uint16_t h = quant_f32_to_bf16(src[i]);
             memcpy(p + 2 * i, &h, 2);
@@ -1108,6 +1112,7 @@ static const quant_dot_fn scalar_dots[DT_COUNT] = {
 /* ------------------------------------------------------------ dispatch */
 
 typedef struct kernel_table {
+    ember_dtype acts[DT_COUNT]; /* activation format of each weight type's dot */
     quant_dot_fn dots[DT_COUNT];
     quant_tile_fn tiles[DT_COUNT];
     int tile_rows, tile_cols;
@@ -1115,14 +1120,24 @@ typedef struct kernel_table {
     int strip_rows[DT_COUNT][QUANT_STRIP_TOKENS + 1];
 } kernel_table;
 
-static kernel_table tables[3];
+/* tables[QUANT_ISA_*], and TABLE_AVX512_BF16: the AVX-512 table with BF16
+ * weights on vdpbf16ps (bf16_avx512bf16.c), used in place of the AVX-512 one
+ * where the CPU has AVX512_BF16 (quant_set_avx512_bf16). */
+enum { TABLE_AVX512_BF16 = 3, N_TABLES = 4 };
+static kernel_table tables[N_TABLES];
 static atomic_int current_isa = -1; /* -1: not chosen yet */
+static atomic_int bf16_dp = -1;     /* -1: not chosen yet, else use TABLE_AVX512_BF16 */
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
 static void build_tables(void) {
-    for (int isa = 0; isa < 3; isa++) {
-        kernel_table *t = &tables[isa];
+    for (int ti = 0; ti < N_TABLES; ti++) {
+        int isa = ti == TABLE_AVX512_BF16 ? QUANT_ISA_AVX512 : ti;
+        kernel_table *t = &tables[ti];
         memset(t, 0, sizeof *t);
+        for (int ty = 0; ty < DT_COUNT; ty++) {
+            const dtype_info *info = dtype_info_of((uint32_t)ty);
+            t->acts[ty] = info ? info->dot_act : DT_F32;
+        }
         if (isa == QUANT_ISA_AVX2) {
             quant_avx2_kernels(t->dots);
             quant_avx2_strips(t->strips, t->strip_rows);
@@ -1138,9 +1153,16 @@ static void build_tables(void) {
         if (isa == QUANT_ISA_AVX2) quant_iq4_avx2_kernels(t->dots);
         if (isa == QUANT_ISA_AVX512)
             quant_iq4_avx512_kernels(t->dots, t->tiles, t->tile_rows, t->tile_cols);
+        if (ti == TABLE_AVX512_BF16) quant_avx512bf16_kernels(t->dots, t->tiles, t->strips, t->strip_rows, t->acts);
         for (int ty = 0; ty < DT_COUNT; ty++)
             if (!t->dots[ty]) t->dots[ty] = scalar_dots[ty];
     }
+}
+
+/* AVX512_BF16 (vdpbf16ps): cpuid leaf 7, sub-leaf 1, EAX bit 5. */
+static bool cpu_has_avx512_bf16(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
 }
 
 /* F16C from cpuid leaf 1: clang before 15 has no "f16c" for __builtin_cpu_supports. */
@@ -1161,19 +1183,46 @@ quant_isa quant_best_isa(void) {
     return QUANT_ISA_SCALAR;
 }
 
+/* vdpbf16ps for BF16 weights wherever the CPU has it, unless a test said otherwise. */
+static void choose_bf16_dp(void) {
+    int unset = -1;
+    atomic_compare_exchange_strong(&bf16_dp, &unset, quant_best_isa() == QUANT_ISA_AVX512 && cpu_has_avx512_bf16());
+}
+
 quant_isa quant_get_isa(void) {
     int isa = atomic_load(&current_isa);
     if (isa < 0) {
         pthread_once(&tables_once, build_tables);
+        choose_bf16_dp();
         isa = (int)quant_best_isa();
         atomic_store(&current_isa, isa);
     }
     return (quant_isa)isa;
 }
 
+static const kernel_table *table_in_use(void) {
+    quant_isa isa = quant_get_isa();
+    return &tables[isa == QUANT_ISA_AVX512 && atomic_load(&bf16_dp) > 0 ? TABLE_AVX512_BF16 : (int)isa];
+}
+
+bool quant_set_avx512_bf16(bool on) {
+    if (on && !(quant_best_isa() == QUANT_ISA_AVX512 && cpu_has_avx512_bf16())) return false;
+    quant_get_isa();
+    atomic_store(&bf16_dp, on ? 1 : 0);
+    return true;
+}
+
+bool quant_avx512_bf16_in_use(void) { return table_in_use() == &tables[TABLE_AVX512_BF16]; }
+
+ember_dtype quant_dot_act(ember_dtype type) {
+    if ((unsigned)type >= DT_COUNT) return DT_F32;
+    return table_in_use()->acts[type];
+}
+
 bool quant_set_isa(quant_isa isa) {
     if ((int)isa < 0 || isa > quant_best_isa()) return false;
     pthread_once(&tables_once, build_tables);
+    choose_bf16_dp();
     atomic_store(&current_isa, (int)isa);
     return true;
 }
@@ -1189,12 +1238,12 @@ const char *quant_isa_name(quant_isa isa) {
 
 quant_dot_fn quant_dot_kernel(ember_dtype type) {
     if ((unsigned)type >= DT_COUNT) return NULL;
-    return tables[quant_get_isa()].dots[type];
+    return table_in_use()->dots[type];
 }
 
 quant_tile_fn quant_tile_kernel(ember_dtype type, int *rows, int *cols) {
     if ((unsigned)type >= DT_COUNT) return NULL;
-    const kernel_table *t = &tables[quant_get_isa()];
+    const kernel_table *t = table_in_use();
     *rows = t->tile_rows;
     *cols = t->tile_cols;
     return t->tiles[type];
@@ -1202,7 +1251,7 @@ quant_tile_fn quant_tile_kernel(ember_dtype type, int *rows, int *cols) {
 
 quant_strip_fn quant_strip_kernel(ember_dtype type, int n_tokens, int *rows) {
     if ((unsigned)type >= DT_COUNT || n_tokens < 1 || n_tokens > QUANT_STRIP_TOKENS) return NULL;
-    const kernel_table *t = &tables[quant_get_isa()];
+    const kernel_table *t = table_in_use();
     *rows = t->strip_rows[type][n_tokens];
     return t->strips[type][n_tokens];
 }

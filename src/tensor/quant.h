@@ -7,9 +7,11 @@
  *    and Q8_K; they follow the reference rounding of ggml so files written by
  *    ember load in llama.cpp with the same values.
  *  - quant_vec_dot(type, n, w, a) is the dot product of one weight row of
- *    `type` with one activation row already converted to
- *    dtype_info_of(type)->dot_act (f32 for f32/f16/bf16 weights). Integer
- *    products inside a block, f32 accumulation across blocks.
+ *    `type` with one activation row already converted to quant_dot_act(type):
+ *    dtype_info_of(type)->dot_act (f32 for f32/f16/bf16 weights), except BF16
+ *    weights on AVX-512 CPUs with AVX512_BF16, whose activations are rounded
+ *    to BF16 for vdpbf16ps (bf16_avx512bf16.c). Integer products inside a
+ *    block, f32 accumulation across blocks.
  *  - The instruction set is chosen once, at first use, from cpuid (AVX-512
  *    with VNNI, else AVX2, else scalar); quant_set_isa forces one, for tests
  *    that compare each SIMD path with the scalar reference. For a fixed ISA
@@ -41,6 +43,13 @@ quant_isa quant_best_isa(void);            /* what this CPU supports */
 quant_isa quant_get_isa(void);             /* what is in use */
 bool quant_set_isa(quant_isa isa);         /* false if the CPU lacks it */
 const char *quant_isa_name(quant_isa isa);
+/* The activation format the dot of `type` takes with the ISA in use. */
+ember_dtype quant_dot_act(ember_dtype type);
+/* BF16 weights on vdpbf16ps when the ISA in use is AVX-512: on by default
+ * where the CPU has AVX512_BF16; off gives the exact f32 kernels other CPUs
+ * use (tests cover both). false if the CPU lacks it. */
+bool quant_set_avx512_bf16(bool on);
+bool quant_avx512_bf16_in_use(void);
 
 /* fp16 / bf16 scalars (IEEE binary16 round-to-nearest-even; bf16 = top half of f32). */
 float quant_f16_to_f32(uint16_t h);
@@ -177,9 +186,22 @@ void quant_avx512_strips(quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1]
  * (quant_quantize_row uses them when the ISA in use is AVX-512). */
 void quant_avx512_q8_0(const float *x, void *dst, int64_t nb);
 void quant_avx512_q8_K(const float *x, void *dst, int64_t nb);
+/* AVX-512 f32 -> BF16 rounding, byte-identical to quant_f32_to_bf16. */
+void quant_avx512_bf16(const float *x, void *dst, int64_t n);
+
+/* bf16_avx512bf16.c (AVX512_BF16): BF16 weights with BF16 activations; the
+ * kernels fill the TABLE_AVX512_BF16 entries for DT_BF16 (acts: DT_BF16),
+ * the panels work as matmul_avx512_panels does for the other types. */
+void quant_avx512bf16_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[DT_COUNT],
+                              quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1],
+                              int heights[DT_COUNT][QUANT_STRIP_TOKENS + 1], ember_dtype acts[DT_COUNT]);
+size_t matmul_bf16dp_panel_bytes(int64_t n_in);
+void matmul_bf16dp_panels(const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0, int64_t o1, const uint8_t *act,
+                          size_t as, int64_t n_tokens, float *y, int64_t n_out, uint8_t *pk);
 
 /* matmul_avx512.c: 16-row panel GEMM (AVX-512 VNNI) for Q8_0, Q4_K, Q6_K, IQ4_NL, IQ4_XS,
- * and (AVX-512F) for F32, F16 and BF16 weights, whose act is x itself (f32).
+ * and (AVX-512F) for F32, F16 and BF16 weights, whose act is x itself (f32),
+ * or for BF16 the BF16 rows of matmul_bf16dp_panels (quant_dot_act).
  * panel_bytes: scratch one thread needs for a packed panel (0: type not
  * handled). panels computes rows [o0, o1) rounded down to whole panels of 16
  * (the caller does the rest) for all n_tokens, bit-identical to

@@ -491,6 +491,23 @@ void quant_avx512_q8_0(const float *x, void *dst, int64_t nb) {
     }
 }
 
+/* Same bytes as quant_f32_to_bf16, 16 at a time: round to nearest even on
+ * the bit pattern, NaNs made quiet. */
+void quant_avx512_bf16(const float *x, void *dst, int64_t n) {
+    uint16_t *out = dst;
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+    const __m512i absmask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i v = _mm512_loadu_si512((const void *)(x + i));
+        __m512i r = _mm512_add_epi32(v, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(v, 16), one)));
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(v, absmask), inf);
+        r = _mm512_mask_or_epi32(_mm512_srli_epi32(r, 16), nan, _mm512_srli_epi32(v, 16), _mm512_set1_epi32(0x40));
+        _mm256_storeu_si256((__m256i *)(out + i), _mm512_cvtepi32_epi16(r));
+    }
+    for (; i < n; i++) out[i] = quant_f32_to_bf16(x[i]);
+}
+
 /* Same bytes as quant_q8_K: the signed max is the first element of largest
  * magnitude; nearest_int is round-half-even like vcvtps2dq. */
 void quant_avx512_q8_K(const float *x, void *dst, int64_t nb) {
