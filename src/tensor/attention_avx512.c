@@ -243,8 +243,8 @@ void attention_head_avx512(const attention_head_args *a) {
  * _mm512_reduce_add_ps and * scale; the same max / exp / sum; per output lane
  * fma(p_j, v_j, acc) over keys in order with p_j = e_j * inv - so the bits
  * are those of one head at a time; only the loop nest differs: each key and
- * value row is loaded once for all queries. Fast path for d_k = d_v = 128,
- * a shared first key, and up to 8 queries. */
+ * value row is loaded once for all queries. Fast path for d_k = d_v = 128
+ * or 64 (Llama 3.2 1B), a shared first key, and up to 8 queries. */
 enum { MQ = 8 };
 
 static void softmax_scale(float *s, int64_t n) {
@@ -304,13 +304,13 @@ static inline __attribute__((always_inline)) __m512 reduce16_ps(const __m512 v[1
 
 /* Values of keys [j0, j1) (rows in vt) for NQ queries, 32 lanes per pass;
  * accumulators start at zero on the first chunk, else from out (exact). */
-static inline __attribute__((always_inline)) void values_chunk(const int NQ, const attention_head_args *a,
+static inline __attribute__((always_inline)) void values_chunk(const int D, const int NQ, const attention_head_args *a,
                                                                const float (*vt)[128], int64_t first, int64_t j0,
                                                                int64_t j1) {
     int64_t lo = a[0].n_keys;
     for (int i = 1; i < NQ; i++) lo = a[i].n_keys < lo ? a[i].n_keys : lo;
     int64_t jl = lo < j1 ? (lo > j0 ? lo : j0) : j1; /* [j0, jl): visible to every query */
-    for (int d0 = 0; d0 < 128; d0 += 32) {
+    for (int d0 = 0; d0 < D; d0 += 32) {
         __m512 acc[MQ][2];
 #pragma GCC unroll 8
         for (int i = 0; i < NQ; i++) {
@@ -349,23 +349,26 @@ static inline __attribute__((always_inline)) void values_chunk(const int NQ, con
     }
 }
 
-#define VALUES_CHUNK(N)                                                                                      \
-    static void values_chunk_##N(const attention_head_args *a, const float (*vt)[128], int64_t first,         \
-                                 int64_t j0, int64_t j1) {                                                   \
-        values_chunk(N, a, vt, first, j0, j1);                                                               \
+#define VALUES_CHUNK(D, N)                                                                                   \
+    static void values_chunk_##D##_##N(const attention_head_args *a, const float (*vt)[128], int64_t first,   \
+                                       int64_t j0, int64_t j1) {                                             \
+        values_chunk(D, N, a, vt, first, j0, j1);                                                            \
     }
-VALUES_CHUNK(1) VALUES_CHUNK(2) VALUES_CHUNK(3) VALUES_CHUNK(4)
-VALUES_CHUNK(5) VALUES_CHUNK(6) VALUES_CHUNK(7) VALUES_CHUNK(8)
-static void (*const values_chunk_fns[MQ + 1])(const attention_head_args *, const float (*)[128], int64_t, int64_t,
-                                              int64_t) = {NULL, values_chunk_1, values_chunk_2, values_chunk_3,
-                                                          values_chunk_4, values_chunk_5, values_chunk_6,
-                                                          values_chunk_7, values_chunk_8};
+#define VALUES_CHUNKS(D)                                                                                     \
+    VALUES_CHUNK(D, 1) VALUES_CHUNK(D, 2) VALUES_CHUNK(D, 3) VALUES_CHUNK(D, 4)                              \
+    VALUES_CHUNK(D, 5) VALUES_CHUNK(D, 6) VALUES_CHUNK(D, 7) VALUES_CHUNK(D, 8)                              \
+    static void (*const values_chunk_fns_##D[MQ + 1])(const attention_head_args *, const float (*)[128],      \
+                                                      int64_t, int64_t, int64_t) = {                         \
+        NULL, values_chunk_##D##_1, values_chunk_##D##_2, values_chunk_##D##_3, values_chunk_##D##_4,         \
+        values_chunk_##D##_5, values_chunk_##D##_6, values_chunk_##D##_7, values_chunk_##D##_8};
+VALUES_CHUNKS(128)
+VALUES_CHUNKS(64)
 
-/* n queries over one kv head (d_k = d_v = 128, shared first). K and V rows
+/* n queries over one kv head (d_k = d_v = D, shared first). K and V rows
  * are 4 KiB apart in the cache (all kv heads per row) and alias in L1/L2,
  * so tiles of them are copied together once and then serve every query:
  * the more queries, the fewer times K and V are streamed from memory. */
-static void heads_multi(const attention_head_args *a, int n) {
+static inline __attribute__((always_inline)) void heads_multi(const int D, const attention_head_args *a, int n) {
     const int64_t first = a[0].first;
     int64_t lo = a[0].n_keys, hi = a[0].n_keys;
     for (int i = 1; i < n; i++) {
@@ -377,7 +380,7 @@ static void heads_multi(const attention_head_args *a, int n) {
     int64_t j = first;
     const kv_row_type k_type = a[0].k_type, v_type = a[0].v_type;
     const size_t k_head = value_byte(k_type, a[0].k_offset), v_head = value_byte(v_type, a[0].v_offset);
-    const int k_head_bytes = (int)value_byte(k_type, 128), v_head_bytes = (int)value_byte(v_type, 128);
+    const int k_head_bytes = (int)value_byte(k_type, D), v_head_bytes = (int)value_byte(v_type, D);
     float kt[16][128] __attribute__((aligned(64)));
     for (; j + 16 <= lo; j += 16) {
         for (int k = 0; k < 16; k++) {
@@ -390,20 +393,20 @@ static void heads_multi(const attention_head_args *a, int n) {
             if (k_type == KV_ROW_F32) {
                 const float *src = (const float *)attention_row(a[0].k_blocks, a[0].k_stride, j + k) + a[0].k_offset;
 #pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) _mm512_store_ps(kt[k] + 16 * c, _mm512_loadu_ps(src + 16 * c));
+                for (int c = 0; c < D / 16; c++) _mm512_store_ps(kt[k] + 16 * c, _mm512_loadu_ps(src + 16 * c));
             } else {
-                decode_avx512(k_type, attention_row(a[0].k_blocks, a[0].k_stride, j + k), a[0].k_offset, 128, kt[k]);
+                decode_avx512(k_type, attention_row(a[0].k_blocks, a[0].k_stride, j + k), a[0].k_offset, D, kt[k]);
             }
         }
         for (int i = 0; i < n; i++) {
             __m512 qv[8], acc[16];
 #pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) qv[c] = _mm512_loadu_ps(a[i].q + 16 * c);
+            for (int c = 0; c < D / 16; c++) qv[c] = _mm512_loadu_ps(a[i].q + 16 * c);
 #pragma GCC unroll 16
             for (int k = 0; k < 16; k++) {
                 acc[k] = _mm512_setzero_ps();
 #pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) acc[k] = _mm512_fmadd_ps(qv[c], _mm512_load_ps(kt[k] + 16 * c), acc[k]);
+                for (int c = 0; c < D / 16; c++) acc[k] = _mm512_fmadd_ps(qv[c], _mm512_load_ps(kt[k] + 16 * c), acc[k]);
             }
             __m512 dots = reduce16_ps(acc);
             _mm512_storeu_ps(a[i].scores + (j - first), _mm512_mul_ps(dots, _mm512_set1_ps(a[i].scale)));
@@ -411,15 +414,15 @@ static void heads_multi(const attention_head_args *a, int n) {
     }
     /* The rest: one key row in registers against every query that sees it. */
     for (; j < hi; j++) {
-        const float *k = row_at(a[0].k_blocks, a[0].k_stride, j, a[0].k_offset, 128, k_type, kt[0]);
+        const float *k = row_at(a[0].k_blocks, a[0].k_stride, j, a[0].k_offset, D, k_type, kt[0]);
         __m512 kv[8];
 #pragma GCC unroll 8
-        for (int c = 0; c < 8; c++) kv[c] = _mm512_loadu_ps(k + 16 * c);
+        for (int c = 0; c < D / 16; c++) kv[c] = _mm512_loadu_ps(k + 16 * c);
         for (int i = 0; i < n; i++) {
             if (j >= a[i].n_keys) continue;
             __m512 acc = _mm512_setzero_ps();
 #pragma GCC unroll 8
-            for (int c = 0; c < 8; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a[i].q + 16 * c), kv[c], acc);
+            for (int c = 0; c < D / 16; c++) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a[i].q + 16 * c), kv[c], acc);
             a[i].scores[j - first] = _mm512_reduce_add_ps(acc) * a[i].scale;
         }
     }
@@ -439,32 +442,39 @@ static void heads_multi(const attention_head_args *a, int n) {
             if (v_type == KV_ROW_F32) {
                 const float *src = (const float *)attention_row(a[0].v_blocks, a[0].v_stride, jj) + a[0].v_offset;
 #pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) _mm512_store_ps(vt[jj - j0] + 16 * c, _mm512_loadu_ps(src + 16 * c));
+                for (int c = 0; c < D / 16; c++) _mm512_store_ps(vt[jj - j0] + 16 * c, _mm512_loadu_ps(src + 16 * c));
             } else {
-                decode_avx512(v_type, attention_row(a[0].v_blocks, a[0].v_stride, jj), a[0].v_offset, 128, vt[jj - j0]);
+                decode_avx512(v_type, attention_row(a[0].v_blocks, a[0].v_stride, jj), a[0].v_offset, D, vt[jj - j0]);
             }
         }
         for (int s0 = 0; s0 < n; s0 += MQ) {
             int m = n - s0 < MQ ? n - s0 : MQ;
             /* queries that see none of this chunk keep their out as is */
-            values_chunk_fns[m](a + s0, (const float (*)[128])vt, first, j0, j1);
+            (D == 64 ? values_chunk_fns_64 : values_chunk_fns_128)[m](a + s0, (const float (*)[128])vt, first, j0, j1);
         }
     }
 }
+
+static void heads_multi_128(const attention_head_args *a, int n) { heads_multi(128, a, n); }
+static void heads_multi_64(const attention_head_args *a, int n) { heads_multi(64, a, n); }
 
 void attention_heads_avx512(const attention_head_args *a, int n) {
     int i = 0;
     while (i < n) {
         int m = 1;
-        if (a[i].d_k == 128 && a[i].d_v == 128)
-            while (i + m < n && a[i + m].d_k == 128 && a[i + m].d_v == 128 && a[i + m].k_blocks == a[i].k_blocks &&
+        const int d = a[i].d_k;
+        const bool multi = (d == 128 || d == 64) && a[i].d_v == d;
+        if (multi)
+            while (i + m < n && a[i + m].d_k == d && a[i + m].d_v == d && a[i + m].k_blocks == a[i].k_blocks &&
                    a[i + m].v_blocks == a[i].v_blocks && a[i + m].k_offset == a[i].k_offset &&
                    a[i + m].v_offset == a[i].v_offset && a[i + m].k_stride == a[i].k_stride &&
                    a[i + m].v_stride == a[i].v_stride && a[i + m].k_type == a[i].k_type &&
                    a[i + m].v_type == a[i].v_type && a[i + m].first == a[i].first)
                 m++;
-        if (a[i].d_k == 128 && a[i].d_v == 128)
-            heads_multi(a + i, m);
+        if (multi && d == 128)
+            heads_multi_128(a + i, m);
+        else if (multi)
+            heads_multi_64(a + i, m);
         else
             attention_head_avx512(a + i);
         i += m;
