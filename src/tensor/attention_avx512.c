@@ -19,6 +19,7 @@
 
 #include "tensor/attention_impl.h"
 #include "tensor/quant.h"
+#include "tensor/quant_avx512_reduce.h"
 
 /* The 12-bit integers of q12h values [in, in + n) of one block in lanes
  * [0, n), for n <= 16 values inside one half of the block (in + n <= 16,
@@ -276,30 +277,6 @@ static void softmax_scale(float *s, int64_t n) {
         __mmask16 m = (__mmask16)((1u << (n - j)) - 1);
         _mm512_mask_storeu_ps(s + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + j), inv));
     }
-}
-
-/* The 16 horizontal sums of acc[0..15], lane m = _mm512_reduce_add_ps(acc[m])
- * bit for bit: the same pairings (lane k + lane k+8, then k + k+4, then
- * k + k+2, then k + k+1) done for 16 vectors at once. */
-static inline __attribute__((always_inline)) __m512 reduce16_ps(const __m512 v[16]) {
-    __m512 s1[8], s2[4], s3[2];
-#pragma GCC unroll 8
-    for (int p = 0; p < 8; p++)
-        s1[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++)
-        s2[r] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[2 * r], s1[2 * r + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                              _mm512_shuffle_f32x4(s1[2 * r], s1[2 * r + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-#pragma GCC unroll 2
-    for (int q = 0; q < 2; q++)
-        s3[q] = _mm512_add_ps(_mm512_shuffle_ps(s2[2 * q], s2[2 * q + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_ps(s2[2 * q], s2[2 * q + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    __m512 f = _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    /* f lane 4c + j holds vector c + 4j */
-    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    return _mm512_permutexvar_ps(order, f);
 }
 
 /* Values of keys [j0, j1) (rows in vt) for NQ queries, 32 lanes per pass;

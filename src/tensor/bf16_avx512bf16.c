@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "tensor/quant.h"
+#include "tensor/quant_avx512_reduce.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
@@ -125,6 +126,7 @@ STRIP_FN(2) STRIP_FN(3) STRIP_FN(4) STRIP_FN(5) STRIP_FN(6) STRIP_FN(7) STRIP_FN
 /* --------------------------------------------------------------- panels */
 
 enum { PANEL = 16, BR = 4, BC = 6, MICRO = PANEL / BR };
+_Static_assert(BR == 4 && BC <= 6, "store_tile_sums_4xC's tile shape");
 
 static int64_t chunks_of(int64_t n_in) { return (n_in + CHUNK - 1) / CHUNK; }
 
@@ -203,10 +205,10 @@ ALWAYS_INLINE void finish(const int C, int64_t n_in, const uint16_t *tp, const u
         }
     }
     UNROLL
-    for (int c = 0; c < C; c++)
+    for (int r = 0; r < BR; r++)
         UNROLL
-        for (int r = 0; r < BR; r++)
-            y[c * ys + r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_load_ps((const float *)&even[r * BC + c]), acc[r][c]));
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_add_ps(_mm512_load_ps((const float *)&even[r * BC + c]), acc[r][c]);
+    store_tile_sums_4xC(C, acc, y, ys);
 }
 
 #define TILE_FN(N)                                                                                  \

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "tensor/quant.h"
+#include "tensor/quant_avx512_reduce.h"
 #include "tensor/quant_iq4.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -331,6 +332,7 @@ static const q4k_panel_fn q6k_panels[9] = {NULL, q6_K_panel_1, q6_K_panel_2, q6_
  * as the dot's masked load gives, times a masked activation 0), hence its
  * bits, for any n_tokens and any row split. */
 enum { FR = 4, FC = 6, FLOAT_MICRO = PANEL / FR };
+_Static_assert(FR == 4 && FC <= 6, "store_tile_sums_4xC's tile shape");
 
 ALWAYS_INLINE __m512 float_load(ember_dtype type, const uint8_t *row, int64_t i, __mmask16 m) {
     if (type == DT_F32) return _mm512_maskz_loadu_ps(m, (const float *)row + i);
@@ -422,10 +424,10 @@ ALWAYS_INLINE void float_finish(const int C, int64_t n_in, const float *tp, cons
         }
     }
     UNROLL
-    for (int c = 0; c < C; c++)
+    for (int r = 0; r < FR; r++)
         UNROLL
-        for (int r = 0; r < FR; r++)
-            y[c * ys + r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_load_ps((const float *)&even[r * FC + c]), acc[r][c]));
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_add_ps(_mm512_load_ps((const float *)&even[r * FC + c]), acc[r][c]);
+    store_tile_sums_4xC(C, acc, y, ys);
 }
 
 #define FLOAT_TILE_T(N)                                                                              \

@@ -1,6 +1,7 @@
-/* quant_avx512_reduce.h - the integer reduction trees shared by the
- * AVX-512 kernel files (quant_avx512.c, quant_iq4_avx512.c; internal to
- * src/tensor, included only by files built with the AVX-512 flags).
+/* quant_avx512_reduce.h - the reduction trees shared by the AVX-512
+ * kernel files (quant_avx512.c, quant_iq4_avx512.c, matmul_avx512.c,
+ * bf16_avx512bf16.c; internal to src/tensor, included only by files built
+ * with the AVX-512 flags).
  *
  * They fold 16 vectors of per-lane partial sums into the 16 totals in a
  * fixed order, so a kernel that uses them adds its lanes the same way in
@@ -56,6 +57,52 @@ REDUCE_INLINE __m512i reduce16_512(const __m512i t[16]) {
     __m512i x1 = _mm512_add_epi32(_mm512_shuffle_i32x4(w[2], w[3], 0x88),
                                   _mm512_shuffle_i32x4(w[2], w[3], 0xdd));
     return _mm512_add_epi32(_mm512_shuffle_i32x4(x0, x1, 0x88), _mm512_shuffle_i32x4(x0, x1, 0xdd));
+}
+
+/* The 16 horizontal sums of v[0..15], lane m = _mm512_reduce_add_ps(v[m])
+ * bit for bit: the same pairings (lane k + lane k+8, then k + k+4, then
+ * k + k+2, then k + k+1), done for 16 vectors at once. */
+REDUCE_INLINE __m512 reduce16_ps(const __m512 v[16]) {
+    __m512 s1[8], s2[4], s3[2];
+    REDUCE_UNROLL
+    for (int p = 0; p < 8; p++)
+        s1[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    REDUCE_UNROLL
+    for (int r = 0; r < 4; r++)
+        s2[r] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[2 * r], s1[2 * r + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(s1[2 * r], s1[2 * r + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    REDUCE_UNROLL
+    for (int q = 0; q < 2; q++)
+        s3[q] = _mm512_add_ps(_mm512_shuffle_ps(s2[2 * q], s2[2 * q + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(s2[2 * q], s2[2 * q + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 f = _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* f lane 4c + j holds vector c + 4j */
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, f);
+}
+
+/* The sums of a register tile of R = 4 rows x C tokens (C <= 6), t[r][c],
+ * stored at y[c * ys + r]: reduce16_ps over 4 tokens at a time (lane
+ * 4c + r), so every sum has _mm512_reduce_add_ps's bits. */
+REDUCE_INLINE void store_tile_sums_4xC(const int C, __m512 t[4][6], float *y, size_t ys) {
+    REDUCE_UNROLL
+    for (int c0 = 0; c0 < C; c0 += 4) {
+        __m512 v[16];
+        REDUCE_UNROLL
+        for (int k = 0; k < 16; k++) v[k] = c0 + k / 4 < C ? t[k % 4][c0 + k / 4] : _mm512_setzero_ps();
+        __m512 s = reduce16_ps(v);
+        REDUCE_UNROLL
+        for (int j = 0; j < 4; j++) {
+            if (c0 + j >= C) break;
+            __m128 q = j == 0   ? _mm512_castps512_ps128(s)
+                       : j == 1 ? _mm512_extractf32x4_ps(s, 1)
+                       : j == 2 ? _mm512_extractf32x4_ps(s, 2)
+                                : _mm512_extractf32x4_ps(s, 3);
+            _mm_storeu_ps(y + (size_t)(c0 + j) * ys, q);
+        }
+    }
 }
 
 #endif
