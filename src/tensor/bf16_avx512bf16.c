@@ -233,8 +233,9 @@ static const finish_fn finishes[BC + 1] = {NULL, finish_1, finish_2, finish_3, f
  * over them. */
 enum { KPAIRS = 32 };
 /* Tokens per pass over a part's panels: their activations (at most X_BYTES)
- * stay in L2/L3 while every panel of the part passes over them. */
-enum { X_BYTES = 1 << 20 };
+ * stay in L3 while every panel of the part passes over them; the same
+ * token counts as matmul_avx512.c's f32 rows. */
+enum { X_BYTES = 1 << 21 };
 
 void matmul_bf16dp_panels(const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0, int64_t o1, const uint8_t *act,
                           size_t as_bytes, int64_t n_tokens, float *y, int64_t n_out, uint8_t *pk_bytes) {
@@ -242,8 +243,11 @@ void matmul_bf16dp_panels(const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0
     const size_t micro = (size_t)nch * BR * CHUNK, chunk = BR * CHUNK, as = as_bytes / 2;
     const uint16_t *x = (const uint16_t *)act;
     uint16_t *pk = (uint16_t *)pk_bytes;
-    int64_t block = X_BYTES / (n_in * 2) / BC * BC;
-    if (block < 4 * BC) block = 4 * BC;
+    int64_t max_block = X_BYTES / (n_in * 2);
+    if (max_block < 4 * BC) max_block = 4 * BC;
+    /* the batch split evenly: no block is a sliver (each block packs the panels again) */
+    int64_t blocks = (n_tokens + max_block - 1) / max_block, block = (n_tokens + blocks - 1) / blocks;
+    block = (block + BC - 1) / BC * BC;
     _Alignas(64) __m512 st[MICRO][2][BR * BC];
     for (int64_t t0 = 0; t0 < n_tokens; t0 += block) {
         const int64_t t1 = t0 + block < n_tokens ? t0 + block : n_tokens, tiles = (t1 - t0 + BC - 1) / BC;

@@ -455,17 +455,26 @@ static const float_finish_fn float_finishes[FC + 1] = {NULL, float_finish_1, flo
 enum { FLOAT_KPAIRS = 32 };
 
 /* Tokens per pass over a part's panels: a block's activations (at most
- * FLOAT_X_BYTES) stay in L2/L3 while every panel of the part passes over
- * them; the panels are packed again for each block, which costs little
- * next to the products of that many tokens. */
-enum { FLOAT_X_BYTES = 1 << 21 };
+ * FLOAT_X_BYTES) stay in L3 while every panel of the part passes over
+ * them (a panel reads them at the same rate per product whatever the block
+ * size, so the block only has to fit in L3); the panels are packed again
+ * for each block, so fewer, even blocks pack less: 512 tokens of 2048-wide
+ * rows are one block, of 8192-wide rows four. */
+enum { FLOAT_X_BYTES = 1 << 22 };
+
+/* Tokens per block: at most max_block (at least 4 tiles), the batch split
+ * evenly so that no block is a sliver (each block packs the panels again). */
+static int64_t float_token_block(int64_t n_tokens, int64_t max_block, int tile) {
+    if (max_block < 4 * tile) max_block = 4 * tile;
+    int64_t blocks = (n_tokens + max_block - 1) / max_block, block = (n_tokens + blocks - 1) / blocks;
+    return (block + tile - 1) / tile * tile;
+}
 
 static void float_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0, int64_t o1,
                          const float *x, size_t xs, int64_t n_tokens, float *y, int64_t n_out, float *pk) {
     const int64_t nfull = n_in / 16, ne = (nfull + 1) / 2, no = nfull / 2;
     const size_t micro = (size_t)float_chunks(n_in) * FR * 16, chunk = FR * 16;
-    int64_t block = FLOAT_X_BYTES / (n_in * (int64_t)sizeof(float)) / FC * FC;
-    if (block < 4 * FC) block = 4 * FC;
+    int64_t block = float_token_block(n_tokens, FLOAT_X_BYTES / (n_in * (int64_t)sizeof(float)), FC);
     _Alignas(64) __m512 st[FLOAT_MICRO][2][FR * FC];
     for (int64_t t0 = 0; t0 < n_tokens; t0 += block) {
         const int64_t t1 = t0 + block < n_tokens ? t0 + block : n_tokens, tiles = (t1 - t0 + FC - 1) / FC;
