@@ -341,10 +341,23 @@ ALWAYS_INLINE __m512 float_load(ember_dtype type, const uint8_t *row, int64_t i,
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* Micro-panel m of the packed panel: chunk slot j, row r at ((m * nch + j) * FR + r) * 16 floats.
+/* F16 rows stay F16 in the panel (HALF): the tile converts each weight
+ * vector as it loads it (vcvtph2ps, exact, the value LOAD_F16 gives). A
+ * panel of halves is a copy, not a conversion, and half the size: a 16-row
+ * panel of 8192-wide rows is 256 KB instead of 512, which leaves L2 room for
+ * the token tile's activations and the next panel's prefetch. The F16
+ * conversion runs beside the FMAs (4 per 24) on this CPU. */
+#define PANEL_ES(HALF) ((HALF) ? 2 : 4) /* bytes per panel element */
+
+ALWAYS_INLINE __m512 panel_load(const int HALF, const uint8_t *p) {
+    return HALF ? _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)p)) : _mm512_load_ps((const float *)p);
+}
+
+/* Micro-panel m of the packed panel: chunk slot j, row r at ((m * nch + j) * FR + r) * 16 elements.
  * Chunk by chunk over all 16 rows: 16 streams in flight, each prefetched a
  * few lines ahead, instead of one row at a time at one stream's pace. */
-ALWAYS_INLINE void pack_float_t(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, float *pk) {
+ALWAYS_INLINE void pack_float_t(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, uint8_t *pk) {
+    const int HALF = type == DT_F16, PS = PANEL_ES(HALF);
     const int64_t nfull = n_in / 16, ne = (nfull + 1) / 2, nch = float_chunks(n_in);
     const int es = type == DT_F32 ? 4 : 2, ahead = 8 * 64;
     for (int64_t k = 0; k < nfull; k++) {
@@ -353,19 +366,21 @@ ALWAYS_INLINE void pack_float_t(ember_dtype type, const uint8_t *w, size_t wrb, 
         for (int row = 0; row < PANEL; row++) {
             const uint8_t *src = w + (size_t)row * wrb;
             if (((16 * k * es) & 63) == 0) _mm_prefetch((const char *)src + 16 * k * es + ahead, _MM_HINT_T0);
-            float *mp = pk + (size_t)(row / FR) * nch * FR * 16 + (size_t)(row % FR) * 16;
-            _mm512_store_ps(mp + slot * FR * 16, float_load(type, src, 16 * k, 0xffff));
+            uint8_t *mp = pk + ((size_t)(row / FR) * nch * FR + (size_t)slot * FR + (size_t)(row % FR)) * 16 * PS;
+            if (HALF) _mm256_store_si256((__m256i *)mp, _mm256_loadu_si256((const __m256i *)(src + 32 * k)));
+            else _mm512_store_ps((float *)mp, float_load(type, src, 16 * k, 0xffff));
         }
     }
     if (nfull < nch)
         for (int row = 0; row < PANEL; row++) {
-            float *mp = pk + (size_t)(row / FR) * nch * FR * 16 + (size_t)(row % FR) * 16;
-            _mm512_store_ps(mp + nfull * FR * 16, float_load(type, w + (size_t)row * wrb, 16 * nfull,
-                                                             (__mmask16)((1u << (n_in - 16 * nfull)) - 1)));
+            uint8_t *mp = pk + ((size_t)(row / FR) * nch * FR + (size_t)nfull * FR + (size_t)(row % FR)) * 16 * PS;
+            __mmask16 m = (__mmask16)((1u << (n_in - 16 * nfull)) - 1);
+            if (HALF) _mm256_store_si256((__m256i *)mp, _mm256_maskz_loadu_epi16(m, w + (size_t)row * wrb + 32 * nfull));
+            else _mm512_store_ps((float *)mp, float_load(type, w + (size_t)row * wrb, 16 * nfull, m));
         }
 }
 
-static void pack_float(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, float *pk) {
+static void pack_float(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, uint8_t *pk) {
     if (type == DT_F16) pack_float_t(DT_F16, w, wrb, n_in, pk);
     else if (type == DT_BF16) pack_float_t(DT_BF16, w, wrb, n_in, pk);
     else pack_float_t(DT_F32, w, wrb, n_in, pk);
@@ -373,12 +388,12 @@ static void pack_float(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n
 
 /* count chunks of one chain for FR x C pairs: weights from mp (FR vectors
  * per chunk), activation chunks 32 floats apart from ap. */
-ALWAYS_INLINE void float_chain(const int C, int64_t count, const float *mp, const float *ap, size_t as,
-                               __m512 acc[FR][FC]) {
-    for (int64_t j = 0; j < count; j++, mp += FR * 16, ap += 32) {
+ALWAYS_INLINE void float_chain(const int C, const int HALF, int64_t count, const uint8_t *mp, const float *ap,
+                               size_t as, __m512 acc[FR][FC]) {
+    for (int64_t j = 0; j < count; j++, mp += FR * 16 * PANEL_ES(HALF), ap += 32) {
         __m512 w[FR];
         UNROLL
-        for (int r = 0; r < FR; r++) w[r] = _mm512_load_ps(mp + 16 * r);
+        for (int r = 0; r < FR; r++) w[r] = panel_load(HALF, mp + 16 * PANEL_ES(HALF) * r);
         UNROLL
         for (int c = 0; c < C; c++) {
             __m512 av = _mm512_loadu_ps(ap + c * as);
@@ -390,14 +405,14 @@ ALWAYS_INLINE void float_chain(const int C, int64_t count, const float *mp, cons
 
 /* One K block of one chain for one micro-tile: the FR x C accumulators come
  * from (or, first, start at zero in) st and go back there. */
-ALWAYS_INLINE void float_segment(const int C, int64_t count, const float *mp, const float *ap, size_t as,
-                                 __m512 *st, int first) {
+ALWAYS_INLINE void float_segment(const int C, const int HALF, int64_t count, const uint8_t *mp, const float *ap,
+                                 size_t as, __m512 *st, int first) {
     __m512 acc[FR][FC];
     UNROLL
     for (int r = 0; r < FR; r++)
         UNROLL
         for (int c = 0; c < C; c++) acc[r][c] = first ? _mm512_setzero_ps() : _mm512_load_ps((float *)&st[r * FC + c]);
-    float_chain(C, count, mp, ap, as, acc);
+    float_chain(C, HALF, count, mp, ap, as, acc);
     UNROLL
     for (int r = 0; r < FR; r++)
         UNROLL
@@ -406,8 +421,8 @@ ALWAYS_INLINE void float_segment(const int C, int64_t count, const float *mp, co
 
 /* The masked tail into the odd chain (tp: the tail's weights, or NULL), then
  * the dot's final sum. */
-ALWAYS_INLINE void float_finish(const int C, int64_t n_in, const float *tp, const float *a, size_t as,
-                                const __m512 *even, const __m512 *odd, float *y, size_t ys) {
+ALWAYS_INLINE void float_finish(const int C, const int HALF, int64_t n_in, const uint8_t *tp, const float *a,
+                                size_t as, const __m512 *even, const __m512 *odd, float *y, size_t ys) {
     const int64_t done = n_in / 16 * 16;
     __m512 acc[FR][FC];
     UNROLL
@@ -420,7 +435,8 @@ ALWAYS_INLINE void float_finish(const int C, int64_t n_in, const float *tp, cons
         for (int c = 0; c < C; c++) {
             __m512 av = _mm512_maskz_loadu_ps(m, a + c * as + done);
             UNROLL
-            for (int r = 0; r < FR; r++) acc[r][c] = _mm512_fmadd_ps(_mm512_load_ps(tp + 16 * r), av, acc[r][c]);
+            for (int r = 0; r < FR; r++)
+                acc[r][c] = _mm512_fmadd_ps(panel_load(HALF, tp + 16 * PANEL_ES(HALF) * r), av, acc[r][c]);
         }
     }
     UNROLL
@@ -430,24 +446,31 @@ ALWAYS_INLINE void float_finish(const int C, int64_t n_in, const float *tp, cons
     store_tile_sums_4xC(C, acc, y, ys);
 }
 
-#define FLOAT_TILE_T(N)                                                                              \
-    static void float_segment_##N(int64_t count, const float *mp, const float *ap, size_t as, __m512 *st, \
-                                  int first) {                                                      \
-        float_segment(N, count, mp, ap, as, st, first);                                             \
+#define FLOAT_TILE_T(N, HALF, SUFFIX)                                                               \
+    static void float_segment_##SUFFIX##N(int64_t count, const uint8_t *mp, const float *ap, size_t as, \
+                                          __m512 *st, int first) {                                  \
+        float_segment(N, HALF, count, mp, ap, as, st, first);                                       \
     }                                                                                               \
-    static void float_finish_##N(int64_t n_in, const float *tp, const float *a, size_t as, const __m512 *even, \
-                                 const __m512 *odd, float *y, size_t ys) {                          \
-        float_finish(N, n_in, tp, a, as, even, odd, y, ys);                                         \
+    static void float_finish_##SUFFIX##N(int64_t n_in, const uint8_t *tp, const float *a, size_t as, \
+                                         const __m512 *even, const __m512 *odd, float *y, size_t ys) { \
+        float_finish(N, HALF, n_in, tp, a, as, even, odd, y, ys);                                   \
     }
-FLOAT_TILE_T(1) FLOAT_TILE_T(2) FLOAT_TILE_T(3) FLOAT_TILE_T(4) FLOAT_TILE_T(5) FLOAT_TILE_T(6)
+#define FLOAT_TILES(HALF, SUFFIX)                                                                   \
+    FLOAT_TILE_T(1, HALF, SUFFIX) FLOAT_TILE_T(2, HALF, SUFFIX) FLOAT_TILE_T(3, HALF, SUFFIX)       \
+    FLOAT_TILE_T(4, HALF, SUFFIX) FLOAT_TILE_T(5, HALF, SUFFIX) FLOAT_TILE_T(6, HALF, SUFFIX)
+FLOAT_TILES(0, f)
+FLOAT_TILES(1, h)
 
-typedef void (*float_segment_fn)(int64_t, const float *, const float *, size_t, __m512 *, int);
-typedef void (*float_finish_fn)(int64_t, const float *, const float *, size_t, const __m512 *, const __m512 *,
+typedef void (*float_segment_fn)(int64_t, const uint8_t *, const float *, size_t, __m512 *, int);
+typedef void (*float_finish_fn)(int64_t, const uint8_t *, const float *, size_t, const __m512 *, const __m512 *,
                                 float *, size_t);
-static const float_segment_fn float_segments[FC + 1] = {NULL, float_segment_1, float_segment_2, float_segment_3,
-                                                        float_segment_4, float_segment_5, float_segment_6};
-static const float_finish_fn float_finishes[FC + 1] = {NULL, float_finish_1, float_finish_2, float_finish_3,
-                                                       float_finish_4, float_finish_5, float_finish_6};
+/* [HALF][C] */
+static const float_segment_fn float_segments[2][FC + 1] = {
+    {NULL, float_segment_f1, float_segment_f2, float_segment_f3, float_segment_f4, float_segment_f5, float_segment_f6},
+    {NULL, float_segment_h1, float_segment_h2, float_segment_h3, float_segment_h4, float_segment_h5, float_segment_h6}};
+static const float_finish_fn float_finishes[2][FC + 1] = {
+    {NULL, float_finish_f1, float_finish_f2, float_finish_f3, float_finish_f4, float_finish_f5, float_finish_f6},
+    {NULL, float_finish_h1, float_finish_h2, float_finish_h3, float_finish_h4, float_finish_h5, float_finish_h6}};
 
 /* Chunk pairs per K block: a token tile's activations for one block (FC x
  * 2 * FLOAT_KPAIRS x 16 floats, 12 KB) stay in L1 while the four
@@ -471,9 +494,12 @@ static int64_t float_token_block(int64_t n_tokens, int64_t max_block, int tile) 
 }
 
 static void float_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0, int64_t o1,
-                         const float *x, size_t xs, int64_t n_tokens, float *y, int64_t n_out, float *pk) {
+                         const float *x, size_t xs, int64_t n_tokens, float *y, int64_t n_out, uint8_t *pk) {
+    const int HALF = type == DT_F16;
+    const float_segment_fn *segments = float_segments[HALF];
+    const float_finish_fn *finishes = float_finishes[HALF];
     const int64_t nfull = n_in / 16, ne = (nfull + 1) / 2, no = nfull / 2;
-    const size_t micro = (size_t)float_chunks(n_in) * FR * 16, chunk = FR * 16;
+    const size_t micro = (size_t)float_chunks(n_in) * FR * 16 * PANEL_ES(HALF), chunk = FR * 16 * PANEL_ES(HALF);
     int64_t block = float_token_block(n_tokens, FLOAT_X_BYTES / (n_in * (int64_t)sizeof(float)), FC);
     _Alignas(64) __m512 st[FLOAT_MICRO][2][FR * FC];
     for (int64_t t0 = 0; t0 < n_tokens; t0 += block) {
@@ -496,13 +522,13 @@ static void float_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t
                     int64_t ce = ne - k < FLOAT_KPAIRS ? ne - k : FLOAT_KPAIRS;
                     int64_t co = no - k < FLOAT_KPAIRS ? (no > k ? no - k : 0) : FLOAT_KPAIRS;
                     for (int m = 0; m < FLOAT_MICRO; m++) {
-                        const float *mp = pk + m * micro;
-                        float_segments[n](ce, mp + k * chunk, a + 32 * k, xs, st[m][0], k == 0);
-                        float_segments[n](co, mp + (ne + k) * chunk, a + 32 * k + 16, xs, st[m][1], k == 0);
+                        const uint8_t *mp = pk + m * micro;
+                        segments[n](ce, mp + k * chunk, a + 32 * k, xs, st[m][0], k == 0);
+                        segments[n](co, mp + (ne + k) * chunk, a + 32 * k + 16, xs, st[m][1], k == 0);
                     }
                 }
                 for (int m = 0; m < FLOAT_MICRO; m++)
-                    float_finishes[n](n_in, nfull < float_chunks(n_in) ? pk + m * micro + nfull * chunk : NULL, a,
+                    finishes[n](n_in, nfull < float_chunks(n_in) ? pk + m * micro + nfull * chunk : NULL, a,
                                       xs, st[m][0], st[m][1], y + t * n_out + o + m * FR, (size_t)n_out);
             }
         }
@@ -543,7 +569,6 @@ void matmul_avx512_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_
     } else if (type == DT_BF16 && quant_dot_act(DT_BF16) == DT_BF16) {
         matmul_bf16dp_panels(w, wrb, n_in, o0, o1, act, as, n_tokens, y, n_out, pk);
     } else if (type == DT_F32 || type == DT_F16 || type == DT_BF16) {
-        float_panels(type, w, wrb, n_in, o0, o1, (const float *)act, as / sizeof(float), n_tokens, y, n_out,
-                     (float *)pk);
+        float_panels(type, w, wrb, n_in, o0, o1, (const float *)act, as / sizeof(float), n_tokens, y, n_out, pk);
     }
 }
