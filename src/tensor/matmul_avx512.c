@@ -75,7 +75,8 @@ size_t matmul_avx512_panel_bytes(ember_dtype type, int64_t n_in) {
     if (type == DT_Q4_K) return (size_t)(n_in / 256) * Q4K_PANEL_BLOCK;
     if (type == DT_Q6_K) return (size_t)(n_in / 256) * Q6K_PANEL_BLOCK;
     if (type == DT_BF16 && quant_dot_act(DT_BF16) == DT_BF16) return matmul_bf16dp_panel_bytes(n_in);
-    if (type == DT_F32 || type == DT_F16 || type == DT_BF16) return (size_t)float_chunks(n_in) * PANEL * 64;
+    if (type == DT_F16) return 64; /* the tiles read F16 rows in place: no panel to pack */
+    if (type == DT_F32 || type == DT_BF16) return (size_t)float_chunks(n_in) * PANEL * 64;
     return 0;
 }
 
@@ -341,23 +342,30 @@ ALWAYS_INLINE __m512 float_load(ember_dtype type, const uint8_t *row, int64_t i,
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* F16 rows stay F16 in the panel (HALF): the tile converts each weight
- * vector as it loads it (vcvtph2ps, exact, the value LOAD_F16 gives). A
- * panel of halves is a copy, not a conversion, and half the size: a 16-row
- * panel of 8192-wide rows is 256 KB instead of 512, which leaves L2 room for
- * the token tile's activations and the next panel's prefetch. The F16
- * conversion runs beside the FMAs (4 per 24) on this CPU. */
-#define PANEL_ES(HALF) ((HALF) ? 2 : 4) /* bytes per panel element */
+/* F16 rows are not packed (HALF): the tile reads its 4 rows where they
+ * are and converts each weight vector as it loads it (vcvtph2ps, exact, the
+ * value LOAD_F16 gives); the even chain reads the first half of each
+ * 64-byte line, the odd chain the second. No copy, and nothing but the rows
+ * themselves in L2 (a 16 x 8192 F16 panel is 256 KB, an f32 one 512), which
+ * leaves room for the token tile's activations and the next panel's
+ * prefetch; the conversion runs beside the FMAs (4 per 24) on this CPU. A
+ * weight vector (row r, chain step j) is at mp + r * rs + j * cs: packed,
+ * rs = 16 elements and cs = FR * 16; in place, rs = the row stride and
+ * cs = 64 bytes. */
+#define PANEL_ES(HALF) ((HALF) ? 2 : 4) /* bytes per weight element */
 
 ALWAYS_INLINE __m512 panel_load(const int HALF, const uint8_t *p) {
-    return HALF ? _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)p)) : _mm512_load_ps((const float *)p);
+    return HALF ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)) : _mm512_load_ps((const float *)p);
+}
+ALWAYS_INLINE __m512 panel_load_masked(const int HALF, const uint8_t *p, __mmask16 m) {
+    return HALF ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)) : _mm512_maskz_loadu_ps(m, (const float *)p);
 }
 
 /* Micro-panel m of the packed panel: chunk slot j, row r at ((m * nch + j) * FR + r) * 16 elements.
  * Chunk by chunk over all 16 rows: 16 streams in flight, each prefetched a
  * few lines ahead, instead of one row at a time at one stream's pace. */
 ALWAYS_INLINE void pack_float_t(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, uint8_t *pk) {
-    const int HALF = type == DT_F16, PS = PANEL_ES(HALF);
+    const int PS = 4;
     const int64_t nfull = n_in / 16, ne = (nfull + 1) / 2, nch = float_chunks(n_in);
     const int es = type == DT_F32 ? 4 : 2, ahead = 8 * 64;
     for (int64_t k = 0; k < nfull; k++) {
@@ -367,33 +375,30 @@ ALWAYS_INLINE void pack_float_t(ember_dtype type, const uint8_t *w, size_t wrb, 
             const uint8_t *src = w + (size_t)row * wrb;
             if (((16 * k * es) & 63) == 0) _mm_prefetch((const char *)src + 16 * k * es + ahead, _MM_HINT_T0);
             uint8_t *mp = pk + ((size_t)(row / FR) * nch * FR + (size_t)slot * FR + (size_t)(row % FR)) * 16 * PS;
-            if (HALF) _mm256_store_si256((__m256i *)mp, _mm256_loadu_si256((const __m256i *)(src + 32 * k)));
-            else _mm512_store_ps((float *)mp, float_load(type, src, 16 * k, 0xffff));
+            _mm512_store_ps((float *)mp, float_load(type, src, 16 * k, 0xffff));
         }
     }
     if (nfull < nch)
         for (int row = 0; row < PANEL; row++) {
             uint8_t *mp = pk + ((size_t)(row / FR) * nch * FR + (size_t)nfull * FR + (size_t)(row % FR)) * 16 * PS;
             __mmask16 m = (__mmask16)((1u << (n_in - 16 * nfull)) - 1);
-            if (HALF) _mm256_store_si256((__m256i *)mp, _mm256_maskz_loadu_epi16(m, w + (size_t)row * wrb + 32 * nfull));
-            else _mm512_store_ps((float *)mp, float_load(type, w + (size_t)row * wrb, 16 * nfull, m));
+            _mm512_store_ps((float *)mp, float_load(type, w + (size_t)row * wrb, 16 * nfull, m));
         }
 }
 
 static void pack_float(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, uint8_t *pk) {
-    if (type == DT_F16) pack_float_t(DT_F16, w, wrb, n_in, pk);
-    else if (type == DT_BF16) pack_float_t(DT_BF16, w, wrb, n_in, pk);
+    if (type == DT_BF16) pack_float_t(DT_BF16, w, wrb, n_in, pk);
     else pack_float_t(DT_F32, w, wrb, n_in, pk);
 }
 
 /* count chunks of one chain for FR x C pairs: weights from mp (FR vectors
  * per chunk), activation chunks 32 floats apart from ap. */
-ALWAYS_INLINE void float_chain(const int C, const int HALF, int64_t count, const uint8_t *mp, const float *ap,
-                               size_t as, __m512 acc[FR][FC]) {
-    for (int64_t j = 0; j < count; j++, mp += FR * 16 * PANEL_ES(HALF), ap += 32) {
+ALWAYS_INLINE void float_chain(const int C, const int HALF, int64_t count, const uint8_t *mp, size_t rs, size_t cs,
+                               const float *ap, size_t as, __m512 acc[FR][FC]) {
+    for (int64_t j = 0; j < count; j++, mp += cs, ap += 32) {
         __m512 w[FR];
         UNROLL
-        for (int r = 0; r < FR; r++) w[r] = panel_load(HALF, mp + 16 * PANEL_ES(HALF) * r);
+        for (int r = 0; r < FR; r++) w[r] = panel_load(HALF, mp + rs * r);
         UNROLL
         for (int c = 0; c < C; c++) {
             __m512 av = _mm512_loadu_ps(ap + c * as);
@@ -405,14 +410,14 @@ ALWAYS_INLINE void float_chain(const int C, const int HALF, int64_t count, const
 
 /* One K block of one chain for one micro-tile: the FR x C accumulators come
  * from (or, first, start at zero in) st and go back there. */
-ALWAYS_INLINE void float_segment(const int C, const int HALF, int64_t count, const uint8_t *mp, const float *ap,
-                                 size_t as, __m512 *st, int first) {
+ALWAYS_INLINE void float_segment(const int C, const int HALF, int64_t count, const uint8_t *mp, size_t rs,
+                                 size_t cs, const float *ap, size_t as, __m512 *st, int first) {
     __m512 acc[FR][FC];
     UNROLL
     for (int r = 0; r < FR; r++)
         UNROLL
         for (int c = 0; c < C; c++) acc[r][c] = first ? _mm512_setzero_ps() : _mm512_load_ps((float *)&st[r * FC + c]);
-    float_chain(C, HALF, count, mp, ap, as, acc);
+    float_chain(C, HALF, count, mp, rs, cs, ap, as, acc);
     UNROLL
     for (int r = 0; r < FR; r++)
         UNROLL
@@ -421,8 +426,9 @@ ALWAYS_INLINE void float_segment(const int C, const int HALF, int64_t count, con
 
 /* The masked tail into the odd chain (tp: the tail's weights, or NULL), then
  * the dot's final sum. */
-ALWAYS_INLINE void float_finish(const int C, const int HALF, int64_t n_in, const uint8_t *tp, const float *a,
-                                size_t as, const __m512 *even, const __m512 *odd, float *y, size_t ys) {
+ALWAYS_INLINE void float_finish(const int C, const int HALF, int64_t n_in, const uint8_t *tp, size_t rs,
+                                const float *a, size_t as, const __m512 *even, const __m512 *odd, float *y,
+                                size_t ys) {
     const int64_t done = n_in / 16 * 16;
     __m512 acc[FR][FC];
     UNROLL
@@ -436,7 +442,7 @@ ALWAYS_INLINE void float_finish(const int C, const int HALF, int64_t n_in, const
             __m512 av = _mm512_maskz_loadu_ps(m, a + c * as + done);
             UNROLL
             for (int r = 0; r < FR; r++)
-                acc[r][c] = _mm512_fmadd_ps(panel_load(HALF, tp + 16 * PANEL_ES(HALF) * r), av, acc[r][c]);
+                acc[r][c] = _mm512_fmadd_ps(panel_load_masked(HALF, tp + rs * r, m), av, acc[r][c]);
         }
     }
     UNROLL
@@ -447,13 +453,14 @@ ALWAYS_INLINE void float_finish(const int C, const int HALF, int64_t n_in, const
 }
 
 #define FLOAT_TILE_T(N, HALF, SUFFIX)                                                               \
-    static void float_segment_##SUFFIX##N(int64_t count, const uint8_t *mp, const float *ap, size_t as, \
-                                          __m512 *st, int first) {                                  \
-        float_segment(N, HALF, count, mp, ap, as, st, first);                                       \
+    static void float_segment_##SUFFIX##N(int64_t count, const uint8_t *mp, size_t rs, size_t cs,     \
+                                          const float *ap, size_t as, __m512 *st, int first) {      \
+        float_segment(N, HALF, count, mp, rs, cs, ap, as, st, first);                               \
     }                                                                                               \
-    static void float_finish_##SUFFIX##N(int64_t n_in, const uint8_t *tp, const float *a, size_t as, \
-                                         const __m512 *even, const __m512 *odd, float *y, size_t ys) { \
-        float_finish(N, HALF, n_in, tp, a, as, even, odd, y, ys);                                   \
+    static void float_finish_##SUFFIX##N(int64_t n_in, const uint8_t *tp, size_t rs, const float *a, \
+                                         size_t as, const __m512 *even, const __m512 *odd, float *y, \
+                                         size_t ys) {                                               \
+        float_finish(N, HALF, n_in, tp, rs, a, as, even, odd, y, ys);                               \
     }
 #define FLOAT_TILES(HALF, SUFFIX)                                                                   \
     FLOAT_TILE_T(1, HALF, SUFFIX) FLOAT_TILE_T(2, HALF, SUFFIX) FLOAT_TILE_T(3, HALF, SUFFIX)       \
@@ -461,9 +468,9 @@ ALWAYS_INLINE void float_finish(const int C, const int HALF, int64_t n_in, const
 FLOAT_TILES(0, f)
 FLOAT_TILES(1, h)
 
-typedef void (*float_segment_fn)(int64_t, const uint8_t *, const float *, size_t, __m512 *, int);
-typedef void (*float_finish_fn)(int64_t, const uint8_t *, const float *, size_t, const __m512 *, const __m512 *,
-                                float *, size_t);
+typedef void (*float_segment_fn)(int64_t, const uint8_t *, size_t, size_t, const float *, size_t, __m512 *, int);
+typedef void (*float_finish_fn)(int64_t, const uint8_t *, size_t, const float *, size_t, const __m512 *,
+                                const __m512 *, float *, size_t);
 /* [HALF][C] */
 static const float_segment_fn float_segments[2][FC + 1] = {
     {NULL, float_segment_f1, float_segment_f2, float_segment_f3, float_segment_f4, float_segment_f5, float_segment_f6},
@@ -499,14 +506,16 @@ static void float_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t
     const float_segment_fn *segments = float_segments[HALF];
     const float_finish_fn *finishes = float_finishes[HALF];
     const int64_t nfull = n_in / 16, ne = (nfull + 1) / 2, no = nfull / 2;
-    const size_t micro = (size_t)float_chunks(n_in) * FR * 16 * PANEL_ES(HALF), chunk = FR * 16 * PANEL_ES(HALF);
+    /* packed: micro-panel stride, chain step (= the slot of a chunk), row stride */
+    const size_t micro = (size_t)float_chunks(n_in) * FR * 16 * 4, chunk = FR * 16 * 4;
+    const size_t rs = HALF ? wrb : 16 * 4, cs = HALF ? 64 : chunk;
     int64_t block = float_token_block(n_tokens, FLOAT_X_BYTES / (n_in * (int64_t)sizeof(float)), FC);
     _Alignas(64) __m512 st[FLOAT_MICRO][2][FR * FC];
     for (int64_t t0 = 0; t0 < n_tokens; t0 += block) {
         const int64_t t1 = t0 + block < n_tokens ? t0 + block : n_tokens, tiles = (t1 - t0 + FC - 1) / FC;
         const size_t panel_bytes = PANEL * wrb, ahead = (panel_bytes / (size_t)tiles + 63) & ~(size_t)63;
         for (int64_t o = o0; o + PANEL <= o1; o += PANEL) {
-            pack_float(type, w + (size_t)o * wrb, wrb, n_in, pk);
+            if (!HALF) pack_float(type, w + (size_t)o * wrb, wrb, n_in, pk);
             /* The next panel's rows (contiguous, in memory) come into L2 a
              * slice per token tile while this one computes: the pack then
              * reads cache, not DRAM at one row's pace. */
@@ -522,14 +531,17 @@ static void float_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t
                     int64_t ce = ne - k < FLOAT_KPAIRS ? ne - k : FLOAT_KPAIRS;
                     int64_t co = no - k < FLOAT_KPAIRS ? (no > k ? no - k : 0) : FLOAT_KPAIRS;
                     for (int m = 0; m < FLOAT_MICRO; m++) {
-                        const uint8_t *mp = pk + m * micro;
-                        segments[n](ce, mp + k * chunk, a + 32 * k, xs, st[m][0], k == 0);
-                        segments[n](co, mp + (ne + k) * chunk, a + 32 * k + 16, xs, st[m][1], k == 0);
+                        const uint8_t *even = HALF ? w + (size_t)(o + m * FR) * wrb + 64 * k : pk + m * micro + k * chunk;
+                        const uint8_t *odd = HALF ? even + 32 : pk + m * micro + (ne + k) * chunk;
+                        segments[n](ce, even, rs, cs, a + 32 * k, xs, st[m][0], k == 0);
+                        segments[n](co, odd, rs, cs, a + 32 * k + 16, xs, st[m][1], k == 0);
                     }
                 }
-                for (int m = 0; m < FLOAT_MICRO; m++)
-                    finishes[n](n_in, nfull < float_chunks(n_in) ? pk + m * micro + nfull * chunk : NULL, a,
-                                      xs, st[m][0], st[m][1], y + t * n_out + o + m * FR, (size_t)n_out);
+                for (int m = 0; m < FLOAT_MICRO; m++) {
+                    const uint8_t *tail = HALF ? w + (size_t)(o + m * FR) * wrb + 32 * nfull : pk + m * micro + nfull * chunk;
+                    finishes[n](n_in, nfull < float_chunks(n_in) ? tail : NULL, rs, a, xs, st[m][0], st[m][1],
+                                y + t * n_out + o + m * FR, (size_t)n_out);
+                }
             }
         }
     }
