@@ -328,14 +328,19 @@ int tensor_matmul_group(ember_pool *pool, matmul_scratch *scratch, const tensor_
     bool fuse = n_w <= TENSOR_MATMUL_GROUP_MAX;
     for (int k = 1; k < n_w && fuse; k++) fuse = ws[k]->type == ws[0]->type && ws[k]->n_in == ws[0]->n_in;
     matmul_group_task g;
-    _Atomic unsigned pack_busy = 0; /* unused: fused weights have no panels */
+    _Atomic unsigned pack_busy = 0; /* the panel slots, shared by all the weights' parts */
     /* the activations are converted once, for the first weight; the others
      * share its buffers (same type and width: the same conversion) */
     for (int k = 0; k < n_w && fuse; k++) {
         int rc = matmul_prepare(pool, scratch, ws[k], x, n_tokens, ys[k], k == 0, &pack_busy, &g.t[k]);
         if (rc < 0) return -1;
-        fuse = rc > 0 && g.t[k].pack == NULL; /* packed panels share the slots: one weight at a time */
+        fuse = rc > 0;
     }
+    /* A later weight may have grown the panel scratch: every weight packs
+     * into the final buffer (same type and width: the same slot size), and
+     * a running part takes any free slot whichever weight it belongs to. */
+    for (int k = 0; k < n_w && fuse; k++)
+        if (g.t[k].pack) g.t[k].pack = scratch->pack.p;
     if (!fuse) {
         for (int k = 0; k < n_w; k++)
             if (tensor_matmul(pool, scratch, ws[k], x, n_tokens, ys[k]) < 0) return -1;
