@@ -2,7 +2,8 @@
  *
  * Design:
  *  1. Activations are converted once per call to the weight's dot format
- *    (Q8_0 / Q8_1 / Q8_K; float weights use x as is). The conversion is split
+ *    (Q8_0 / Q8_1 / Q8_K, or BF16 for BF16 weights on vdpbf16ps:
+ *    quant_dot_act; other float weights use x as is). The conversion is split
  *    over threads by activation block: blocks are independent, so the result
  *    does not depend on the split.
  *  2. Output features are split in multiples of the kernel's row height,

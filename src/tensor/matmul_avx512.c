@@ -22,14 +22,12 @@
  * Q6_K: u = q + 32 per 16-element sub-block, scaled with vpmulld; the
  * -32 offset through the bsums (vpdpwssd with scale pairs).
  * F32 / F16 / BF16: no integer dot; the panel holds the rows converted to
- * f32 once per call (per token block), and 4 x 6 register tiles redo the
- * float dot's own two accumulator chains (see "F32, F16, BF16" below). The
- * activations stay f32: llama.cpp instead rounds them to BF16 and uses
- * vdpbf16ps (twice the products per instruction), which would change every
- * BF16 result and make decode round the same way; on this repository's
- * llama256-bf16 fixture that rounding moved ember no closer to llama.cpp's
- * logits. The exact form stays, and leaves llama.cpp ahead on BF16 prefill
- * at 512 tokens (docs/engine-bench.md, "F16 and BF16 weights in batches"). */
+ * f32 once per call (per token block; F16 rows are read in place and
+ * converted as loaded), and 4 x 6 register tiles redo the float dot's own
+ * two accumulator chains (see "F32, F16, BF16" below) on f32 activations.
+ * Where the CPU has AVX512_BF16, BF16 weights go to bf16_avx512bf16.c
+ * instead (activations rounded to BF16, vdpbf16ps: docs/engine-bench.md,
+ * "F16 and BF16 weights in batches"). */
 #include <immintrin.h>
 #include <string.h>
 

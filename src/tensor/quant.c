@@ -13,7 +13,9 @@
  *    dot of a block, folded into the f32 sum with quant_fold*. The SIMD files
  *    only compute those integers faster, so all ISAs agree bit for bit on
  *    quantized types. Plain float types (f32/f16/bf16) are summed in SIMD
- *    lanes and are deterministic per ISA only.
+ *    lanes and are deterministic per ISA only; BF16 weights on AVX-512 CPUs
+ *    with AVX512_BF16 take activations rounded to BF16 (quant_dot_act), the
+ *    one activation format that depends on the CPU.
  *  - Kernel tables are filled once (first use or quant_set_isa); entries an
  *    ISA does not provide fall back to the scalar kernels here. */
 #include "tensor/quant.h"
