@@ -1,7 +1,8 @@
 /* test_threadpool.c - the pool's contract (threadpool.h): every part of a
  * task runs exactly once with the task's nth, parts are claimed by whichever
  * thread runs (a stalled worker's share is taken by the others instead of
- * being waited for), late workers never run a finished task's parts, and a
+ * being waited for), each thread runs its own contiguous range of parts in
+ * order before it takes the others' from their back, late workers never run a finished task's parts, and a
  * model forward gives the same bits with 1, 2 and 3 threads. Also the
  * pool's counters, and what a decode step asks of the pool: one task per
  * group of matmuls over one input (q/k/v, gate/up), attention, wo, down,
@@ -174,6 +175,69 @@ static void test_back_to_back_tasks(void **state) {
     ember_pool_free(pool);
 }
 
+/* Each thread streams one contiguous run of parts: with 2 threads the
+ * caller owns parts [0, n/2) and the worker [n/2, n); a thread claims its
+ * own parts front to back, then takes what is left of the other's from the
+ * back. So the parts a thread ran from its own range are home, home + 1,
+ * ... in that order, and those it took from the other's range go down one
+ * by one; a decode matmul's parts are consecutive row ranges, and this is
+ * what keeps each thread's reads one stream (threadpool.c). */
+enum { ORDER_PARTS = 32 };
+typedef struct order_task {
+    pthread_t caller;
+    atomic_int next_slot;
+    int thread_of[ORDER_PARTS]; /* 0 caller, 1 worker */
+    int slot_of[ORDER_PARTS];   /* global run order */
+} order_task;
+
+static void order_part(void *arg, int ith, int nth) {
+    (void)nth;
+    order_task *t = arg;
+    t->thread_of[ith] = pthread_equal(pthread_self(), t->caller) ? 0 : 1;
+    t->slot_of[ith] = atomic_fetch_add(&t->next_slot, 1);
+    struct timespec ts = {0, 50000}; /* long enough that the worker joins in */
+    nanosleep(&ts, NULL);
+}
+
+static void test_parts_in_thread_ranges(void **state) {
+    (void)state;
+    ember_pool *pool = ember_pool_create(2);
+    assert_non_null(pool);
+    int rounds_shared = 0;
+    for (int round = 0; round < 50 && rounds_shared < 5; round++) {
+        order_task t = {.caller = pthread_self()};
+        ember_pool_run_parts(pool, order_part, &t, ORDER_PARTS);
+        int ran[2] = {0, 0};
+        for (int th = 0; th < 2; th++) {
+            int home0 = th * ORDER_PARTS / 2, home1 = (th + 1) * ORDER_PARTS / 2;
+            int last_own = -1, last_taken = ORDER_PARTS; /* by run order */
+            for (int slot = 0; slot < ORDER_PARTS; slot++) {
+                int part = -1;
+                for (int i = 0; i < ORDER_PARTS; i++)
+                    if (t.slot_of[i] == slot && t.thread_of[i] == th) part = i;
+                if (part < 0) continue;
+                ran[th]++;
+                if (part >= home0 && part < home1) {
+                    assert_int_equal(part, last_own < 0 ? home0 : last_own + 1); /* own range: in order from its front */
+                    last_own = part;
+                } else {
+                    assert_true(part < last_taken); /* the other's range: from its back, downwards */
+                    if (last_taken < ORDER_PARTS) assert_int_equal(part, last_taken - 1);
+                    last_taken = part;
+                }
+            }
+        }
+        assert_int_equal(ran[0] + ran[1], ORDER_PARTS);
+        if (ran[0] > 0 && ran[1] > 0) rounds_shared++;
+        if (round % 2) { /* let the worker fall asleep sometimes, so it starts late and finds its range taken */
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    assert_true(rounds_shared > 0);
+    ember_pool_free(pool);
+}
+
 /* The thread count changes who computes a row, never the row: the logits of
  * a prompt agree bit for bit with 1, 2 and 3 threads. */
 static void test_forward_same_bits_any_thread_count(void **state) {
@@ -339,6 +403,7 @@ int main(void) {
         cmocka_unit_test(test_every_part_once),
         cmocka_unit_test(test_stalled_worker_share_is_taken),
         cmocka_unit_test(test_back_to_back_tasks),
+        cmocka_unit_test(test_parts_in_thread_ranges),
         cmocka_unit_test(test_forward_same_bits_any_thread_count),
         cmocka_unit_test(test_stats_count_tasks),
         cmocka_unit_test(test_decode_step_tasks),

@@ -6,12 +6,24 @@
  * descheduled: 16-stream serving fell from 8,198 to 1,205 tokens/s on a loaded
  * machine. So:
  *
- *  - Parts are claimed, not assigned. A task is nth parts; the caller and the
- *    workers take the next unclaimed part from one atomic word until none is
- *    left. A worker that is not running when the task is published simply
- *    claims nothing, and the threads that do run take its share. Which thread
- *    computes a part never changes how the part is computed, so results stay
- *    bit-identical (kernels split over output features, never a reduction).
+ *  - Parts are claimed, not assigned. A task is nth parts, dealt out as
+ *    contiguous ranges, one per thread (parts [t*nth/n, (t+1)*nth/n) to
+ *    thread t, the caller being thread 0); a thread claims the parts of its
+ *    own range from the front, in order, and when it has none left takes
+ *    parts from the back of the others' ranges. A worker that is not
+ *    running when the task is published simply claims nothing, and the
+ *    threads that do run take its share. Which thread computes a part never
+ *    changes how the part is computed, so results stay bit-identical
+ *    (kernels split over output features, never a reduction).
+ *  - Why ranges and not one shared counter: a decode matmul is a stream of
+ *    weight rows from memory, and its parts are consecutive row ranges. With
+ *    one counter the threads took parts 0, 1, 2, ... in turn, so each
+ *    thread's next part began where the other's had ended: every part
+ *    started cold (the strip kernels prefetch the next rows of their own
+ *    stream, which then belonged to the other thread), and a matrix
+ *    could not be cut into many parts without many cold starts. With
+ *    ranges each thread streams one contiguous run of rows, and parts can
+ *    be small enough to balance the end of a task finely.
  *  - The task is complete when all parts are done, not when every worker has
  *    checked in: a late worker finds the word at a newer generation and goes
  *    back to waiting.
@@ -37,11 +49,15 @@
  *    Parts run alone are the same parts (same nth), so results are
  *    unchanged.
  *
- * The claim word packs (generation:32 | next part:16 | parts:16). The task's
- * fn/ctx are written before the word is published (release) and read only by
- * a thread whose compare-and-swap claimed a part of that generation
- * (acquire); the caller rewrites them only after every part of the previous
- * task is done, so a claimed part always sees its own task. */
+ * Each thread's range word packs (generation:32 | front:16 | back:16),
+ * parts [front, back) unclaimed: the owner claims front (front + 1), a
+ * thief back - 1 (back - 1), each by compare-and-swap of the whole word,
+ * so a part is claimed once and a thread still holding a word of an older
+ * generation claims nothing. The task's fn/ctx/parts are written before
+ * the words are published (release) and read only by a thread whose
+ * compare-and-swap claimed a part of that generation (acquire); the caller
+ * rewrites them only after every part of the previous task is done, so a
+ * claimed part always sees its own task. */
 #include "core/threadpool.h"
 
 #include <limits.h>
@@ -86,7 +102,7 @@ enum { MAX_PARTS = 0xffff };
 struct ember_pool {
     int n_threads;              /* including the caller */
     pthread_t *workers;         /* (n_threads - 1) */
-    _Atomic uint64_t claim;     /* generation:32 | next part:16 | parts:16 */
+    _Atomic uint64_t *ranges;   /* per thread, RANGE_STRIDE words apart: generation:32 | front:16 | back:16 */
     atomic_uint generation;     /* futex word the idle workers sleep on */
     atomic_uint done;           /* parts of the current task finished; futex word of the caller */
     atomic_int sleepers;        /* workers asleep (or about to be) on `generation` */
@@ -94,6 +110,7 @@ struct ember_pool {
     atomic_bool stop;
     ember_task_fn fn;
     void *ctx;
+    unsigned parts;             /* of the current task */
     /* counters for ember_pool_get_stats, written by the caller only, a
      * cache line away from the words the workers spin on */
     char pad[64];
@@ -105,7 +122,10 @@ struct ember_pool {
 
 typedef struct worker_arg {
     ember_pool *pool;
+    int index; /* 1.. (the caller is 0) */
 } worker_arg;
+
+enum { RANGE_STRIDE = 8 }; /* words between two threads' ranges: a cache line each */
 
 static void futex_wait(atomic_uint *word, unsigned expected) {
     syscall(SYS_futex, (unsigned *)word, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
@@ -121,31 +141,46 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static inline unsigned claim_gen(uint64_t w) { return (unsigned)(w >> 32); }
-static inline unsigned claim_next(uint64_t w) { return (unsigned)(w >> 16) & 0xffffu; }
-static inline unsigned claim_parts(uint64_t w) { return (unsigned)w & 0xffffu; }
+static inline unsigned range_gen(uint64_t w) { return (unsigned)(w >> 32); }
+static inline unsigned range_front(uint64_t w) { return (unsigned)(w >> 16) & 0xffffu; }
+static inline unsigned range_back(uint64_t w) { return (unsigned)w & 0xffffu; }
 
-/* Claims and runs parts of generation `gen` until none is left; returns
- * how many this thread ran. */
-static unsigned run_parts(ember_pool *pool, unsigned gen) {
-    uint64_t w = atomic_load_explicit(&pool->claim, memory_order_acquire);
+static inline _Atomic uint64_t *range_of(ember_pool *pool, int thread) {
+    return &pool->ranges[(size_t)thread * RANGE_STRIDE];
+}
+
+/* Claims parts of range `r` of generation `gen`, from the front (the
+ * owner) or the back (a thief), and runs them until none is left; returns
+ * how many it ran. */
+static unsigned run_range(ember_pool *pool, _Atomic uint64_t *r, unsigned gen, bool from_front) {
+    uint64_t w = atomic_load_explicit(r, memory_order_acquire);
     for (unsigned ran = 0;; ran++) {
-        if (claim_gen(w) != gen || claim_next(w) >= claim_parts(w)) return ran;
-        if (!atomic_compare_exchange_weak_explicit(&pool->claim, &w, w + (1u << 16), memory_order_acq_rel,
-                                                   memory_order_acquire))
+        if (range_gen(w) != gen || range_front(w) >= range_back(w)) return ran;
+        uint64_t next = from_front ? w + (1u << 16) : w - 1;
+        if (!atomic_compare_exchange_weak_explicit(r, &w, next, memory_order_acq_rel, memory_order_acquire))
             continue;
-        unsigned part = claim_next(w), parts = claim_parts(w);
+        unsigned part = from_front ? range_front(w) : range_back(w) - 1, parts = pool->parts;
         pool->fn(pool->ctx, (int)part, (int)parts);
         /* seq_cst pairs with the caller's store of caller_waiting then load of done. */
         unsigned finished = atomic_fetch_add(&pool->done, 1) + 1;
         if (finished == parts && atomic_load(&pool->caller_waiting)) futex_wake_all(&pool->done);
-        w = atomic_load_explicit(&pool->claim, memory_order_acquire);
+        w = atomic_load_explicit(r, memory_order_acquire);
     }
+}
+
+/* Thread `self`'s share of generation `gen`: its own range, then what is
+ * left of the others'; returns how many parts it ran. */
+static unsigned run_parts(ember_pool *pool, unsigned gen, int self) {
+    unsigned ran = run_range(pool, range_of(pool, self), gen, true);
+    for (int k = 1; k < pool->n_threads; k++)
+        ran += run_range(pool, range_of(pool, (self + k) % pool->n_threads), gen, false);
+    return ran;
 }
 
 static void *worker_main(void *arg) {
     worker_arg *wa = arg;
     ember_pool *pool = wa->pool;
+    int self = wa->index;
     free(wa);
     unsigned seen = 0;
     for (;;) {
@@ -169,7 +204,7 @@ static void *worker_main(void *arg) {
         }
         if (atomic_load(&pool->stop)) return NULL;
         seen = gen;
-        run_parts(pool, gen);
+        run_parts(pool, gen, self);
     }
 }
 
@@ -183,10 +218,14 @@ ember_pool *ember_pool_create(int n_threads) {
     if (pool == NULL) return NULL;
     pool->n_threads = n_threads;
     pool->workers = calloc((size_t)n_threads, sizeof(pthread_t));
-    if (pool->workers == NULL) {
+    pool->ranges = aligned_alloc(64, (size_t)n_threads * RANGE_STRIDE * sizeof(uint64_t));
+    if (pool->workers == NULL || pool->ranges == NULL) {
+        free(pool->workers);
+        free((void *)pool->ranges);
         free(pool);
         return NULL;
     }
+    for (int t = 0; t < n_threads; t++) atomic_init(range_of(pool, t), 0);
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
         if (wa == NULL) {
@@ -194,6 +233,7 @@ ember_pool *ember_pool_create(int n_threads) {
             break;
         }
         wa->pool = pool;
+        wa->index = i;
         if (pthread_create(&pool->workers[i - 1], NULL, worker_main, wa) != 0) {
             free(wa);
             pool->n_threads = i;
@@ -210,6 +250,7 @@ void ember_pool_free(ember_pool *pool) {
     futex_wake_all(&pool->generation);
     for (int i = 1; i < pool->n_threads; i++) pthread_join(pool->workers[i - 1], NULL);
     free(pool->workers);
+    free((void *)pool->ranges);
     free(pool);
 }
 
@@ -246,14 +287,19 @@ void ember_pool_run_parts(ember_pool *pool, ember_task_fn fn, void *ctx, int n_p
     }
     pool->fn = fn;
     pool->ctx = ctx;
+    pool->parts = (unsigned)n_parts;
     atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
     unsigned gen = atomic_load_explicit(&pool->generation, memory_order_relaxed) + 1;
-    atomic_store_explicit(&pool->claim, (uint64_t)gen << 32 | (unsigned)n_parts, memory_order_release);
+    for (int t = 0; t < pool->n_threads; t++) {
+        uint64_t front = (uint64_t)n_parts * (uint64_t)t / (uint64_t)pool->n_threads;
+        uint64_t back = (uint64_t)n_parts * (uint64_t)(t + 1) / (uint64_t)pool->n_threads;
+        atomic_store_explicit(range_of(pool, t), (uint64_t)gen << 32 | front << 16 | back, memory_order_release);
+    }
     atomic_store(&pool->generation, gen);
     if (atomic_load(&pool->sleepers) > 0) futex_wake_all(&pool->generation);
     pool->stat_tasks++;
     pool->stat_parts += (unsigned)n_parts;
-    pool->stat_caller_parts += run_parts(pool, gen);
+    pool->stat_caller_parts += run_parts(pool, gen, 0);
 
     unsigned parts = (unsigned)n_parts, done = atomic_load_explicit(&pool->done, memory_order_acquire);
     if (done == parts) return;

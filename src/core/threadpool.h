@@ -5,7 +5,10 @@
  * when all calls have returned. Any thread, the caller included, may run any
  * ith, and one thread may run several (one after the other): parts are
  * claimed by whoever is running, so a descheduled worker's share is taken by
- * the others. Two calls with the same ith never overlap, so per-ith scratch
+ * the others. Each thread is dealt a contiguous range of parts (the caller
+ * the first) and claims it in order before it takes the rest of the
+ * others' ranges from their end, so consecutive parts mostly run on one
+ * thread one after the other. Two calls with the same ith never overlap, so per-ith scratch
  * (sized by ember_pool_size) stays private. Work is split by the task
  * (kernels split over output features, never over a reduction, so results do
  * not depend on nth or on which thread ran a part).
