@@ -882,6 +882,13 @@ FLOAT_STRIP(bf16, LOAD_BF16, 2)
 
 
 #define LANE_AHEAD 1
+/* The 32-element strips prefetch the next strip (16 rows: one contiguous
+ * span of 16 * ws bytes) in address order, the 16 * WB bytes of it that
+ * one block step consumes of this strip (+ 1 line, as the span is not
+ * line-aligned). Prefetching row r of the next strip at block i instead,
+ * 16 addresses a row apart per step, touched the same lines but as 16
+ * short streams (decode at 2 threads: docs/engine-bench.md). */
+#define LANE_PREFETCH_LINES(WB) ((16 * (WB) + 63) / 64 + 1)
 #define LANE_ROW(l) ((l) < 4 || (l) >= 12 ? (l) : (l) < 8 ? (l) + 4 : (l) - 4)
 
 /* z[k] = [row k | row k + 8] (8 dwords each) -> out[j] = dword j of every row. */
@@ -925,7 +932,8 @@ ALWAYS_INLINE void transpose_rows16(const __m512i z[8], __m512i out[8]) {
         UNROLL                                                                                     \
         for (int l = 0; l < 16; l++) off[l] = (int32_t)(wr[LANE_ROW(l)] - wr[0]);                  \
         const __m512i d_idx = _mm512_loadu_si512(off);                                             \
-        const size_t ahead = LANE_AHEAD * 16 * ws, o4 = 4 * ws, o8 = 8 * ws, o12 = 12 * ws;        \
+        const size_t o4 = 4 * ws, o8 = 8 * ws, o12 = 12 * ws;                                      \
+        const char *next = (const char *)w + 16 * ws; /* the next strip: 16 rows, one span */      \
         const uint8_t *p0 = w, *p1 = p0 + ws, *p2 = p1 + ws, *p3 = p2 + ws;                        \
         const int64_t nb = n / 32;                                                                 \
         const size_t ms = 2 * (size_t)nb;                                                          \
@@ -937,10 +945,12 @@ ALWAYS_INLINE void transpose_rows16(const __m512i z[8], __m512i out[8]) {
             UNROLL                                                                                 \
             for (int k = 0; k < 8; k++) {                                                          \
                 const uint8_t *b0 = LANE_ROW_PTR(k, WB), *b1 = LANE_ROW_PTR(k + 8, WB);                    \
-                _mm_prefetch((const char *)b0 + ahead, _MM_HINT_T0);                               \
-                _mm_prefetch((const char *)b1 + ahead, _MM_HINT_T0);                               \
                 z[k] = join256(unpack_##NAME(b0), unpack_##NAME(b1));                              \
             }                                                                                      \
+            /* the next strip's bytes, 16 blocks' worth per block step, in address order */        \
+            UNROLL                                                                                 \
+            for (int k = 0; k < LANE_PREFETCH_LINES(WB); k++)                                      \
+                _mm_prefetch(next + (size_t)i * 16 * (WB) + 64 * k, _MM_HINT_T0);                  \
             transpose_rows16(z, wt);                                                               \
             __m512i dbits = _mm512_i32gather_epi32(d_idx, (const void *)(FULL ? p0 : wr[0] + i * (WB)), 1); \
             __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dbits));                             \
