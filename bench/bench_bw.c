@@ -1,6 +1,6 @@
 /* bench_bw.c - how close decode comes to this machine's memory bandwidth.
  *
- * Usage: bench_bw [--threads N[,N...]] [--ctx C] [--reps R] [--mb M] [--profile] [MODEL.gguf]...
+ * Usage: bench_bw [--threads N[,N...]] [--ctx C] [--reps R] [--mb M] [--kv FORMAT] [--profile] [MODEL.gguf]...
  *        bench_bw --attention KEYS [--reps R]
  *
  * First the machine: a STREAM-like triad (a[i] = b[i] + s * c[i] over three
@@ -16,7 +16,8 @@
  * prefill, best and median of R steps, and the bytes such a step must read
  * from memory: every weight tensor except the token embedding (only its row
  * is read, unless it doubles as the LM head) plus the KV of the C earlier
- * positions in every layer. Effective bandwidth = bytes / step time, printed
+ * positions in every layer, in the KV format of --kv (default f32; the
+ * server's default is f16). Effective bandwidth = bytes / step time, printed
  * against both measured bandwidths. The machine is shared, so the passes
  * take turns: every round times, for each thread count, the triad, the read
  * pass and each model's step once, and each figure keeps its best round.
@@ -191,6 +192,8 @@ static double weight_bytes(const char *path, double *class_bytes) {
     return sum;
 }
 
+static kv_format bench_kv_format = {KV_FORMAT_F32};
+
 static int open_model(model_run *r, int ctx, const int *threads, int n_threads, int reps) {
     ember_error err;
     r->m = model_load(r->path, &err);
@@ -205,6 +208,7 @@ static int open_model(model_run *r, int ctx, const int *threads, int n_threads, 
     }
     kv_pool_config kc;
     model_kv_config(r->m, (ctx + 64) / KV_BLOCK_TOKENS + 2, &kc);
+    kc.format = bench_kv_format;
     r->pool = kv_pool_create(&kc, &err);
     if (r->pool == NULL) {
         fprintf(stderr, "bench_bw: %s\n", err.msg);
@@ -398,10 +402,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--mb") && i + 1 < argc) mb = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--attention") && i + 1 < argc) att_keys = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--kv") && i + 1 < argc) {
+            if (kv_format_parse(argv[++i], &bench_kv_format) < 0) {
+                fprintf(stderr, "bench_bw: unknown KV format '%s'\n", argv[i]);
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--profile")) profile = true;
         else if (argv[i][0] != '-' && n_models < MAX_MODELS) runs[n_models++].path = argv[i];
         else {
-            fprintf(stderr, "usage: bench_bw [--threads N[,N...]] [--ctx C] [--reps R] [--mb M] [--profile] [MODEL.gguf]...\n"
+            fprintf(stderr, "usage: bench_bw [--threads N[,N...]] [--ctx C] [--reps R] [--mb M] [--kv FORMAT] [--profile] "
+                            "[MODEL.gguf]...\n"
                             "       bench_bw --attention KEYS [--reps R]\n");
             return 2;
         }
@@ -477,8 +488,8 @@ int main(int argc, char **argv) {
         model_run *r = &runs[k];
         double bytes = r->weight_bytes + r->kv_bytes;
         const char *base = strrchr(r->path, '/');
-        printf("decode %s at position %d: %.1f MB weights + %.1f MB KV per token\n", base ? base + 1 : r->path, ctx,
-               r->weight_bytes / 1e6, r->kv_bytes / 1e6);
+        printf("decode %s at position %d: %.1f MB weights + %.1f MB %s KV per token\n", base ? base + 1 : r->path, ctx,
+               r->weight_bytes / 1e6, r->kv_bytes / 1e6, kv_format_name(bench_kv_format));
         for (int t = 0; t < n_threads; t++) {
             model_at *at = &r->at[t];
             double *sorted = malloc((size_t)reps * sizeof(double));
