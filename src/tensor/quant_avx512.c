@@ -882,12 +882,15 @@ FLOAT_STRIP(bf16, LOAD_BF16, 2)
 
 
 #define LANE_AHEAD 1
-/* The 32-element strips prefetch the next strip (16 rows: one contiguous
- * span of 16 * ws bytes) in address order, the 16 * WB bytes of it that
- * one block step consumes of this strip (+ 1 line, as the span is not
- * line-aligned). Prefetching row r of the next strip at block i instead,
- * 16 addresses a row apart per step, touched the same lines but as 16
- * short streams (decode at 2 threads: docs/engine-bench.md). */
+/* The 32-element lane strips prefetch the next strip (16 rows: one
+ * contiguous span of 16 * ws bytes) in address order: per block step, the
+ * 16 * WB bytes of it that the step consumes of this strip (+ 1 line, as
+ * the span is not line-aligned). Prefetching row r of the next strip at
+ * block i instead, 16 addresses a row apart per step, touched the same
+ * lines as 16 short streams: Q8_0 decode on the qwen3-0.6b shape ran 12%
+ * slower at one thread (docs/engine-bench.md). The K strips keep their row
+ * by row prefetch: in address order Q4_K read ~20% slower
+ * (bench_matmul --batch), Q6_K no faster. */
 #define LANE_PREFETCH_LINES(WB) ((16 * (WB) + 63) / 64 + 1)
 #define LANE_ROW(l) ((l) < 4 || (l) >= 12 ? (l) : (l) < 8 ? (l) + 4 : (l) - 4)
 
