@@ -1,5 +1,7 @@
 /* test_kv.c - the paged KV pool: refcounts, the LRU free queue with its
- * evict hook, copy-on-write of a shared partial block, truncation. */
+ * evict hook, copy-on-write of a shared partial block, truncation; the
+ * blocks' rows start on cache lines. */
+#include <stdint.h>
 #include <string.h>
 
 #include "kv/kv_pool.h"
@@ -107,12 +109,37 @@ static void test_exhaustion_is_an_error(void **state) {
     kv_pool_free(p);
 }
 
+/* Rows start on cache lines in small (heap) pools as in large (mapped)
+ * ones: a row's kv-head slice then covers only the lines of its bytes
+ * (a 16-byte offset added a line to every slice, unprefetched, and made
+ * f16 decode attention 2.6x slower). f16, f32 and q8_0 layouts of a
+ * qwen3-0.6b-like layer (8 kv heads of 128). */
+static void test_rows_on_cache_lines(void **state) {
+    (void)state;
+    static const int k_width[2] = {1024, 1024}, v_width[2] = {1024, 1024};
+    const char *formats[] = {"f32", "f16", "q8_0"};
+    for (int f = 0; f < 3; f++) {
+        kv_pool_config cfg = {2, k_width, v_width, 4};
+        assert_int_equal(kv_format_parse(formats[f], &cfg.format), 0);
+        ember_error err;
+        kv_pool *p = kv_pool_create(&cfg, &err);
+        assert_non_null(p);
+        for (int32_t b = 0; b < 4; b++)
+            for (int l = 0; l < 2; l++) {
+                assert_int_equal((uintptr_t)kv_block_k(p, b, l) % 64, 0);
+                assert_int_equal((uintptr_t)kv_block_v(p, b, l) % 64, 0);
+            }
+        kv_pool_free(p);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alloc_ref_unref),
         cmocka_unit_test(test_lru_eviction_of_indexed_blocks),
         cmocka_unit_test(test_copy_on_write_of_shared_partial_block),
         cmocka_unit_test(test_exhaustion_is_an_error),
+        cmocka_unit_test(test_rows_on_cache_lines),
     };
     return test_run_group(tests, NULL, NULL);
 }
