@@ -8,10 +8,11 @@
  * the others. Each thread is dealt a contiguous range of parts (the caller
  * the first) and claims it in order before it takes the rest of the
  * others' ranges from their end, so consecutive parts mostly run on one
- * thread one after the other. Two calls with the same ith never overlap, so per-ith scratch
- * (sized by ember_pool_size) stays private. Work is split by the task
- * (kernels split over output features, never over a reduction, so results do
- * not depend on nth or on which thread ran a part).
+ * thread one after the other. Two calls with the same ith never overlap,
+ * so per-ith scratch (sized by ember_pool_size) stays private. Work is
+ * split by the task (kernels split over output features, never over a
+ * reduction, so results do not depend on nth or on which thread ran a
+ * part).
  * ember_pool_run_parts does the same with a chosen nth: more, smaller parts
  * balance better when the cores are shared. Waiting spins briefly, then
  * sleeps; when the caller spends over a third of its time waiting for

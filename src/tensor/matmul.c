@@ -364,6 +364,11 @@ int tensor_matmul_group(ember_pool *pool, matmul_scratch *scratch, const tensor_
     g.first_part[0] = 0;
     for (int k = 0; k < n_w; k++)
         g.first_part[k + 1] = g.first_part[k] + matmul_parts(pool, &g.t[k], compute_granule(&g.t[k]));
+    if (g.first_part[n_w] > 0xffff) { /* more parts than one task holds (weights of many GB): one call each */
+        for (int k = 0; k < n_w; k++)
+            if (tensor_matmul(pool, scratch, ws[k], x, n_tokens, ys[k]) < 0) return -1;
+        return 0;
+    }
     ember_pool_run_parts(pool, group_task, &g, g.first_part[n_w]);
     return 0;
 }
