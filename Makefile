@@ -236,14 +236,16 @@ bench-spec: build
 # shape in Q8_0, Q4_K and F16, as bytes/s and as a fraction of both at the
 # same thread count, with where each step's time goes (bench/bench_bw.c);
 # then attention per token at 4k positions per KV format and ISA.
-# BW_THREADS=2 for one thread count.
+# BW_THREADS=2 for one thread count; BW_KV=f16 for the server's default KV
+# format (default f32).
 BW_THREADS ?= 1,2
+BW_KV ?= f32
 bench-bw: build
 	mkdir -p $(BENCH_MODELS)
 	for t in q8_0 q4_k f16; do \
 	  [ -f $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf ] || ./build/ember mkmodel --arch qwen3 --preset qwen3-0.6b --type $$t \
 	    --seed 1 --out $(BENCH_MODELS)/qwen3-0.6b-$$t.gguf || exit 1; done
-	./build/bench_bw --threads $(BW_THREADS) --reps 20 --profile $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf \
+	./build/bench_bw --threads $(BW_THREADS) --reps 20 --kv $(BW_KV) --profile $(BENCH_MODELS)/qwen3-0.6b-q8_0.gguf \
 	  $(BENCH_MODELS)/qwen3-0.6b-q4_k.gguf $(BENCH_MODELS)/qwen3-0.6b-f16.gguf
 	./build/bench_bw --attention 4096 --reps 5
 
