@@ -54,13 +54,20 @@ static bool load_prompt(const char *name, prompt_ids *p) {
     return p->n > 0;
 }
 
-static void generate(engine *e, const prompt_ids *p, int max_tokens, float temperature, engine_result *r) {
+/* A request for max_tokens tokens of p, past any end of generation, with
+ * every logit reported (what the comparisons with plain read). */
+static engine_request spec_request(const prompt_ids *p, int max_tokens) {
     engine_request req = engine_default_request();
     req.prompt = p->ids;
     req.n_prompt = p->n;
     req.max_tokens = max_tokens;
     req.stop_at_eog = false;
     req.want_logits = true;
+    return req;
+}
+
+static void generate(engine *e, const prompt_ids *p, int max_tokens, float temperature, engine_result *r) {
+    engine_request req = spec_request(p, max_tokens);
     req.sampling.temperature = temperature;
     req.sampling.seed = 1234;
     ember_error err;
@@ -559,12 +566,7 @@ enum { MARKED_GEN = 48 };
 
 static void marked(engine *e, const prompt_ids *p, engine_cache_mode mode, uint8_t *marks, engine_result *r,
                    int64_t *draft_rows) {
-    engine_request req = engine_default_request();
-    req.prompt = p->ids;
-    req.n_prompt = p->n;
-    req.max_tokens = MARKED_GEN;
-    req.stop_at_eog = false;
-    req.want_logits = true;
+    engine_request req = spec_request(p, MARKED_GEN);
     req.cache = mode;
     req.draft_marks = marks;
     int64_t before = spec_sidecar_get_stats(engine_drafter(e)).draft_rows;
@@ -695,12 +697,7 @@ static void test_governor_first_probe_ramp(void **unused) {
     engine *e = open_adaptive_draft(m, m);
     uint8_t marks[TOKENS];
     memset(marks, 0xff, sizeof marks);
-    engine_request req = engine_default_request();
-    req.prompt = p.ids;
-    req.n_prompt = p.n;
-    req.max_tokens = TOKENS;
-    req.stop_at_eog = false;
-    req.want_logits = true;
+    engine_request req = spec_request(&p, TOKENS);
     req.draft_marks = marks;
     engine_result r;
     ember_error err;
