@@ -251,7 +251,7 @@ void matmul_bf16dp_panels(const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0
     _Alignas(64) __m512 st[MICRO][2][BR * BC];
     for (int64_t t0 = 0; t0 < n_tokens; t0 += block) {
         const int64_t t1 = t0 + block < n_tokens ? t0 + block : n_tokens, tiles = (t1 - t0 + BC - 1) / BC;
-        const size_t panel_bytes = PANEL * wrb, ahead = (panel_bytes / (size_t)tiles + 63) & ~(size_t)63;
+        const size_t panel_bytes = PANEL * wrb;
         for (int64_t o = o0; o + PANEL <= o1; o += PANEL) {
             pack_bf16(w + (size_t)o * wrb, wrb, n_in, pk);
             /* the next panel's rows come into L2 a slice per token tile */
@@ -259,10 +259,7 @@ void matmul_bf16dp_panels(const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0
             for (int64_t t = t0; t < t1; t += BC) {
                 const int n = t1 - t < BC ? (int)(t1 - t) : BC;
                 const uint16_t *a = x + t * as;
-                if (next) {
-                    size_t p0 = (size_t)((t - t0) / BC) * ahead, p1 = p0 + ahead < panel_bytes ? p0 + ahead : panel_bytes;
-                    for (size_t p = p0; p < p1; p += 64) _mm_prefetch((const char *)next + p, _MM_HINT_T1);
-                }
+                if (next) prefetch_panel_slice(next, panel_bytes, tiles, (t - t0) / BC);
                 for (int64_t k = 0; k == 0 || k < ne; k += KPAIRS) {
                     int64_t ce = ne - k < KPAIRS ? ne - k : KPAIRS;
                     int64_t co = no - k < KPAIRS ? (no > k ? no - k : 0) : KPAIRS;

@@ -511,7 +511,7 @@ static void float_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t
     _Alignas(64) __m512 st[FLOAT_MICRO][2][FR * FC];
     for (int64_t t0 = 0; t0 < n_tokens; t0 += block) {
         const int64_t t1 = t0 + block < n_tokens ? t0 + block : n_tokens, tiles = (t1 - t0 + FC - 1) / FC;
-        const size_t panel_bytes = PANEL * wrb, ahead = (panel_bytes / (size_t)tiles + 63) & ~(size_t)63;
+        const size_t panel_bytes = PANEL * wrb;
         for (int64_t o = o0; o + PANEL <= o1; o += PANEL) {
             if (!HALF) pack_float(type, w + (size_t)o * wrb, wrb, n_in, pk);
             /* The next panel's rows (contiguous, in memory) come into L2 a
@@ -521,10 +521,7 @@ static void float_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t
             for (int64_t t = t0; t < t1; t += FC) {
                 const int n = t1 - t < FC ? (int)(t1 - t) : FC;
                 const float *a = x + t * xs;
-                if (next) {
-                    size_t p0 = (size_t)((t - t0) / FC) * ahead, p1 = p0 + ahead < panel_bytes ? p0 + ahead : panel_bytes;
-                    for (size_t p = p0; p < p1; p += 64) _mm_prefetch((const char *)next + p, _MM_HINT_T1);
-                }
+                if (next) prefetch_panel_slice(next, panel_bytes, tiles, (t - t0) / FC);
                 for (int64_t k = 0; k == 0 || k < ne; k += FLOAT_KPAIRS) {
                     int64_t ce = ne - k < FLOAT_KPAIRS ? ne - k : FLOAT_KPAIRS;
                     int64_t co = no - k < FLOAT_KPAIRS ? (no > k ? no - k : 0) : FLOAT_KPAIRS;

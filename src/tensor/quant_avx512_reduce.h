@@ -3,6 +3,9 @@
  * bf16_avx512bf16.c; internal to src/tensor, included only by files built
  * with the AVX-512 flags).
  *
+ * (It also holds the panels' next-panel prefetch, prefetch_panel_slice, for
+ * the same files.)
+ *
  * They fold 16 vectors of per-lane partial sums into the 16 totals in a
  * fixed order, so a kernel that uses them adds its lanes the same way in
  * every file: part of the bit-identity between tiles, strips and the
@@ -103,6 +106,16 @@ REDUCE_INLINE void store_tile_sums_4xC(const int C, __m512 t[4][6], float *y, si
             _mm_storeu_ps(y + (size_t)(c0 + j) * ys, q);
         }
     }
+}
+
+/* A panel kernel's prefetch of the next panel (panel_bytes contiguous bytes
+ * at next) into L2, spread over the `tiles` token tiles of the current one:
+ * tile `tile` fetches its own slice, so the next pack reads cache instead
+ * of DRAM at one row's pace. */
+REDUCE_INLINE void prefetch_panel_slice(const uint8_t *next, size_t panel_bytes, int64_t tiles, int64_t tile) {
+    const size_t ahead = (panel_bytes / (size_t)tiles + 63) & ~(size_t)63;
+    size_t p0 = (size_t)tile * ahead, p1 = p0 + ahead < panel_bytes ? p0 + ahead : panel_bytes;
+    for (size_t p = p0; p < p1; p += 64) _mm_prefetch((const char *)next + p, _MM_HINT_T1);
 }
 
 #endif
