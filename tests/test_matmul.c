@@ -110,6 +110,58 @@ static void test_bit_identity(void **state) {
     matmul_scratch_free(scratch);
 }
 
+/* One F16 shape against the single-row dot: n_out rows, the batch sizes in
+ * nts (n_tokens of them at most). */
+static void check_f16_shape(int64_t n_in, int64_t n_out, const int64_t *nts, int count, ember_pool *pool,
+                            matmul_scratch *scratch) {
+    int64_t max_tokens = 0;
+    for (int k = 0; k < count; k++) max_tokens = nts[k] > max_tokens ? nts[k] : max_tokens;
+    size_t rb = dtype_row_bytes(DT_F16, n_in);
+    uint8_t *wd = malloc(rb * n_out);
+    float *row = malloc(n_in * sizeof(float)), *x = malloc(max_tokens * n_in * sizeof(float));
+    for (int64_t o = 0; o < n_out; o++) {
+        for (int64_t i = 0; i < n_in; i++) row[i] = tm_uniform() * 0.05f;
+        quant_quantize_row(DT_F16, row, wd + o * rb, n_in);
+    }
+    for (int64_t i = 0; i < max_tokens * n_in; i++) x[i] = tm_uniform() * 2;
+    tensor_weight w = {.type = DT_F16, .n_in = n_in, .n_out = n_out, .row_bytes = rb, .data = wd};
+    float *y = malloc(max_tokens * n_out * sizeof(float));
+    for (int k = 0; k < count; k++) {
+        memset(y, 0xff, nts[k] * n_out * sizeof(float));
+        assert_int_equal(tensor_matmul(pool, scratch, &w, x, nts[k], y), 0);
+        for (int64_t t = 0; t < nts[k]; t++)
+            for (int64_t o = 0; o < n_out; o++) {
+                float ref = quant_vec_dot(DT_F16, n_in, wd + o * rb, (const uint8_t *)(x + t * n_in));
+                if (memcmp(&y[t * n_out + o], &ref, 4) != 0)
+                    fail_msg("f16 n_in=%lld n_out=%lld threads=%d n_tokens=%lld: y[%lld][%lld] %.9g != dot %.9g",
+                             (long long)n_in, (long long)n_out, ember_pool_size(pool), (long long)nts[k],
+                             (long long)t, (long long)o, y[t * n_out + o], ref);
+            }
+    }
+    free(wd), free(row), free(x), free(y);
+}
+
+/* The AVX-512 F16 panels work on groups of up to 64 rows (matmul_avx512.c):
+ * enough rows for several full groups and a short one per thread's part,
+ * rows where the next group is packed during the current one (537) and
+ * where it is packed before it (2080: two copies do not fit the budget),
+ * and a batch longer than one token block (2048-wide rows: the first group
+ * packed again for the second block). */
+static void test_f16_groups(void **state) {
+    (void)state;
+    if (quant_best_isa() < QUANT_ISA_AVX512) skip();
+    matmul_scratch *scratch = matmul_scratch_create();
+    const int64_t short_batches[] = {9, 100}, long_batch[] = {2100};
+    for (int threads = 1; threads <= 2; threads++) {
+        ember_pool *pool = ember_pool_create(threads);
+        check_f16_shape(537, 16 * 16 * 5 + 7, short_batches, 2, pool, scratch);
+        check_f16_shape(2080, 16 * 16 * 5 + 7, short_batches, 2, pool, scratch);
+        check_f16_shape(2048, 16 * 9, long_batch, 1, pool, scratch);
+        ember_pool_free(pool);
+    }
+    matmul_scratch_free(scratch);
+}
+
 /* Quantized results do not depend on the ISA at all (shared integer fold). */
 static void test_isa_agreement(void **state) {
     (void)state;
@@ -166,6 +218,7 @@ static void test_strips_cover_types(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bit_identity),
+        cmocka_unit_test(test_f16_groups),
         cmocka_unit_test(test_strips_cover_types),
         cmocka_unit_test(test_isa_agreement),
     };

@@ -22,9 +22,10 @@
  * Q6_K: u = q + 32 per 16-element sub-block, scaled with vpmulld; the
  * -32 offset through the bsums (vpdpwssd with scale pairs).
  * F32 / F16 / BF16: no integer dot; the panel holds the rows converted to
- * f32 once per call (per token block; F16 rows are read in place and
- * converted as loaded), and 4 x 6 register tiles redo the float dot's own
- * two accumulator chains (see "F32, F16, BF16" below) on f32 activations.
+ * f32 once per call (per token block; F16 rows are copied as they are, in
+ * groups of up to 64 rows, and converted as loaded), and 4 x 6 register
+ * tiles redo the float dot's own two accumulator chains (see "F32, F16,
+ * BF16" below) on f32 activations.
  * Where the CPU has AVX512_BF16, BF16 weights go to bf16_avx512bf16.c
  * instead (activations rounded to BF16, vdpbf16ps: docs/engine-bench.md,
  * "F16 and BF16 weights in batches"). */
@@ -67,13 +68,28 @@ static int64_t float_chunks(int64_t n_in) { return (n_in + 15) / 16; }
 
 _Static_assert((int)IQ4_NL_PANEL_BLOCK == (int)Q8_PANEL_BLOCK, "IQ4_NL packs into the Q8_0 panel");
 
+/* F16 groups (see "F32, F16, BF16"): as many 16-row panels as keep the
+ * packed copy within F16_GROUP_BYTES (L2 holds it while every token tile
+ * passes over it), at most F16_GROUP_MAX rows (the accumulators parked
+ * between K blocks, 3 KB per 4 rows, stay near L1). Where two copies fit in
+ * F16_PIPE_BYTES the next group is packed while the current one computes
+ * (double buffer); otherwise (8192-wide rows: 32 rows, 512 KB) each group
+ * is packed before its tiles run. */
+enum { F16_GROUP_MAX = 64, F16_GROUP_BYTES = 512 << 10, F16_PIPE_BYTES = 512 << 10 };
+static int64_t f16_group_rows(int64_t n_in) {
+    int64_t g = (int64_t)(F16_GROUP_BYTES / (n_in * 2)) / 16 * 16;
+    return g < 16 ? 16 : g > F16_GROUP_MAX ? F16_GROUP_MAX : g;
+}
+static size_t f16_group_bytes(int64_t n_in) { return (size_t)f16_group_rows(n_in) * (size_t)(n_in / 16) * 32; }
+static int f16_pipelined(int64_t n_in) { return 2 * f16_group_bytes(n_in) <= F16_PIPE_BYTES; }
+
 size_t matmul_avx512_panel_bytes(ember_dtype type, int64_t n_in) {
     if (type == DT_Q8_0 || type == DT_IQ4_NL) return (size_t)(n_in / 32) * Q8_PANEL_BLOCK;
     if (type == DT_IQ4_XS) return quant_iq4_xs_panel_bytes(n_in);
     if (type == DT_Q4_K) return (size_t)(n_in / 256) * Q4K_PANEL_BLOCK;
     if (type == DT_Q6_K) return (size_t)(n_in / 256) * Q6K_PANEL_BLOCK;
     if (type == DT_BF16 && quant_dot_act(DT_BF16) == DT_BF16) return matmul_bf16dp_panel_bytes(n_in);
-    if (type == DT_F16) return 64; /* the tiles read F16 rows in place: no panel to pack */
+    if (type == DT_F16) return (f16_pipelined(n_in) ? 2 : 1) * f16_group_bytes(n_in) + 64;
     if (type == DT_F32 || type == DT_BF16) return (size_t)float_chunks(n_in) * PANEL * 64;
     return 0;
 }
@@ -340,18 +356,12 @@ ALWAYS_INLINE __m512 float_load(ember_dtype type, const uint8_t *row, int64_t i,
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* F16 rows are not packed (HALF): the tile reads its 4 rows where they
- * are and converts each weight vector as it loads it (vcvtph2ps, exact, the
- * value LOAD_F16 gives); the even chain reads the first half of each
- * 64-byte line, the odd chain the second. No copy, and nothing but the rows
- * themselves in L2 (a 16 x 8192 F16 panel is 256 KB, an f32 one 512), which
- * leaves room for the token tile's activations and the next panel's
- * prefetch; the conversion runs beside the FMAs (4 per 24) on this CPU. A
- * weight vector (row r, chain step j) is at mp + r * rs + j * cs: packed,
- * rs = 16 elements and cs = FR * 16; in place, rs = the row stride and
- * cs = 64 bytes. */
-#define PANEL_ES(HALF) ((HALF) ? 2 : 4) /* bytes per weight element */
-
+/* F16 weights (HALF) stay F16 in their group copy (below): the tile
+ * converts each weight vector as it loads it (vcvtph2ps, exact, the value
+ * LOAD_F16 gives), beside the FMAs (4 per 24) on this CPU, and the copy is
+ * half the bytes of an f32 panel. A weight vector (row r, chain step j) is
+ * at mp + r * rs + j * cs: f32 panel, rs = 16 elements and cs = FR * 16;
+ * F16 group, rs = 32 bytes and cs = FR * 32. */
 ALWAYS_INLINE __m512 panel_load(const int HALF, const uint8_t *p) {
     return HALF ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)) : _mm512_load_ps((const float *)p);
 }
@@ -488,7 +498,7 @@ enum { FLOAT_KPAIRS = 32 };
  * size, so the block only has to fit in L3); the panels are packed again
  * for each block, so fewer, even blocks pack less: 512 tokens of 2048-wide
  * rows are one block, of 8192-wide rows four. */
-enum { FLOAT_X_BYTES = 1 << 22 };
+enum { FLOAT_X_BYTES = 1 << 22, F16_X_BYTES = 1 << 24 };
 
 /* Tokens per block: at most max_block (at least 4 tiles), the batch split
  * evenly so that no block is a sliver (each block packs the panels again). */
@@ -498,46 +508,136 @@ static int64_t float_token_block(int64_t n_tokens, int64_t max_block, int tile) 
     return (block + tile - 1) / tile * tile;
 }
 
+/* F16 groups: the tiles read a packed copy of g rows (FR-row micro-panels,
+ * each the even chain's chunks then the odd chain's, a chunk the FR rows'
+ * 16 halves side by side: a chain step reads one contiguous 128-byte run
+ * instead of FR rows a row stride apart). Pipelined, the copy of the next
+ * group is made in slices, one per token tile of the current group, each
+ * spread over that tile's micro-panels and its source lines asked for a
+ * tile ahead: the rows come from memory while FMAs run. The masked tail is
+ * read from the rows themselves. */
+typedef struct {
+    const uint8_t *w; /* the group's first row */
+    size_t wrb;
+    int64_t nfull, ne, g;
+    uint8_t *dst;
+} f16_pack;
+
+/* Copies 32-byte chunks [i0, i1) of the group (row-major: chunk i is row
+ * i / nfull, chunk i % nfull) to their packed places. */
+static void f16_pack_range(const f16_pack *p, int64_t i0, int64_t i1) {
+    const size_t micro = (size_t)p->nfull * FR * 32;
+    for (int64_t i = i0; i < i1;) {
+        const int64_t row = i / p->nfull, end = (row + 1) * p->nfull < i1 ? (row + 1) * p->nfull : i1;
+        const uint8_t *src = p->w + (size_t)row * p->wrb;
+        uint8_t *mp = p->dst + (size_t)(row / FR) * micro + (size_t)(row % FR) * 32;
+        for (int64_t k = i - row * p->nfull; i < end; i++, k++) {
+            int64_t slot = (k & 1) ? p->ne + k / 2 : k / 2;
+            _mm256_store_si256((__m256i *)(mp + (size_t)slot * FR * 32),
+                               _mm256_loadu_si256((const __m256i *)(src + 32 * k)));
+        }
+    }
+}
+
+/* The source lines of chunks [i0, i1). */
+static void f16_pack_prefetch(const f16_pack *p, int64_t i0, int64_t i1) {
+    for (int64_t i = i0 & ~(int64_t)1; i < i1; i += 2)
+        _mm_prefetch((const char *)p->w + (size_t)(i / p->nfull) * p->wrb + 32 * (size_t)(i % p->nfull), _MM_HINT_T0);
+}
+
+static f16_pack f16_group_at(const uint8_t *w, size_t wrb, int64_t n_in, int64_t o, int64_t oend, int64_t group,
+                             uint8_t *dst) {
+    const int64_t nfull = n_in / 16;
+    return (f16_pack){w + (size_t)o * wrb, wrb, nfull, (nfull + 1) / 2, oend - o < group ? oend - o : group, dst};
+}
+
 static void float_panels(ember_dtype type, const uint8_t *w, size_t wrb, int64_t n_in, int64_t o0, int64_t o1,
                          const float *x, size_t xs, int64_t n_tokens, float *y, int64_t n_out, uint8_t *pk) {
     const int HALF = type == DT_F16;
     const float_segment_fn *segments = float_segments[HALF];
     const float_finish_fn *finishes = float_finishes[HALF];
     const int64_t nfull = n_in / 16, ne = (nfull + 1) / 2, no = nfull / 2;
-    /* packed: micro-panel stride, chain step (= the slot of a chunk), row stride */
-    const size_t micro = (size_t)float_chunks(n_in) * FR * 16 * 4, chunk = FR * 16 * 4;
-    const size_t rs = HALF ? wrb : 16 * 4, cs = HALF ? 64 : chunk;
-    int64_t block = float_token_block(n_tokens, FLOAT_X_BYTES / (n_in * (int64_t)sizeof(float)), FC);
-    _Alignas(64) __m512 st[FLOAT_MICRO][2][FR * FC];
+    /* micro-panel stride, chain step (= the slot of a chunk) and row stride
+     * in the packed panel (F32 / BF16) or group (F16) */
+    const size_t micro = HALF ? (size_t)nfull * FR * 32 : (size_t)float_chunks(n_in) * FR * 16 * 4;
+    const size_t chunk = HALF ? FR * 32 : FR * 16 * 4, rs = HALF ? 32 : 16 * 4;
+    const int64_t group = HALF ? f16_group_rows(n_in) : PANEL;
+    const int pipe = HALF && f16_pipelined(n_in);
+    const size_t half_bytes = HALF ? f16_group_bytes(n_in) : 0; /* a pipelined group's buffer */
+    const int64_t block = float_token_block(n_tokens, (HALF ? F16_X_BYTES : FLOAT_X_BYTES) / (n_in * (int64_t)sizeof(float)), FC);
+    const int64_t oend = o0 + (o1 - o0) / PANEL * PANEL;
+    _Alignas(64) __m512 st[F16_GROUP_MAX / FR][2][FR * FC];
+    int cur = 0;             /* pipelined: the buffer the current group is in */
+    int64_t packed_o = -1;   /* not pipelined: the group packed in pk */
+    if (pipe && o0 < oend) {
+        f16_pack first = f16_group_at(w, wrb, n_in, o0, oend, group, pk);
+        f16_pack_range(&first, 0, first.g * nfull);
+    }
     for (int64_t t0 = 0; t0 < n_tokens; t0 += block) {
         const int64_t t1 = t0 + block < n_tokens ? t0 + block : n_tokens, tiles = (t1 - t0 + FC - 1) / FC;
-        const size_t panel_bytes = PANEL * wrb;
-        for (int64_t o = o0; o + PANEL <= o1; o += PANEL) {
-            if (!HALF) pack_float(type, w + (size_t)o * wrb, wrb, n_in, pk);
-            /* The next panel's rows (contiguous, in memory) come into L2 a
-             * slice per token tile while this one computes: the pack then
+        for (int64_t o = o0; o < oend; o += group) {
+            const int64_t g = oend - o < group ? oend - o : group, micros = g / FR;
+            const uint8_t *panel = pk + (size_t)cur * half_bytes;
+            /* Pipelined: the group after this one (the next rows, or the
+             * first rows again for the next token block) unless it is this
+             * one, packed into the other buffer during this group's tiles. */
+            const int64_t on = o + g < oend ? o + g : o0;
+            const int has_next = pipe && (o + g < oend || (t1 < n_tokens && on != o));
+            const f16_pack next = has_next ? f16_group_at(w, wrb, n_in, on, oend, group, pk + (size_t)(cur ^ 1) * half_bytes)
+                                           : (f16_pack){0};
+            const int64_t pack_n = has_next ? next.g * nfull : 0, per = (pack_n + tiles - 1) / tiles;
+            /* Otherwise the next rows (contiguous, in memory) come into L2 a
+             * slice per token tile while this group computes: the pack then
              * reads cache, not DRAM at one row's pace. */
-            const uint8_t *next = o + 2 * PANEL <= o1 ? w + (size_t)(o + PANEL) * wrb : NULL;
+            const uint8_t *ahead = NULL;
+            size_t ahead_bytes = 0;
+            if (HALF && !pipe) {
+                if (packed_o != o) {
+                    f16_pack now = f16_group_at(w, wrb, n_in, o, oend, group, pk);
+                    f16_pack_range(&now, 0, now.g * nfull);
+                    packed_o = o;
+                }
+            } else if (!HALF) {
+                pack_float(type, w + (size_t)o * wrb, wrb, n_in, pk);
+            }
+            if (!pipe && o + g < oend) {
+                ahead = w + (size_t)(o + g) * wrb;
+                ahead_bytes = (size_t)(oend - o - g < group ? oend - o - g : group) * wrb;
+            }
+            if (has_next) f16_pack_prefetch(&next, 0, per < pack_n ? per : pack_n);
             for (int64_t t = t0; t < t1; t += FC) {
                 const int n = t1 - t < FC ? (int)(t1 - t) : FC;
+                const int64_t ti = (t - t0) / FC;
                 const float *a = x + t * xs;
-                if (next) prefetch_panel_slice(next, panel_bytes, tiles, (t - t0) / FC);
+                int64_t c0 = 0, c1 = 0; /* this tile's slice of the next group's copy */
+                if (has_next) {
+                    c0 = ti * per < pack_n ? ti * per : pack_n;
+                    c1 = c0 + per < pack_n ? c0 + per : pack_n;
+                    f16_pack_prefetch(&next, c1, c1 + per < pack_n ? c1 + per : pack_n);
+                } else if (ahead) {
+                    prefetch_panel_slice(ahead, ahead_bytes, tiles, ti);
+                }
                 for (int64_t k = 0; k == 0 || k < ne; k += FLOAT_KPAIRS) {
                     int64_t ce = ne - k < FLOAT_KPAIRS ? ne - k : FLOAT_KPAIRS;
                     int64_t co = no - k < FLOAT_KPAIRS ? (no > k ? no - k : 0) : FLOAT_KPAIRS;
-                    for (int m = 0; m < FLOAT_MICRO; m++) {
-                        const uint8_t *even = HALF ? w + (size_t)(o + m * FR) * wrb + 64 * k : pk + m * micro + k * chunk;
-                        const uint8_t *odd = HALF ? even + 32 : pk + m * micro + (ne + k) * chunk;
-                        segments[n](ce, even, rs, cs, a + 32 * k, xs, st[m][0], k == 0);
-                        segments[n](co, odd, rs, cs, a + 32 * k + 16, xs, st[m][1], k == 0);
+                    for (int m = 0; m < micros; m++) {
+                        if (c0 < c1) {
+                            int64_t part = (c1 - c0 + micros - 1 - m) / (micros - m);
+                            f16_pack_range(&next, c0, c0 + part);
+                            c0 += part;
+                        }
+                        const uint8_t *even = panel + m * micro + k * chunk, *odd = panel + m * micro + (ne + k) * chunk;
+                        segments[n](ce, even, rs, chunk, a + 32 * k, xs, st[m][0], k == 0);
+                        segments[n](co, odd, rs, chunk, a + 32 * k + 16, xs, st[m][1], k == 0);
                     }
                 }
-                for (int m = 0; m < FLOAT_MICRO; m++) {
+                for (int m = 0; m < micros; m++) {
                     const uint8_t *tail = HALF ? w + (size_t)(o + m * FR) * wrb + 32 * nfull : pk + m * micro + nfull * chunk;
-                    finishes[n](n_in, nfull < float_chunks(n_in) ? tail : NULL, rs, a, xs, st[m][0], st[m][1],
-                                y + t * n_out + o + m * FR, (size_t)n_out);
+                    finishes[n](n_in, nfull < float_chunks(n_in) ? tail : NULL, HALF ? wrb : rs, a, xs, st[m][0],
+                                st[m][1], y + t * n_out + o + m * FR, (size_t)n_out);
                 }
             }
+            if (has_next) cur ^= 1;
         }
     }
 }
