@@ -292,6 +292,128 @@ static void test_q8_0_attention_close_to_exact(void **state) {
     quant_set_isa(saved);
 }
 
+/* ---- ATTENTION_BF16 ----
+ * Where the CPU has AVX512_BF16: (1) a (row, head)'s bits do not depend on
+ * the call it is in - all rows at once, each row alone (as decode runs it)
+ * and rows in chunks of 7 one head at a time give memcmp-equal outputs, in
+ * every format, with GQA and a sliding window; (2) the kernel computes
+ * attention on bf16-rounded operands: within 1e-4 + 1e-3 |ref| of a double
+ * reference whose query, keys, values and softmax weights are rounded to
+ * bf16 (what is left is f32 summation and p's rounding near a tie; 1.5e-5
+ * measured); (3) it differs from f32 attention (so it ran) by at most 1e-2
+ * on these values (3.0e-3 measured). */
+static float bf16_round(float x) { return quant_bf16_to_f32(quant_f32_to_bf16(x)); }
+
+static void bf16_rows(float *out, const float *q, const enc_blocks *kb, const enc_blocks *vb, kv_row_type type,
+                      const int64_t *pos, int n_rows, int n_head, int n_head_kv, int d, int64_t window,
+                      int rows_per_call, int heads_per_call, float *scratch, attention_precision prec) {
+    int q_width = n_head * d;
+    for (int h0 = 0; h0 < n_head; h0 += heads_per_call)
+        for (int r0 = 0; r0 < n_rows; r0 += rows_per_call) {
+            int nr = n_rows - r0 < rows_per_call ? n_rows - r0 : rows_per_call;
+            op_attention_paged_rows_prec(out + (size_t)r0 * q_width, (size_t)q_width, q + (size_t)r0 * q_width,
+                                         (size_t)q_width, (const void *const *)kb->enc, (const void *const *)vb->enc,
+                                         type, pos + r0, nr, n_head, n_head_kv, d, d, 1.0f / sqrtf((float)d), window,
+                                         h0, h0 + heads_per_call, scratch, prec);
+        }
+}
+
+/* Double attention of one (row, head) on bf16-rounded operands. */
+static void bf16_reference(double *out, const float *q, const enc_blocks *kb, const enc_blocks *vb, int k_off,
+                           int width, int d, int64_t first, int64_t n_keys) {
+    double *s = malloc((size_t)(n_keys - first) * sizeof(double)), max = -INFINITY, sum = 0;
+    for (int64_t j = first; j < n_keys; j++) {
+        const float *k = kb->dec[j / 16] + (size_t)(j % 16) * width + k_off;
+        double dot = 0;
+        for (int i = 0; i < d; i++) dot += (double)bf16_round(q[i]) * bf16_round(k[i]);
+        s[j - first] = dot * (1.0f / sqrtf((float)d));
+        if (s[j - first] > max) max = s[j - first];
+    }
+    for (int64_t j = first; j < n_keys; j++) sum += (s[j - first] = exp(s[j - first] - max));
+    for (int i = 0; i < d; i++) out[i] = 0;
+    for (int64_t j = first; j < n_keys; j++) {
+        double p = bf16_round((float)(s[j - first] / sum));
+        const float *v = vb->dec[j / 16] + (size_t)(j % 16) * width + k_off;
+        for (int i = 0; i < d; i++) out[i] += p * bf16_round(v[i]);
+    }
+    free(s);
+}
+
+static void check_bf16_attention(kv_row_type type, int n_head, int n_head_kv, int d, int n_keys, int n_rows,
+                                 int64_t window, float *max_vs_f32, double *max_vs_ref) {
+    uint64_t seed = (uint64_t)(n_head * 31 + d * 5 + n_keys + type);
+    int n_blocks = (n_keys + 15) / 16, width = n_head_kv * d, q_width = n_head * d, group = n_head / n_head_kv;
+    kv_row_type k_type = kv_row_key_type(type);
+    enc_blocks kb = make_blocks(k_type, n_blocks, width, &seed), vb = make_blocks(type, n_blocks, width, &seed);
+    size_t n_out = (size_t)n_rows * q_width;
+    float *q = malloc(n_out * sizeof(float)), *q_dec = malloc(n_out * sizeof(float));
+    for (size_t i = 0; i < n_out; i++) q[i] = frand(&seed) * 2.0f;
+    kv_row_query(k_type, q, q_dec, (int)n_out);
+    int64_t *pos = malloc((size_t)n_rows * sizeof *pos);
+    for (int r = 0; r < n_rows; r++) pos[r] = n_keys - n_rows + r;
+    float *all = calloc(n_out, sizeof(float)), *alone = calloc(n_out, sizeof(float));
+    float *chunked = calloc(n_out, sizeof(float)), *f32 = calloc(n_out, sizeof(float));
+    float *scratch = malloc((size_t)64 * (n_keys + 1) * sizeof(float));
+    bf16_rows(all, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 64 / group, group, scratch, ATTENTION_BF16);
+    bf16_rows(alone, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 1, n_head, scratch, ATTENTION_BF16);
+    bf16_rows(chunked, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 7, 1, scratch, ATTENTION_BF16);
+    bf16_rows(f32, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 64 / group, group, scratch, ATTENTION_F32);
+    if (memcmp(all, alone, n_out * sizeof(float)) != 0 || memcmp(all, chunked, n_out * sizeof(float)) != 0)
+        fail_msg("bf16 %s attention depends on the batch: heads %d/%d, d %d, keys %d, rows %d, window %lld",
+                 kv_row_type_name(type), n_head, n_head_kv, d, n_keys, n_rows, (long long)window);
+    double *ref = malloc((size_t)d * sizeof(double));
+    for (int r = 0; r < n_rows; r++)
+        for (int h = 0; h < n_head; h++) {
+            int64_t first = window > 0 && pos[r] - window + 1 > 0 ? pos[r] - window + 1 : 0;
+            size_t o = (size_t)r * q_width + (size_t)h * d;
+            bf16_reference(ref, q_dec + o, &kb, &vb, (h / group) * d, width, d, first, pos[r] + 1);
+            for (int i = 0; i < d; i++) {
+                if (!(fabs(all[o + i] - ref[i]) <= 1e-4 + 1e-3 * fabs(ref[i])))
+                    fail_msg("bf16 %s attention, heads %d/%d d %d keys %d: row %d head %d lane %d is %.9g, bf16 "
+                             "reference %.9g", kv_row_type_name(type), n_head, n_head_kv, d, n_keys, r, h, i,
+                             (double)all[o + i], ref[i]);
+                if (fabs(all[o + i] - ref[i]) > *max_vs_ref) *max_vs_ref = fabs(all[o + i] - ref[i]);
+                float diff = fabsf(all[o + i] - f32[o + i]);
+                if (diff > *max_vs_f32) *max_vs_f32 = diff;
+            }
+        }
+    free(ref);
+    free_blocks(&kb);
+    free_blocks(&vb);
+    free(q); free(q_dec); free(pos); free(all); free(alone); free(chunked); free(f32); free(scratch);
+}
+
+static void test_bf16_attention(void **state) {
+    (void)state;
+    /* heads the kernel does not take, and CPUs without the instruction, fall back to f32 and say why */
+    assert_int_equal(op_attention_precision(ATTENTION_BF16, 256, 256), ATTENTION_F32);
+    assert_non_null(op_attention_precision_fallback(ATTENTION_BF16, 8, 8));
+    assert_null(op_attention_precision_fallback(ATTENTION_F32, 8, 8));
+    quant_isa saved = quant_get_isa();
+    if (quant_set_isa(QUANT_ISA_AVX2)) {
+        assert_int_equal(op_attention_precision(ATTENTION_BF16, 128, 128), ATTENTION_F32);
+        quant_set_isa(saved);
+    }
+    if (op_attention_precision(ATTENTION_BF16, 128, 128) != ATTENTION_BF16) {
+        assert_non_null(op_attention_precision_fallback(ATTENTION_BF16, 128, 128));
+        skip(); /* no AVX512_BF16 here */
+    }
+    const kv_row_type types[] = {KV_ROW_F32, KV_ROW_F16, KV_ROW_Q8_0};
+    float max_vs_f32 = 0;
+    double max_vs_ref = 0;
+    for (int t = 0; t < 3; t++) {
+        check_bf16_attention(types[t], 16, 8, 128, 300, 40, 0, &max_vs_f32, &max_vs_ref); /* qwen3-0.6b heads */
+        check_bf16_attention(types[t], 4, 2, 64, 80, 17, 0, &max_vs_f32, &max_vs_ref);
+        check_bf16_attention(types[t], 4, 1, 64, 150, 37, 29, &max_vs_f32, &max_vs_ref);  /* sliding window: odd firsts */
+        check_bf16_attention(types[t], 16, 8, 128, 1, 1, 0, &max_vs_f32, &max_vs_ref);
+        check_bf16_attention(types[t], 2, 1, 128, 33, 33, 0, &max_vs_f32, &max_vs_ref);   /* every row of a short prompt */
+    }
+    print_message("bf16 attention: max |bf16 - f32| = %.3g, max |bf16 - bf16 reference| = %.3g\n", (double)max_vs_f32,
+                  max_vs_ref);
+    assert_true(max_vs_f32 > 0);
+    assert_true(max_vs_f32 < 1e-2f);
+}
+
 static void test_rmsnorm_and_rope(void **state) {
     (void)state;
     float x[64], y[64], w[64];
@@ -342,6 +464,7 @@ int main(void) {
         cmocka_unit_test(test_attention_isas_agree),
         cmocka_unit_test(test_kv_rows_round_trip),
         cmocka_unit_test(test_q8_0_attention_close_to_exact),
+        cmocka_unit_test(test_bf16_attention),
         cmocka_unit_test(test_rmsnorm_and_rope),
     };
     return test_run_group(tests, NULL, NULL);

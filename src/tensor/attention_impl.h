@@ -44,5 +44,10 @@ void attention_heads_avx512(const attention_head_args *a, int n);
 /* AVX2 (attention_avx2.c): the same contract, 8 lanes. */
 void attention_head_avx2(const attention_head_args *a);
 void attention_heads_avx2(const attention_head_args *a, int n);
+/* ATTENTION_BF16 (attention_avx512bf16.c, only where the CPU has
+ * AVX512_BF16): the same grouping as attention_heads_avx512, heads of 64
+ * or 128 values (d_k = d_v); bf16 products, so other bits than the f32
+ * kernels, but a query's bits still depend on its own inputs alone. */
+void attention_heads_avx512bf16(const attention_head_args *a, int n);
 
 #endif

@@ -4,7 +4,10 @@
  * function of the row alone. */
 #include "tensor/ops.h"
 
+#include <cpuid.h>
 #include <math.h>
+#include <stdatomic.h>
+#include <string.h>
 
 #include "tensor/attention_impl.h"
 #include "tensor/quant.h"
@@ -152,9 +155,46 @@ void op_attention_paged(float *out, const float *q, const void *const *k_blocks,
     }
 }
 
-static void run_heads(const attention_head_args *args, int n) {
+/* AVX512_BF16 (vdpbf16ps): cpuid leaf 7, sub-leaf 1, EAX bit 5. */
+static bool cpu_has_avx512_bf16(void) {
+    static atomic_int has = -1; /* cpuid is slow; ask once */
+    int h = atomic_load(&has);
+    if (h < 0) {
+        unsigned a, b, c, d;
+        h = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+        atomic_store(&has, h);
+    }
+    return h > 0;
+}
+
+const char *op_attention_precision_fallback(attention_precision want, int d_k, int d_v) {
+    if (want != ATTENTION_BF16) return NULL;
+    if (quant_get_isa() != QUANT_ISA_AVX512 || !cpu_has_avx512_bf16())
+        return "this CPU has no AVX512_BF16 (vdpbf16ps)";
+    if (d_k != d_v || (d_k != 64 && d_k != 128)) return "bf16 attention needs heads of 64 or 128 values";
+    return NULL;
+}
+
+attention_precision op_attention_precision(attention_precision want, int d_k, int d_v) {
+    return want == ATTENTION_BF16 && op_attention_precision_fallback(want, d_k, d_v) == NULL ? ATTENTION_BF16
+                                                                                           : ATTENTION_F32;
+}
+
+const char *attention_precision_name(attention_precision p) { return p == ATTENTION_BF16 ? "bf16" : "f32"; }
+
+bool attention_precision_parse(const char *s, attention_precision *out) {
+    if (s == NULL) return false;
+    if (strcmp(s, "f32") == 0) *out = ATTENTION_F32;
+    else if (strcmp(s, "bf16") == 0) *out = ATTENTION_BF16;
+    else return false;
+    return true;
+}
+
+static void run_heads(const attention_head_args *args, int n, attention_precision prec) {
     quant_isa isa = quant_get_isa();
-    if (isa == QUANT_ISA_AVX512) {
+    if (prec == ATTENTION_BF16) {
+        attention_heads_avx512bf16(args, n);
+    } else if (isa == QUANT_ISA_AVX512) {
         attention_heads_avx512(args, n);
     } else if (isa == QUANT_ISA_AVX2) {
         attention_heads_avx2(args, n);
@@ -168,6 +208,17 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
                              const int64_t *query_pos,
                              int n_rows, int n_head, int n_head_kv, int d_k, int d_v, float scale,
                              int64_t window, int head_begin, int head_end, float *scratch) {
+    op_attention_paged_rows_prec(out, out_stride, q, q_stride, k_blocks, v_blocks, type, query_pos, n_rows, n_head,
+                                 n_head_kv, d_k, d_v, scale, window, head_begin, head_end, scratch, ATTENTION_F32);
+}
+
+void op_attention_paged_rows_prec(float *out, size_t out_stride, const float *q, size_t q_stride,
+                                  const void *const *k_blocks, const void *const *v_blocks, kv_row_type type,
+                                  const int64_t *query_pos, int n_rows, int n_head, int n_head_kv, int d_k, int d_v,
+                                  float scale, int64_t window, int head_begin, int head_end, float *scratch,
+                                  attention_precision prec) {
+    /* a caller that skipped op_attention_precision still gets a kernel that exists here */
+    if (prec == ATTENTION_BF16 && op_attention_precision(prec, d_k, d_v) != ATTENTION_BF16) prec = ATTENTION_F32;
     enum { MAX_PAIRS = 64, QK_FLOATS = 8192 };
     attention_head_args args[MAX_PAIRS];
     /* each pair's query in the keys' domain (kv_row_query); flushing early
@@ -183,7 +234,7 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
         for (int r = 0; r < n_rows; r++) {
             bool rotated = kv_row_rotated(k_type);
             if (n == MAX_PAIRS || (rotated && (size_t)(n + 1) * (size_t)d_k > QK_FLOATS)) {
-                run_heads(args, n);
+                run_heads(args, n, prec);
                 n = 0;
             }
             int64_t first = 0;
@@ -202,5 +253,5 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
             n++;
         }
     }
-    run_heads(args, n);
+    run_heads(args, n, prec);
 }

@@ -42,6 +42,30 @@ void op_swiglu(float *y, const float *gate, const float *up, int n);
 /* x += y */
 void op_add(float *x, const float *y, int n);
 
+/* The precision of attention's products. ATTENTION_F32 (the default):
+ * f32 products and sums. ATTENTION_BF16 (opt-in): the query, K and V rows
+ * and the softmax weights rounded to bf16 (round to nearest even) and
+ * multiplied on vdpbf16ps, sums and softmax in f32: about twice the
+ * product rate, at an accuracy cost docs/attention.md measures. Both keep
+ * batch invariance; the KV a model writes differs between them, so caches
+ * keep them apart (kv_pool_attention). */
+typedef enum attention_precision {
+    ATTENTION_F32 = 0,
+    ATTENTION_BF16 = 1,
+} attention_precision;
+
+/* The precision attention runs at when `want` is asked for heads of
+ * (d_k, d_v) values: bf16 only where the ISA in use is AVX-512 and the CPU
+ * has AVX512_BF16, and for heads of 64 or 128 values (d_k = d_v); else
+ * f32. Callers decide once per model and pass the result to every call. */
+attention_precision op_attention_precision(attention_precision want, int d_k, int d_v);
+/* Why op_attention_precision(want, d_k, d_v) is f32 when want is bf16 (a
+ * static string), or NULL when it is not. */
+const char *op_attention_precision_fallback(attention_precision want, int d_k, int d_v);
+/* "f32" / "bf16", and back (false for anything else). */
+const char *attention_precision_name(attention_precision p);
+bool attention_precision_parse(const char *s, attention_precision *out);
+
 /* The widest head (d_k, d_v) attention reads from f16, q8_0 or q12h rows:
  * they are decoded into stack buffers of this many floats. */
 #define ATTENTION_MAX_HEAD 512
@@ -73,5 +97,12 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
                              const int64_t *query_pos,
                              int n_rows, int n_head, int n_head_kv, int d_k, int d_v, float scale,
                              int64_t window, int head_begin, int head_end, float *scratch);
+/* op_attention_paged_rows at a precision (an op_attention_precision
+ * result; ATTENTION_F32 is op_attention_paged_rows itself). */
+void op_attention_paged_rows_prec(float *out, size_t out_stride, const float *q, size_t q_stride,
+                                  const void *const *k_blocks, const void *const *v_blocks, kv_row_type type,
+                                  const int64_t *query_pos, int n_rows, int n_head, int n_head_kv, int d_k, int d_v,
+                                  float scale, int64_t window, int head_begin, int head_end, float *scratch,
+                                  attention_precision prec);
 
 #endif

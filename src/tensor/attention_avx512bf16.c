@@ -1,0 +1,336 @@
+/* attention_avx512bf16.c - attention with bf16 products (AVX512_BF16,
+ * vdpbf16ps): the opt-in ATTENTION_BF16 precision of op_attention_paged_rows.
+ *
+ * Why: vdpbf16ps multiplies 32 bf16 pairs into 16 f32 lanes per
+ * instruction, twice the products of an f32 FMA, and at long context the
+ * q.k and p.v products are most of a prefill's work (docs/attention.md).
+ * What is rounded: the query and the softmax weights p to bf16 (round to
+ * nearest even, as vcvtne2ps2bf16 does), and K and V rows to bf16 as their
+ * tiles are decoded; the products are exact in f32 and accumulate in f32;
+ * the softmax itself (max, exp, sum, 1/sum) is attention_avx512.c's, in f32.
+ *
+ * Layouts (why the tiles are transposed):
+ *  - scores: a K tile of 16 keys is stored as D/2 vectors, vector p holding
+ *    in lane k the bf16 pair (k[2p], k[2p+1]) of key k; the query's pair
+ *    (q[2p], q[2p+1]) is broadcast as one 32-bit value, so one vdpbf16ps
+ *    adds two products to each of 16 keys' dots, and no horizontal sum is
+ *    needed. Lane k of the accumulators sums key k alone: pairs 0, 2, 4...
+ *    in one chain and 1, 3, 5... in another, then the two chains added and
+ *    the sum times the scale. Every key's score is a function of the query
+ *    and that key only.
+ *  - values: a V tile of 32 keys at a multiple of 32 (absolute positions)
+ *    is stored as 16 key pairs, pair u holding for 16 output lanes d the
+ *    bf16 pair (v[2u][d], v[2u+1][d]); the weights (p[2u], p[2u+1]) are
+ *    broadcast. Each output lane accumulates pair after pair in key order,
+ *    continuing from the previous tile's result (stored in out, exact).
+ * The tiles are built once per kv head and call and serve every query of
+ * the group (GQA heads x prefill rows), which pays for the transposes.
+ *
+ * Bit-identity: a query's result depends only on its query, first and
+ * n_keys and the rows it sees, never on the other queries of the call:
+ * scores are per lane; pairs sit at fixed absolute positions (tiles start
+ * at multiples of 32); keys outside [first, n_keys) have weight +0, rows
+ * outside the group's [first, hi) are zero, and a pair whose second key is
+ * past this query's last but visible to another query has that value
+ * masked to zero, so the pair adds the same +0 product either way; pairs
+ * wholly past the query's last key are skipped. Decode and prefill both
+ * run this kernel (forward.c sends every query through it in bf16 mode),
+ * so warm == cold holds under this precision too. */
+#include <immintrin.h>
+#include <string.h>
+
+#include "tensor/attention_avx512_common.h"
+#include "tensor/attention_impl.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+enum {
+    KT = 16,      /* keys per K tile */
+    VT = 32,      /* keys per V tile (16 pairs) */
+    QB = 8,       /* queries per register block */
+    MAX_Q = 64,   /* queries per group (op_attention_paged_rows' pairs) */
+    MAX_D = 128,
+};
+
+/* 32 floats as 16 bf16 pairs (x[2i] low half, x[2i+1] high) per 32-bit lane. */
+ALWAYS_INLINE __m512i bf16_pairs(__m512 lo, __m512 hi) {
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+ALWAYS_INLINE __m512 dp(__m512 acc, __m512i a, __m512i b) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+/* In-place transpose of a 16 x 16 matrix of 32-bit values (r[i] row i). */
+ALWAYS_INLINE void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    /* u[4g + c]: 128-bit lane l holds column 4l + c of rows 4g..4g+3 */
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        __m512i a = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), b = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+        __m512i e = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), f = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+        r[c] = _mm512_shuffle_i32x4(a, e, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(a, e, 0xDD);
+        r[8 + c] = _mm512_shuffle_i32x4(b, f, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(b, f, 0xDD);
+    }
+}
+
+/* Row j of a head as D floats in buf (zeros outside [lo, hi)). */
+ALWAYS_INLINE void head_row_f32(const int D, const attention_head_args *a, bool key, int64_t j, int64_t lo,
+                                int64_t hi, float *buf) {
+    if (j < lo || j >= hi) {
+        memset(buf, 0, (size_t)D * sizeof(float));
+        return;
+    }
+    const void *const *blocks = key ? a->k_blocks : a->v_blocks;
+    size_t stride = key ? a->k_stride : a->v_stride;
+    kv_row_type type = key ? a->k_type : a->v_type;
+    int offset = key ? a->k_offset : a->v_offset;
+    const uint8_t *row = attention_row(blocks, stride, j);
+    if (type == KV_ROW_F32)
+        memcpy(buf, (const float *)row + offset, (size_t)D * sizeof(float));
+    else
+        decode_avx512(type, row, offset, D, buf);
+}
+
+ALWAYS_INLINE void prefetch_row(const attention_head_args *a, bool key, int64_t j, size_t head, int bytes) {
+    const char *p = (const char *)attention_row(key ? a->k_blocks : a->v_blocks, key ? a->k_stride : a->v_stride, j) + head;
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++)
+        if (64 * c < bytes) _mm_prefetch(p + 64 * c, _MM_HINT_T0);
+}
+
+/* Dots of NQ queries (bf16 pairs qb[i]) with the 16 keys of a transposed
+ * K tile, unscaled, into res[i]. */
+ALWAYS_INLINE void dots_block(const int D, const int NQ, const __m512i *ktp, const uint32_t (*qb)[MAX_D / 2],
+                              __m512 *res) {
+    __m512 ae[QB], ao[QB];
+#pragma GCC unroll 8
+    for (int i = 0; i < NQ; i++) ae[i] = ao[i] = _mm512_setzero_ps();
+    for (int p = 0; p < D / 2; p += 2) {
+        __m512i k0 = _mm512_load_si512(ktp + p), k1 = _mm512_load_si512(ktp + p + 1);
+#pragma GCC unroll 8
+        for (int i = 0; i < NQ; i++) {
+            ae[i] = dp(ae[i], k0, _mm512_set1_epi32((int)qb[i][p]));
+            ao[i] = dp(ao[i], k1, _mm512_set1_epi32((int)qb[i][p + 1]));
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NQ; i++) res[i] = _mm512_add_ps(ae[i], ao[i]);
+}
+
+/* Weighted values of NQ queries over one V tile, 32 output lanes
+ * [32 c2, 32 c2 + 32): vtp[u][c] is pair u's 16 lanes of slice c; pq[i]
+ * the queries' weight pairs; u0 the first pair the tile holds for them
+ * (shared first); full[i] the pairs wholly visible to query i, straddle[i]
+ * the pair whose second key is past its last (-1: none); fresh: start from
+ * zero instead of out. */
+ALWAYS_INLINE void values_block(const int D, const int NQ, const attention_head_args *a, const __m512i (*vtp)[MAX_D / 16],
+                                const uint32_t (*pq)[VT / 2], int c2, int u0, const int *full, const int *straddle,
+                                bool fresh) {
+    __m512 acc[QB][2];
+    int all = VT / 2, most = 0;
+#pragma GCC unroll 8
+    for (int i = 0; i < NQ; i++) {
+        if (fresh) {
+            acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        } else {
+            acc[i][0] = _mm512_loadu_ps(a[i].out + 32 * c2);
+            acc[i][1] = _mm512_loadu_ps(a[i].out + 32 * c2 + 16);
+        }
+        all = full[i] < all ? full[i] : all;
+        int last = straddle[i] >= 0 ? straddle[i] + 1 : full[i];
+        most = last > most ? last : most;
+    }
+    int u = u0;
+    for (; u < all; u++) {
+        __m512i v0 = _mm512_load_si512(&vtp[u][2 * c2]), v1 = _mm512_load_si512(&vtp[u][2 * c2 + 1]);
+#pragma GCC unroll 8
+        for (int i = 0; i < NQ; i++) {
+            __m512i p = _mm512_set1_epi32((int)pq[i][u]);
+            acc[i][0] = dp(acc[i][0], v0, p);
+            acc[i][1] = dp(acc[i][1], v1, p);
+        }
+    }
+    for (; u < most; u++) {
+        __m512i v0 = _mm512_load_si512(&vtp[u][2 * c2]), v1 = _mm512_load_si512(&vtp[u][2 * c2 + 1]);
+        /* the first key's value of each pair only */
+        __m512i h0 = _mm512_maskz_mov_epi16(0x55555555u, v0), h1 = _mm512_maskz_mov_epi16(0x55555555u, v1);
+#pragma GCC unroll 8
+        for (int i = 0; i < NQ; i++) {
+            if (u >= full[i] && u != straddle[i]) continue;
+            __m512i p = _mm512_set1_epi32((int)pq[i][u]);
+            bool half = u == straddle[i];
+            acc[i][0] = dp(acc[i][0], half ? h0 : v0, p);
+            acc[i][1] = dp(acc[i][1], half ? h1 : v1, p);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NQ; i++) {
+        _mm512_storeu_ps(a[i].out + 32 * c2, acc[i][0]);
+        _mm512_storeu_ps(a[i].out + 32 * c2 + 16, acc[i][1]);
+    }
+}
+
+#define BLOCK_FNS(D, N)                                                                                        \
+    static void dots_##D##_##N(const __m512i *ktp, const uint32_t (*qb)[MAX_D / 2], __m512 *res) {              \
+        dots_block(D, N, ktp, qb, res);                                                                        \
+    }                                                                                                          \
+    static void values_##D##_##N(const attention_head_args *a, const __m512i (*vtp)[MAX_D / 16],                 \
+                                 const uint32_t (*pq)[VT / 2], int c2, int u0, const int *full,                 \
+                                 const int *straddle, bool fresh) {                                            \
+        values_block(D, N, a, vtp, pq, c2, u0, full, straddle, fresh);                                         \
+    }
+#define BLOCK_TABLES(D)                                                                                        \
+    BLOCK_FNS(D, 1) BLOCK_FNS(D, 2) BLOCK_FNS(D, 3) BLOCK_FNS(D, 4)                                            \
+    BLOCK_FNS(D, 5) BLOCK_FNS(D, 6) BLOCK_FNS(D, 7) BLOCK_FNS(D, 8)                                            \
+    static void (*const dots_fns_##D[QB + 1])(const __m512i *, const uint32_t (*)[MAX_D / 2], __m512 *) = {      \
+        NULL, dots_##D##_1, dots_##D##_2, dots_##D##_3, dots_##D##_4,                                          \
+        dots_##D##_5, dots_##D##_6, dots_##D##_7, dots_##D##_8};                                               \
+    static void (*const values_fns_##D[QB + 1])(const attention_head_args *, const __m512i (*)[MAX_D / 16],     \
+                                                const uint32_t (*)[VT / 2], int, int, const int *, const int *, \
+                                                bool) = {                                                      \
+        NULL, values_##D##_1, values_##D##_2, values_##D##_3, values_##D##_4,                                  \
+        values_##D##_5, values_##D##_6, values_##D##_7, values_##D##_8};
+BLOCK_TABLES(128)
+BLOCK_TABLES(64)
+
+/* n <= MAX_Q queries over one kv head: d_k = d_v = D, one first. */
+ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) {
+    const int64_t first = a[0].first;
+    int64_t hi = a[0].n_keys;
+    for (int i = 1; i < n; i++) hi = a[i].n_keys > hi ? a[i].n_keys : hi;
+    void (*const *dots)(const __m512i *, const uint32_t (*)[MAX_D / 2], __m512 *) = D == 64 ? dots_fns_64 : dots_fns_128;
+    void (*const *values)(const attention_head_args *, const __m512i (*)[MAX_D / 16], const uint32_t (*)[VT / 2], int,
+                          int, const int *, const int *, bool) = D == 64 ? values_fns_64 : values_fns_128;
+    const size_t k_head = value_byte(a[0].k_type, a[0].k_offset), v_head = value_byte(a[0].v_type, a[0].v_offset);
+    const int k_bytes = (int)value_byte(a[0].k_type, D), v_bytes = (int)value_byte(a[0].v_type, D);
+
+    /* The queries as bf16 pairs. */
+    uint32_t qb[MAX_Q][MAX_D / 2] __attribute__((aligned(64)));
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < D / 32; c++)
+            _mm512_store_si512(&qb[i][16 * c],
+                               bf16_pairs(_mm512_loadu_ps(a[i].q + 32 * c), _mm512_loadu_ps(a[i].q + 32 * c + 16)));
+
+    /* Scores, one K tile of 16 keys at a time for every query. */
+    float rows[VT][MAX_D] __attribute__((aligned(64)));
+    __m512i ktp[MAX_D / 2] __attribute__((aligned(64)));
+    for (int64_t t0 = first - first % KT; t0 < hi; t0 += KT) {
+        for (int k = 0; k < KT; k++) {
+            if (t0 + KT + k < hi) prefetch_row(&a[0], true, t0 + KT + k, k_head, k_bytes);
+            head_row_f32(D, &a[0], true, t0 + k, first, hi, rows[k]);
+        }
+        for (int c = 0; c < D / 32; c++) {
+            __m512i r[16];
+#pragma GCC unroll 16
+            for (int k = 0; k < 16; k++)
+                r[k] = bf16_pairs(_mm512_load_ps(rows[k] + 32 * c), _mm512_load_ps(rows[k] + 32 * c + 16));
+            transpose16(r);
+#pragma GCC unroll 16
+            for (int x = 0; x < 16; x++) _mm512_store_si512(ktp + 16 * c + x, r[x]);
+        }
+        for (int s0 = 0; s0 < n; s0 += QB) {
+            int m = n - s0 < QB ? n - s0 : QB;
+            __m512 res[QB];
+            dots[m](ktp, (const uint32_t (*)[MAX_D / 2])qb + s0, res);
+            for (int i = s0; i < s0 + m; i++) {
+                __m512 s = _mm512_mul_ps(res[i - s0], _mm512_set1_ps(a[i].scale));
+                /* keys [first, n_keys) of this query, at scores[key - first] */
+                int64_t lo = t0 > first ? t0 : first, end = t0 + KT < a[i].n_keys ? t0 + KT : a[i].n_keys;
+                if (lo == t0 && end == t0 + KT) {
+                    _mm512_storeu_ps(a[i].scores + (t0 - first), s);
+                } else if (end > lo) {
+                    float tmp[KT];
+                    _mm512_storeu_ps(tmp, s);
+                    memcpy(a[i].scores + (lo - first), tmp + (lo - t0), (size_t)(end - lo) * sizeof(float));
+                }
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) softmax_scale(a[i].scores, a[i].n_keys - first);
+
+    /* Values, one V tile of 32 keys (at a multiple of 32) at a time. */
+    static const uint16_t interleave[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                            8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i perm = _mm512_loadu_si512(interleave);
+    __m512i vtp[VT / 2][MAX_D / 16] __attribute__((aligned(64)));
+    uint32_t pq[MAX_Q][VT / 2] __attribute__((aligned(64)));
+    const int64_t v_start = first - first % VT;
+    for (int64_t v0 = v_start; v0 < hi; v0 += VT) {
+        for (int k = 0; k < VT; k++) {
+            if (v0 + VT + k < hi) prefetch_row(&a[0], false, v0 + VT + k, v_head, v_bytes);
+            head_row_f32(D, &a[0], false, v0 + k, first, hi, rows[k]);
+        }
+        for (int u = 0; u < VT / 2; u++)
+#pragma GCC unroll 8
+            for (int c = 0; c < D / 16; c++) {
+                __m512i x = bf16_pairs(_mm512_load_ps(rows[2 * u] + 16 * c), _mm512_load_ps(rows[2 * u + 1] + 16 * c));
+                _mm512_store_si512(&vtp[u][c], _mm512_permutexvar_epi16(perm, x));
+            }
+        /* Weights as bf16 pairs; +0 outside [first, n_keys). */
+        int full[MAX_Q], straddle[MAX_Q];
+        for (int i = 0; i < n; i++) {
+            int64_t lo = v0 > first ? v0 : first, end = v0 + VT < a[i].n_keys ? v0 + VT : a[i].n_keys;
+            __m512 p0, p1;
+            if (lo == v0 && end == v0 + VT) {
+                p0 = _mm512_loadu_ps(a[i].scores + (v0 - first));
+                p1 = _mm512_loadu_ps(a[i].scores + (v0 - first) + 16);
+            } else {
+                float tmp[VT] __attribute__((aligned(64)));
+                memset(tmp, 0, sizeof tmp);
+                if (end > lo) memcpy(tmp + (lo - v0), a[i].scores + (lo - first), (size_t)(end - lo) * sizeof(float));
+                p0 = _mm512_load_ps(tmp);
+                p1 = _mm512_load_ps(tmp + 16);
+            }
+            _mm512_store_si512(pq[i], bf16_pairs(p0, p1));
+            int seen = end > v0 ? (int)(end - v0) : 0; /* keys of the tile this query sees, from v0 */
+            full[i] = seen / 2;
+            straddle[i] = seen % 2 ? seen / 2 : -1;
+        }
+        int u0 = (int)((v0 > first ? 0 : first - v0) / 2);
+        for (int c2 = 0; c2 < D / 32; c2++)
+            for (int s0 = 0; s0 < n; s0 += QB) {
+                int m = n - s0 < QB ? n - s0 : QB;
+                values[m](a + s0, (const __m512i (*)[MAX_D / 16])vtp, (const uint32_t (*)[VT / 2])pq + s0, c2, u0,
+                          full + s0, straddle + s0, v0 == v_start);
+            }
+    }
+}
+
+static void heads_bf16_128(const attention_head_args *a, int n) { heads_bf16(128, a, n); }
+static void heads_bf16_64(const attention_head_args *a, int n) { heads_bf16(64, a, n); }
+
+void attention_heads_avx512bf16(const attention_head_args *a, int n) {
+    int i = 0;
+    while (i < n) {
+        int m = 1;
+        const int d = a[i].d_k;
+        while (i + m < n && m < MAX_Q && a[i + m].d_k == d && a[i + m].d_v == d && a[i + m].k_blocks == a[i].k_blocks &&
+               a[i + m].v_blocks == a[i].v_blocks && a[i + m].k_offset == a[i].k_offset &&
+               a[i + m].v_offset == a[i].v_offset && a[i + m].k_stride == a[i].k_stride &&
+               a[i + m].v_stride == a[i].v_stride && a[i + m].k_type == a[i].k_type &&
+               a[i + m].v_type == a[i].v_type && a[i + m].first == a[i].first)
+            m++;
+        if (d == 128 && a[i].d_v == 128)
+            heads_bf16_128(a + i, m);
+        else if (d == 64 && a[i].d_v == 64)
+            heads_bf16_64(a + i, m);
+        else /* op_attention_precision never picks bf16 for these heads */
+            for (int k = 0; k < m; k++) attention_head_avx512(a + i + k);
+        i += m;
+    }
+}
