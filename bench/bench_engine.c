@@ -3,6 +3,7 @@
  * Usage: bench_engine MODEL [--threads 2] [--reps 3] [--prefill 512,2048] [--decode 128]
  *                     [--kv f16] [--chunk 0] [--then-decode 0] [--clock wall|cpu]
  *                     [--llama-bench PATH] [--busy-core C] [--rounds 3] [--label NAME]
+ *                     [--attention f32|bf16|both]
  *
  * For each prefill length P: a fresh sequence forwards P tokens in one batch
  * (as llama-bench's pp test does), or in grid chunks of --chunk tokens (as
@@ -15,6 +16,12 @@
  * that is the figure a quiet machine would show, whatever else runs on a
  * shared one (with more threads it also counts the pool's spinning). Each
  * figure is the median of --reps runs with the spread (min..max).
+ *
+ * --attention bf16 runs attention at the bf16 precision (ops.h; falls back
+ * to f32 where the CPU or model cannot, and says so); `both` keeps a second
+ * pool at bf16 and, for every test, alternates f32 and bf16 runs rep by
+ * rep, printing a bf16 row under each f32 row with bf16/f32 in the ratio
+ * column, so both precisions are measured side by side under the same load.
  *
  * --llama-bench PATH runs that llama-bench on the same file in the same run
  * (flash attention off and on, the faster counts, as the issue's targets
@@ -73,6 +80,8 @@ typedef struct bench {
     model_state *state; /* recurrent models (mamba2, qwen35...), else NULL */
     int32_t *ids;
     float *logits;
+    model_ctx *ctx_bf16; /* --attention both: a second context on a bf16 pool */
+    kv_pool *pool_bf16;
     int chunk;       /* prefill in grid chunks of this many tokens; 0: one batch */
     int then_decode; /* decode steps timed after each prefill (decode@P) */
     double after;    /* their tokens/s, from the last prefill */
@@ -80,39 +89,41 @@ typedef struct bench {
 } bench;
 
 /* Tokens/s of one prefill of n tokens, or of n decode steps after a 16-token prompt. */
-static double ember_once(bench *b, int n, bool decode) {
+static double ember_once_on(bench *b, model_ctx *ctx, kv_pool *pool, int n, bool decode) {
     kv_seq seq;
     kv_seq_init(&seq);
     double t0, t1;
     int rc = 0;
     if (b->state) model_state_reset(b->state);
     if (decode) {
-        rc = model_eval_state(b->ctx, &seq, b->state, b->ids, 16, false, b->logits, &b->err);
+        rc = model_eval_state(ctx, &seq, b->state, b->ids, 16, false, b->logits, &b->err);
         t0 = now();
         for (int i = 0; i < n && rc >= 0; i++)
-            rc = model_eval_state(b->ctx, &seq, b->state, b->ids + 16 + i, 1, false, b->logits, &b->err);
+            rc = model_eval_state(ctx, &seq, b->state, b->ids + 16 + i, 1, false, b->logits, &b->err);
         t1 = now();
     } else {
         int step = b->chunk > 0 ? b->chunk : n;
         t0 = now();
         for (int i = 0; i < n && rc >= 0; i += step)
-            rc = model_eval_state(b->ctx, &seq, b->state, b->ids + i, n - i < step ? n - i : step, false, b->logits,
+            rc = model_eval_state(ctx, &seq, b->state, b->ids + i, n - i < step ? n - i : step, false, b->logits,
                                   &b->err);
         t1 = now();
         if (b->then_decode > 0 && rc >= 0) {
             double d0 = now();
             for (int i = 0; i < b->then_decode && rc >= 0; i++)
-                rc = model_eval_state(b->ctx, &seq, b->state, b->ids + n + i, 1, false, b->logits, &b->err);
+                rc = model_eval_state(ctx, &seq, b->state, b->ids + n + i, 1, false, b->logits, &b->err);
             b->after = b->then_decode / (now() - d0);
         }
     }
-    kv_seq_release(b->pool, &seq);
+    kv_seq_release(pool, &seq);
     if (rc < 0) {
         fprintf(stderr, "bench_engine: %s\n", b->err.msg);
         exit(1);
     }
     return n / (t1 - t0);
 }
+
+static double ember_once(bench *b, int n, bool decode) { return ember_once_on(b, b->ctx, b->pool, n, decode); }
 
 /* llama-bench on the same file: fills rate[i] for prompts[i] (and rate[n_prompts]
  * for the decode test) with the fastest over the flash-attention settings fa
@@ -184,13 +195,16 @@ static void busy_stop(pid_t pid) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: bench_engine MODEL [--threads N] [--reps R] [--prefill 512,2048] [--decode 128]\n"
-                        "                    [--llama-bench PATH] [--busy-core C] [--rounds R] [--label NAME]\n");
+                        "                    [--llama-bench PATH] [--busy-core C] [--rounds R] [--label NAME]\n"
+                        "                    [--attention f32|bf16|both]\n");
         return 2;
     }
     const char *path = argv[1], *llama_bench = NULL, *label = NULL;
     int threads = 2, reps = 3, decode_n = 128, busy_core = -1, rounds = 3, chunk = 0, then_decode = 0;
     int prefill[MAX_TESTS] = {512, 2048}, n_prefill = 2;
     kv_format kv_fmt = {KV_FORMAT_F16};
+    attention_precision attention = ATTENTION_F32;
+    bool both = false;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--threads") == 0) threads = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--chunk") == 0) chunk = atoi(argv[i + 1]);
@@ -199,6 +213,13 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--kv") == 0) {
             if (kv_format_parse(argv[i + 1], &kv_fmt) < 0) {
                 fprintf(stderr, "bench_engine: --kv %s is not one of %s\n", argv[i + 1], KV_FORMAT_CHOICES);
+                return 2;
+            }
+        }
+        else if (strcmp(argv[i], "--attention") == 0) {
+            both = strcmp(argv[i + 1], "both") == 0;
+            if (!both && !attention_precision_parse(argv[i + 1], &attention)) {
+                fprintf(stderr, "bench_engine: --attention %s is not f32, bf16 or both\n", argv[i + 1]);
                 return 2;
             }
         }
@@ -235,8 +256,24 @@ int main(int argc, char **argv) {
     cfg.format = kv_fmt;
     b.chunk = chunk;
     b.then_decode = then_decode;
-    b.pool = kv_pool_create(&cfg, &b.err);
+    const char *why = NULL;
+    cfg.attention = model_attention_precision(b.m, kv_fmt, both ? ATTENTION_BF16 : attention, &why);
+    if (why) {
+        printf("attention: bf16 asked for, f32 runs: %s\n", why);
+        both = false;
+    }
     int max_batch = chunk > 0 && chunk < max_p ? chunk : max_p;
+    if (both) {
+        b.pool_bf16 = kv_pool_create(&cfg, &b.err);
+        b.ctx_bf16 = b.pool_bf16 ? model_ctx_create(b.m, b.pool_bf16, threads, max_batch, &b.err) : NULL;
+        if (b.ctx_bf16 == NULL || model_has_state(b.m)) {
+            fprintf(stderr, "bench_engine: --attention both: %s\n",
+                    b.ctx_bf16 ? "not for models with recurrent state" : b.err.msg);
+            return 1;
+        }
+        cfg.attention = ATTENTION_F32;
+    }
+    b.pool = kv_pool_create(&cfg, &b.err);
     b.ctx = b.pool ? model_ctx_create(b.m, b.pool, threads, max_batch, &b.err) : NULL;
     if (b.ctx && model_has_state(b.m)) b.state = model_state_create(b.m, &b.err);
     if (b.ctx == NULL || (model_has_state(b.m) && b.state == NULL)) {
@@ -255,9 +292,10 @@ int main(int argc, char **argv) {
     if (probe == NULL) probe = gguf_find_tensor(f, "blk.0.ssm_in.weight");
     if (probe) wtype = dtype_info_of(probe->type)->name;
 
-    printf("model %s: %s, %d layers, n_embd %d, weights %s, KV %s, %d threads, %d reps, prefill %s%s\n",
+    printf("model %s: %s, %d layers, n_embd %d, weights %s, KV %s, %d threads, %d reps, prefill %s%s, attention %s\n",
            label ? label : path, hp->arch_name, hp->n_layer, hp->n_embd, wtype, kv_format_name(kv_fmt), threads, reps,
-           chunk > 0 ? "in chunks" : "in one batch", cpu_clock ? ", tokens per CPU second" : "");
+           chunk > 0 ? "in chunks" : "in one batch", cpu_clock ? ", tokens per CPU second" : "",
+           both ? "f32 and bf16 alternating" : attention_precision_name(kv_pool_attention(b.pool)));
     double ref[MAX_TESTS] = {0};
     int have_ref = 0;
     if (llama_bench) {
@@ -269,12 +307,21 @@ int main(int argc, char **argv) {
     printf("%-16s %12s %22s %12s %8s\n", "test", "tok/s (med)", "spread (min..max)", "llama.cpp", "ratio");
     double *rates = malloc((size_t)(reps > rounds ? reps : rounds) * sizeof(double));
     double *after = malloc((size_t)reps * sizeof(double));
+    double *rates_bf16 = malloc((size_t)reps * sizeof(double)), *after_bf16 = malloc((size_t)reps * sizeof(double));
+    if (both) { /* the weights' pages come in before either precision is timed */
+        ember_once(&b, 16, false);
+        ember_once_on(&b, b.ctx_bf16, b.pool_bf16, 16, false);
+    }
     for (int t = 0; t < n_prefill + 1; t++) {
         bool is_decode = t == n_prefill;
         int n = is_decode ? decode_n : prefill[t];
         for (int r = 0; r < reps; r++) {
             rates[r] = ember_once(&b, n, is_decode);
             after[r] = b.after;
+            if (both) {
+                rates_bf16[r] = ember_once_on(&b, b.ctx_bf16, b.pool_bf16, n, is_decode);
+                after_bf16[r] = b.after;
+            }
         }
         double med = median(rates, reps);
         char name[32], spread[48];
@@ -288,9 +335,23 @@ int main(int argc, char **argv) {
             snprintf(spread, sizeof spread, "%.1f..%.1f", after[0], after[reps - 1]);
             printf("%-16s %12.1f %22s %12s %8s\n", name, amed, spread, "-", "-");
         }
+        if (both) { /* the bf16 row: bf16 / f32 in the ratio column */
+            double bmed = median(rates_bf16, reps);
+            snprintf(name, sizeof name, "%s%d bf16", is_decode ? "decode " : "prefill ", n);
+            snprintf(spread, sizeof spread, "%.1f..%.1f", rates_bf16[0], rates_bf16[reps - 1]);
+            printf("%-16s %12.1f %22s %12s %7.2fx\n", name, bmed, spread, "(vs f32)", bmed / med);
+            if (!is_decode && then_decode > 0) {
+                double amed = median(after, reps), bamed = median(after_bf16, reps);
+                snprintf(name, sizeof name, "decode@%d bf16", n);
+                snprintf(spread, sizeof spread, "%.1f..%.1f", after_bf16[0], after_bf16[reps - 1]);
+                printf("%-16s %12.1f %22s %12s %7.2fx\n", name, bamed, spread, "(vs f32)", bamed / amed);
+            }
+        }
         fflush(stdout);
     }
     free(after);
+    free(rates_bf16);
+    free(after_bf16);
 
     if (busy_core >= 0) {
         /* Pairs of (quiet, loaded) runs, alternating; fractions kept per round. */
@@ -339,6 +400,8 @@ int main(int argc, char **argv) {
     model_state_free(b.state);
     model_ctx_free(b.ctx);
     kv_pool_free(b.pool);
+    model_ctx_free(b.ctx_bf16);
+    kv_pool_free(b.pool_bf16);
     model_free(b.m);
     return 0;
 }

@@ -309,6 +309,7 @@ apc *apc_create(kv_pool *pool, const kv_pool_config *layout, const cache_layer *
         c->layout.v_values[l] = layout->v_width[l];
     }
     c->layout.kv_format_id = kv_format_id(kv_pool_format(pool));
+    c->layout.attention = (int)kv_pool_attention(pool);
     c->exact.max_entries = cfg.exact_entries;
     c->exact.max_bytes = cfg.exact_max_bytes;
     if (state && state->bytes > 0) {
@@ -1152,6 +1153,8 @@ void apc_get_stats(apc *c, apc_stats *s) {
     s->pool_referenced = s->num_blocks - s->pool_free;
     s->block_bytes = kv_pool_block_bytes(c->pool);
     snprintf(s->kv_format, sizeof s->kv_format, "%s", kv_format_name(kv_pool_format(c->pool)));
+    snprintf(s->attention_precision, sizeof s->attention_precision, "%s",
+             attention_precision_name(kv_pool_attention(c->pool)));
     s->lookups_hit = c->lookups_hit;
     s->lookups_miss = c->lookups_miss;
     s->matched_tokens = c->matched_tokens;

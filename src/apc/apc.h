@@ -189,6 +189,7 @@ typedef struct apc_stats {
     int32_t pool_used, pool_free, pool_referenced;
     size_t block_bytes;
     char kv_format[32];      /* the pool's KV format (kv_format_name) */
+    char attention_precision[8]; /* the pool's attention precision (attention_precision_name) */
     uint64_t lookups_hit, lookups_miss, matched_tokens, served_tokens;
     uint64_t evictions, stores, disk_hits, disk_writes, exact_hits, exact_stores;
     int exact_entries, exact_max_entries;

@@ -410,6 +410,13 @@ void apc_disk_namespace(const apc_disk_config *cfg, const apc_layout *lay, apc_h
     }
     FEED_U64(lay->state_bytes); /* the layer mix: recurrent state and the stack */
     FEED_U64(lay->stack_sig);
+    /* K/V written under bf16 attention are other rows than under f32 (each
+     * layer's input went through the previous layer's attention); f32 adds
+     * nothing, so its namespaces are those of before the setting existed. */
+    if (lay->attention != ATTENTION_F32) {
+        XXH3_128bits_update(st, "attention", 9);
+        FEED_U64(lay->attention);
+    }
 #undef FEED_U64
     XXH128_hash_t h = XXH3_128bits_digest(st);
     XXH3_freeState(st);
@@ -469,6 +476,23 @@ void apc_disk_note_other_formats(const apc_disk_config *cfg, const apc_layout *l
                       cfg->path, files, kv_format_name(other), layout_note, kv_format_name(own));
         }
     }
+    /* the same format under the other attention precision */
+    apc_layout probe = *lay;
+    probe.attention = lay->attention == ATTENTION_F32 ? ATTENTION_BF16 : ATTENTION_F32;
+    uint8_t ns[16];
+    apc_disk_namespace(cfg, &probe, hash, ns);
+    apc_key k;
+    memcpy(k.b, ns, 16);
+    char hex[33], path[4096];
+    apc_disk_key_hex(&k, hex);
+    snprintf(path, sizeof path, "%s/%s", cfg->path, hex);
+    long files = count_entries(path);
+    if (files > 0)
+        ember_log(EMBER_LOG_INFO,
+                  "APC disk: %s holds %ld cache files of this model written under attention precision %s; this "
+                  "server runs %s attention, stores in a namespace of its own and adopts none of them",
+                  cfg->path, files, attention_precision_name((attention_precision)probe.attention),
+                  attention_precision_name((attention_precision)lay->attention));
 }
 
 /* Reads and checks one file's header; fills h (keys malloc'd). */

@@ -8,8 +8,10 @@
  *    namespace_override string instead -, the block size, the KV format
  *    (kv_format_id: f32, f16, q8_0, kvarn with its widths, tail and layout
  *    version), the block-key hash kind, n_layer and
- *    every layer's K and V width). Two models, or one model under two cache
- *    or KV formats, never share a directory;
+ *    every layer's K and V width, and the attention precision the rows were
+ *    written under when it is not f32: kv_pool_attention). Two models, or
+ *    one model under two cache or KV formats or attention precisions, never
+ *    share a directory;
  *    a renamed model file keeps its namespace (no path enters it).
  *  - Names. b-<32 hex>.apc: a block shard, named by the key of its last
  *    block. x-<32 hex>.apc: an exact snapshot, named by its exact key

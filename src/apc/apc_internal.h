@@ -59,6 +59,9 @@ typedef struct apc_layout {
     /* The KV format (kv_pool.h), for the namespace: */
     uint64_t kv_format_id; /* kv_format_id of the pool's format; 0 = f32 */
     int *k_values, *v_values; /* (n_layer) values per K / V row; NULL: k_width / v_width (f32) */
+    /* The attention precision the rows were written under (kv_pool_attention);
+     * enters the namespace only when not f32, so f32 namespaces are unchanged. */
+    int attention;
 } apc_layout;
 
 typedef struct apc_exact_entry {

@@ -5,7 +5,8 @@
  *
  * Contract:
  *  - Keys. "ember:apc:<ns>:b:<key>": <ns> is the SSD tier's namespace (32
- *    hex digits: model fingerprint, cache format, kv format, layer mix;
+ *    hex digits: model fingerprint, cache format, kv format, layer mix,
+ *    attention precision when not f32;
  *    apc_disk_namespace), <key> the block's chain key (32 hex digits; the
  *    tenant salt is inside the key). Only replicas of one model under one
  *    cache format ever meet; two tenants never share a key.

@@ -36,6 +36,7 @@ struct engine {
     const model *m;
     engine_config cfg;
     kv_pool *pool;
+    const char *attention_fallback; /* model_attention_precision's why, or NULL */
     apc *cache;
     spec_drafter *drafter;          /* speculative decoding, or NULL */
     prefix_layer *prefix;           /* L0 of a speculating engine, or NULL */
@@ -154,6 +155,9 @@ engine *engine_create(const model *m, const engine_config *cfg_in, ember_error *
     kv_pool_config kc;
     model_kv_config(m, cfg.num_blocks, &kc);
     kc.format = cfg.kv_format;
+    kc.attention = model_attention_precision(m, kc.format, cfg.attention, &e->attention_fallback);
+    if (e->attention_fallback)
+        ember_log(EMBER_LOG_WARN, "attention precision bf16 asked for, f32 used: %s", e->attention_fallback);
     e->pool = kv_pool_create(&kc, err);
     if (e->pool == NULL) goto fail;
     ember_log(EMBER_LOG_DEBUG, "KV pool: %d blocks of %d tokens (%lld tokens, %.1f MiB, kv_format=%s, %zu bytes/token)",
@@ -253,6 +257,8 @@ void engine_free(engine *e) {
 
 apc *engine_cache(engine *e) { return e->cache; }
 kv_pool *engine_pool(engine *e) { return e->pool; }
+attention_precision engine_attention_precision(const engine *e) { return kv_pool_attention(e->pool); }
+const char *engine_attention_fallback(const engine *e) { return e->attention_fallback; }
 const model *engine_model(const engine *e) { return e->m; }
 int engine_n_ctx(const engine *e) { return e->cfg.n_ctx; }
 spec_drafter *engine_drafter(engine *e) { return e->drafter; }

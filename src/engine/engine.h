@@ -57,6 +57,10 @@ typedef struct engine_config {
     int32_t num_blocks;   /* KV pool size; 0: default (see engine_default_blocks) */
     int n_ctx;            /* largest sequence; 0: the model's training context */
     kv_format kv_format;  /* how the pool stores K/V rows; zero: f32 */
+    /* attention's products (ops.h); zero: f32. bf16 where the CPU and the
+     * model allow it (model_attention_precision), else f32 and
+     * engine_attention_fallback says why. */
+    attention_precision attention;
     apc_config cache;
     spec_config spec;     /* speculative decoding (engine_spec.h); kind SPEC_OFF: none */
 } engine_config;
@@ -146,6 +150,10 @@ void engine_model_fingerprint(const gguf_file *f, uint8_t out[16]);
 /* ---- Parts ---- */
 apc *engine_cache(engine *e);
 kv_pool *engine_pool(engine *e);
+/* The attention precision the engine runs at (kv_pool_attention), and why
+ * a request for bf16 fell back to f32 (NULL when nothing fell back). */
+attention_precision engine_attention_precision(const engine *e);
+const char *engine_attention_fallback(const engine *e);
 const model *engine_model(const engine *e);
 int engine_n_ctx(const engine *e);
 spec_drafter *engine_drafter(engine *e);   /* NULL without speculative decoding */

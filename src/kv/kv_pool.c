@@ -34,6 +34,7 @@ struct kv_pool {
     int n_layer;
     int32_t n_blocks;
     kv_format format;
+    attention_precision attention;
     size_t block_bytes;      /* all layers */
     size_t *layer_offset;    /* (n_layer) byte offset of layer l's K rows within a block */
     int *k_width;            /* (n_layer) values per row */
@@ -301,6 +302,7 @@ kv_pool *kv_pool_create(const kv_pool_config *cfg, ember_error *err) {
     p->n_layer = cfg->n_layer;
     p->n_blocks = cfg->n_blocks;
     p->format = cfg->format;
+    p->attention = cfg->attention;
     p->k_head = cfg->k_head;
     p->v_head = cfg->v_head;
     p->layer_offset = calloc((size_t)cfg->n_layer, sizeof(size_t));
@@ -559,6 +561,7 @@ int32_t kv_pool_n_free(const kv_pool *p) { return p->n_free; }
 size_t kv_pool_block_bytes(const kv_pool *p) { return p->block_bytes; }
 size_t kv_pool_row_bytes(const kv_pool *p, int layer, int kv) { return kv == 0 ? p->k_bytes[layer] : p->v_bytes[layer]; }
 kv_format kv_pool_format(const kv_pool *p) { return p->format; }
+attention_precision kv_pool_attention(const kv_pool *p) { return p->attention; }
 uint64_t kv_pool_evictions(const kv_pool *p) { return p->evictions; }
 
 /* ---- kvarn groups ---- */

@@ -64,6 +64,7 @@
 #include "core/error.h"
 #include "tensor/kv_rows.h"
 #include "tensor/kvarn.h"
+#include "tensor/ops.h"
 
 #define KV_BLOCK_TOKENS 16
 /* A block table entry of a sealed kvarn group's given-back block. */
@@ -99,6 +100,11 @@ typedef struct kv_pool_config {
     int32_t n_blocks;
     kv_format format;    /* zero: f32 */
     int k_head, v_head;  /* values per head of a K / V row (kvarn rotates per head); 0 = the whole row */
+    /* The attention precision the rows are written under (ops.h; zero:
+     * f32), as op_attention_precision resolved it: layer l's rows depend on
+     * layer l-1's attention, so it is part of what the rows mean, and the
+     * cache's namespaces carry it (apc_disk.h). */
+    attention_precision attention;
 } kv_pool_config;
 
 /* Called when an indexed block is about to be reused for something else. */
@@ -214,6 +220,7 @@ int32_t kv_pool_n_free(const kv_pool *pool);        /* refcount 0 (includes inde
 size_t kv_pool_block_bytes(const kv_pool *pool);
 size_t kv_pool_row_bytes(const kv_pool *pool, int layer, int kv); /* kv 0 = K, 1 = V */
 kv_format kv_pool_format(const kv_pool *pool);
+attention_precision kv_pool_attention(const kv_pool *pool);
 uint64_t kv_pool_evictions(const kv_pool *pool);
 
 #endif

@@ -254,7 +254,9 @@ static void task_qk_prepare(void *arg, int ith, int nth) {
  * part gets the same share of kv heads over all rows (balanced under the
  * causal mask), and one unit's 2 * ATT_ROWS queries (for GQA pairs) read
  * each key and value row once (streaming K/V was the bottleneck). Each
- * query's arithmetic is independent of the split (op_attention_paged_rows).
+ * query's arithmetic is independent of the split (op_attention_paged_rows),
+ * at the pool's attention precision (kv_pool_attention: decode and prefill
+ * alike, so bf16 attention keeps warm == cold).
  * Part ith uses score slice ith of unit_rows * group * att_cap floats
  * (attention_parts keeps parts * unit_rows within the scratch). */
 static void task_attention(void *arg, int ith, int nth) {
@@ -307,9 +309,10 @@ static void task_attention(void *arg, int ith, int nth) {
                                         v_ptrs, &kf, t->b->pos + r, (int)(re - r), hp->n_head, hp->n_head_kv,
                                         hp->d_k, hp->d_v, scale, t->L->window, g * group, (g + 1) * group, scores);
             else
-                op_attention_paged_rows(c->attn + r * out_stride, out_stride, c->q + r * q_stride, q_stride, k_ptrs,
-                                        v_ptrs, type, t->b->pos + r, (int)(re - r), hp->n_head, hp->n_head_kv,
-                                        hp->d_k, hp->d_v, scale, t->L->window, g * group, (g + 1) * group, scores);
+                op_attention_paged_rows_prec(c->attn + r * out_stride, out_stride, c->q + r * q_stride, q_stride,
+                                             k_ptrs, v_ptrs, type, t->b->pos + r, (int)(re - r), hp->n_head,
+                                             hp->n_head_kv, hp->d_k, hp->d_v, scale, t->L->window, g * group,
+                                             (g + 1) * group, scores, kv_pool_attention(c->pool));
             r = re;
         }
     }

@@ -574,6 +574,7 @@ void model_mtp_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg) 
     cfg->format = (kv_format){KV_FORMAT_F32};
     cfg->k_head = m->hp.d_k;
     cfg->v_head = m->hp.d_v;
+    cfg->attention = ATTENTION_F32;
 }
 
 void model_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg) {
@@ -584,4 +585,14 @@ void model_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg) {
     cfg->format = (kv_format){KV_FORMAT_F32};
     cfg->k_head = m->hp.d_k;
     cfg->v_head = m->hp.d_v;
+    cfg->attention = ATTENTION_F32;
+}
+
+attention_precision model_attention_precision(const model *m, kv_format format, attention_precision want,
+                                              const char **why) {
+    const char *fallback = op_attention_precision_fallback(want, m->hp.d_k, m->hp.d_v);
+    if (fallback == NULL && want == ATTENTION_BF16 && kv_format_is_kvarn(format))
+        fallback = "kvarn pools have no bf16 attention kernel";
+    if (why) *why = fallback;
+    return want == ATTENTION_BF16 && fallback == NULL ? ATTENTION_BF16 : ATTENTION_F32;
 }

@@ -309,6 +309,7 @@ void serve_config_engine(const serve_config *c, engine_config *ec) {
     *ec = engine_default_config();
     ec->n_threads = c->n_threads;
     ec->prefill_step = c->prefill_step;
+    if (!attention_precision_parse(c->attention_precision, &ec->attention)) ec->attention = ATTENTION_F32;
     ec->n_ctx = c->n_ctx;
     ec->num_blocks = c->num_blocks;
     ec->spec.kind = serve_config_spec_kind(c);

@@ -455,6 +455,8 @@ static enum MHD_Result handle_stats(server *srv, struct MHD_Connection *c, bool 
     if (!reset) {
         cJSON *o = serve_cache_stats_json(cache);
         if (o) cJSON_AddItemToObject(o, "tenants", serve_tenant_stats_all(srv->tenant_stats));
+        if (o && engine_attention_fallback(srv->e)) /* bf16 asked for, f32 run: why */
+            cJSON_AddStringToObject(o, "attention_precision_fallback", engine_attention_fallback(srv->e));
         if (o && on) { /* the scheduler's freshness gate (reference §14.1) */
             char why[160];
             cJSON_AddNumberToObject(o, "fresh_holds", (double)sched_fresh_holds(srv->s, why, sizeof why));

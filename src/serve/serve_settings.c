@@ -69,6 +69,14 @@ static const serve_setting table[] = {
     {"server.prefill_step", "EMBER_PREFILL_STEP", "prefill-step", SETTING_INT, "512", 1, 1 << 16, NULL, NULL,
      "prefill chunk in tokens: the grid of absolute positions and the largest forward batch", NULL, false,
      SRV(prefill_step)},
+    {"server.attention_precision", "EMBER_ATTENTION_PRECISION", "attention-precision", SETTING_STR, "f32", 0, 0,
+     "f32|bf16", NULL, "precision of attention's products: f32, or bf16 (faster long prompts, less exact)",
+     "bf16 rounds the query, K and V and the softmax weights to bf16 and multiplies them with vdpbf16ps (f32 sums "
+     "and softmax): attention's products run at twice the f32 rate, which speeds up long prompts; speed and "
+     "accuracy against f32 are measured in docs/attention.md. It needs AVX512_BF16 and heads of 64 or 128 values and no kvarn pool; elsewhere f32 runs and "
+     "/v1/cache/stats says why (`attention_precision_fallback`). Warm equals cold under either; the SSD and "
+     "remote namespaces of bf16 differ from f32's, so one never adopts the other's rows.",
+     false, SRV(attention_precision)},
     {"server.max_running", "EMBER_MAX_RUNNING", "max-running", SETTING_INT, "32", 1, 4096, NULL, NULL,
      "sequences decoded together", NULL, false, SRV(max_running)},
     {"server.queue_size", "EMBER_QUEUE_SIZE", "queue-size", SETTING_INT, "64", 0, 1 << 20, NULL, NULL,

@@ -67,6 +67,7 @@ cJSON *serve_cache_stats_json(apc *c) {
     cJSON_AddNumberToObject(o, "pool_capacity_tokens", (double)s.num_blocks * s.block_size);
     cJSON_AddNumberToObject(o, "pool_bytes", (double)s.num_blocks * (double)s.block_bytes);
     cJSON_AddStringToObject(o, "kv_format", s.kv_format);
+    cJSON_AddStringToObject(o, "attention_precision", s.attention_precision);
     cJSON_AddNumberToObject(o, "exact_entries", s.exact_entries);
     cJSON_AddNumberToObject(o, "exact_max_entries", s.exact_max_entries);
     cJSON_AddNumberToObject(o, "exact_bytes", (double)s.exact_bytes);

@@ -45,8 +45,8 @@
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 enum {
-    KT = 16,      /* keys per K tile */
-    VT = 32,      /* keys per V tile (16 pairs) */
+    KT = 32,      /* keys per K tile (two groups of 16 lanes) */
+    VT = 64,      /* keys per V tile (32 pairs) */
     QB = 8,       /* queries per register block */
     MAX_Q = 64,   /* queries per group (op_attention_paged_rows' pairs) */
     MAX_D = 128,
@@ -113,23 +113,25 @@ ALWAYS_INLINE void prefetch_row(const attention_head_args *a, bool key, int64_t 
         if (64 * c < bytes) _mm_prefetch(p + 64 * c, _MM_HINT_T0);
 }
 
-/* Dots of NQ queries (bf16 pairs qb[i]) with the 16 keys of a transposed
- * K tile, unscaled, into res[i]. */
+/* Dots of NQ queries (bf16 pairs qb[i]) with the 32 keys of a transposed
+ * K tile (keys 0..15 in ktp[0 .. D/2), 16..31 in ktp[D/2 .. D)), unscaled,
+ * into res[2i] and res[2i + 1]. */
 ALWAYS_INLINE void dots_block(const int D, const int NQ, const __m512i *ktp, const uint32_t (*qb)[MAX_D / 2],
                               __m512 *res) {
-    __m512 ae[QB], ao[QB];
+    __m512 acc[QB][2];
 #pragma GCC unroll 8
-    for (int i = 0; i < NQ; i++) ae[i] = ao[i] = _mm512_setzero_ps();
-    for (int p = 0; p < D / 2; p += 2) {
-        __m512i k0 = _mm512_load_si512(ktp + p), k1 = _mm512_load_si512(ktp + p + 1);
+    for (int i = 0; i < NQ; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int p = 0; p < D / 2; p++) {
+        __m512i k0 = _mm512_load_si512(ktp + p), k1 = _mm512_load_si512(ktp + D / 2 + p);
 #pragma GCC unroll 8
         for (int i = 0; i < NQ; i++) {
-            ae[i] = dp(ae[i], k0, _mm512_set1_epi32((int)qb[i][p]));
-            ao[i] = dp(ao[i], k1, _mm512_set1_epi32((int)qb[i][p + 1]));
+            __m512i q = _mm512_set1_epi32((int)qb[i][p]);
+            acc[i][0] = dp(acc[i][0], k0, q);
+            acc[i][1] = dp(acc[i][1], k1, q);
         }
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < NQ; i++) res[i] = _mm512_add_ps(ae[i], ao[i]);
+    for (int i = 0; i < NQ; i++) res[2 * i] = acc[i][0], res[2 * i + 1] = acc[i][1];
 }
 
 /* Weighted values of NQ queries over one V tile, 32 output lanes
@@ -228,34 +230,49 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
 
     /* Scores, one K tile of 16 keys at a time for every query. */
     float rows[VT][MAX_D] __attribute__((aligned(64)));
-    __m512i ktp[MAX_D / 2] __attribute__((aligned(64)));
+    __m512i ktp[MAX_D] __attribute__((aligned(64)));
     for (int64_t t0 = first - first % KT; t0 < hi; t0 += KT) {
+        const bool direct = a[0].k_type == KV_ROW_F16 && t0 >= first && t0 + KT <= hi;
         for (int k = 0; k < KT; k++) {
-            if (t0 + KT + k < hi) prefetch_row(&a[0], true, t0 + KT + k, k_head, k_bytes);
-            head_row_f32(D, &a[0], true, t0 + k, first, hi, rows[k]);
+            if (t0 + 2 * KT + k < hi) prefetch_row(&a[0], true, t0 + 2 * KT + k, k_head, k_bytes);
+            if (!direct) head_row_f32(D, &a[0], true, t0 + k, first, hi, rows[k]);
         }
-        for (int c = 0; c < D / 32; c++) {
-            __m512i r[16];
+        for (int g = 0; g < KT / 16; g++)
+            for (int c = 0; c < D / 32; c++) {
+                __m512i r[16];
+                if (direct) { /* f16 rows straight to bf16 pairs: f16 -> f32 is exact */
 #pragma GCC unroll 16
-            for (int k = 0; k < 16; k++)
-                r[k] = bf16_pairs(_mm512_load_ps(rows[k] + 32 * c), _mm512_load_ps(rows[k] + 32 * c + 16));
-            transpose16(r);
+                    for (int k = 0; k < 16; k++) {
+                        const __m256i *h =
+                            (const __m256i *)(attention_row(a[0].k_blocks, a[0].k_stride, t0 + 16 * g + k) + k_head) + 2 * c;
+                        r[k] = bf16_pairs(_mm512_cvtph_ps(_mm256_loadu_si256(h)), _mm512_cvtph_ps(_mm256_loadu_si256(h + 1)));
+                    }
+                } else {
 #pragma GCC unroll 16
-            for (int x = 0; x < 16; x++) _mm512_store_si512(ktp + 16 * c + x, r[x]);
-        }
+                    for (int k = 0; k < 16; k++)
+                        r[k] = bf16_pairs(_mm512_load_ps(rows[16 * g + k] + 32 * c),
+                                          _mm512_load_ps(rows[16 * g + k] + 32 * c + 16));
+                }
+                transpose16(r);
+#pragma GCC unroll 16
+                for (int x = 0; x < 16; x++) _mm512_store_si512(ktp + g * (D / 2) + 16 * c + x, r[x]);
+            }
         for (int s0 = 0; s0 < n; s0 += QB) {
             int m = n - s0 < QB ? n - s0 : QB;
-            __m512 res[QB];
+            __m512 res[2 * QB];
             dots[m](ktp, (const uint32_t (*)[MAX_D / 2])qb + s0, res);
             for (int i = s0; i < s0 + m; i++) {
-                __m512 s = _mm512_mul_ps(res[i - s0], _mm512_set1_ps(a[i].scale));
+                __m512 scale = _mm512_set1_ps(a[i].scale);
+                __m512 s0v = _mm512_mul_ps(res[2 * (i - s0)], scale), s1v = _mm512_mul_ps(res[2 * (i - s0) + 1], scale);
                 /* keys [first, n_keys) of this query, at scores[key - first] */
                 int64_t lo = t0 > first ? t0 : first, end = t0 + KT < a[i].n_keys ? t0 + KT : a[i].n_keys;
                 if (lo == t0 && end == t0 + KT) {
-                    _mm512_storeu_ps(a[i].scores + (t0 - first), s);
+                    _mm512_storeu_ps(a[i].scores + (t0 - first), s0v);
+                    _mm512_storeu_ps(a[i].scores + (t0 - first) + 16, s1v);
                 } else if (end > lo) {
                     float tmp[KT];
-                    _mm512_storeu_ps(tmp, s);
+                    _mm512_storeu_ps(tmp, s0v);
+                    _mm512_storeu_ps(tmp + 16, s1v);
                     memcpy(a[i].scores + (lo - first), tmp + (lo - t0), (size_t)(end - lo) * sizeof(float));
                 }
             }
@@ -271,32 +288,41 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
     uint32_t pq[MAX_Q][VT / 2] __attribute__((aligned(64)));
     const int64_t v_start = first - first % VT;
     for (int64_t v0 = v_start; v0 < hi; v0 += VT) {
+        const bool direct = a[0].v_type == KV_ROW_F16 && v0 >= first && v0 + VT <= hi;
         for (int k = 0; k < VT; k++) {
-            if (v0 + VT + k < hi) prefetch_row(&a[0], false, v0 + VT + k, v_head, v_bytes);
-            head_row_f32(D, &a[0], false, v0 + k, first, hi, rows[k]);
+            if (v0 + 2 * VT + k < hi) prefetch_row(&a[0], false, v0 + 2 * VT + k, v_head, v_bytes);
+            if (!direct) head_row_f32(D, &a[0], false, v0 + k, first, hi, rows[k]);
         }
-        for (int u = 0; u < VT / 2; u++)
+        for (int u = 0; u < VT / 2; u++) {
+            if (direct) {
+                const __m256i *h0 = (const __m256i *)(attention_row(a[0].v_blocks, a[0].v_stride, v0 + 2 * u) + v_head);
+                const __m256i *h1 = (const __m256i *)(attention_row(a[0].v_blocks, a[0].v_stride, v0 + 2 * u + 1) + v_head);
 #pragma GCC unroll 8
-            for (int c = 0; c < D / 16; c++) {
-                __m512i x = bf16_pairs(_mm512_load_ps(rows[2 * u] + 16 * c), _mm512_load_ps(rows[2 * u + 1] + 16 * c));
-                _mm512_store_si512(&vtp[u][c], _mm512_permutexvar_epi16(perm, x));
+                for (int c = 0; c < D / 16; c++) {
+                    __m512i x = bf16_pairs(_mm512_cvtph_ps(_mm256_loadu_si256(h0 + c)), _mm512_cvtph_ps(_mm256_loadu_si256(h1 + c)));
+                    _mm512_store_si512(&vtp[u][c], _mm512_permutexvar_epi16(perm, x));
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int c = 0; c < D / 16; c++) {
+                    __m512i x = bf16_pairs(_mm512_load_ps(rows[2 * u] + 16 * c), _mm512_load_ps(rows[2 * u + 1] + 16 * c));
+                    _mm512_store_si512(&vtp[u][c], _mm512_permutexvar_epi16(perm, x));
+                }
             }
+        }
         /* Weights as bf16 pairs; +0 outside [first, n_keys). */
         int full[MAX_Q], straddle[MAX_Q];
         for (int i = 0; i < n; i++) {
             int64_t lo = v0 > first ? v0 : first, end = v0 + VT < a[i].n_keys ? v0 + VT : a[i].n_keys;
-            __m512 p0, p1;
-            if (lo == v0 && end == v0 + VT) {
-                p0 = _mm512_loadu_ps(a[i].scores + (v0 - first));
-                p1 = _mm512_loadu_ps(a[i].scores + (v0 - first) + 16);
-            } else {
-                float tmp[VT] __attribute__((aligned(64)));
+            const float *src = a[i].scores + (v0 - first);
+            float tmp[VT] __attribute__((aligned(64)));
+            if (!(lo == v0 && end == v0 + VT)) {
                 memset(tmp, 0, sizeof tmp);
                 if (end > lo) memcpy(tmp + (lo - v0), a[i].scores + (lo - first), (size_t)(end - lo) * sizeof(float));
-                p0 = _mm512_load_ps(tmp);
-                p1 = _mm512_load_ps(tmp + 16);
+                src = tmp;
             }
-            _mm512_store_si512(pq[i], bf16_pairs(p0, p1));
+            for (int c = 0; c < VT / 32; c++)
+                _mm512_store_si512(pq[i] + 16 * c, bf16_pairs(_mm512_loadu_ps(src + 32 * c), _mm512_loadu_ps(src + 32 * c + 16)));
             int seen = end > v0 ? (int)(end - v0) : 0; /* keys of the tile this query sees, from v0 */
             full[i] = seen / 2;
             straddle[i] = seen % 2 ? seen / 2 : -1;
