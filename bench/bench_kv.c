@@ -1,6 +1,6 @@
 /* bench_kv.c - what each KV format costs in quality, memory and decode speed.
  *
- * Usage: bench_kv MODEL --text FILE [--window W] [--threads N] [--formats f32,f16,q8_0]
+ * Usage: bench_kv MODEL --text FILE [--window W] [--threads N] [--formats f32,f16,q8_0,f16@bf16]
  *                 [--decode-ctx 4096] [--decode-steps 8] [--decode-rounds 4] [--second-halves 1]
  *
  * Quality: the text is tokenized (with BOS) and cut into windows of W tokens
@@ -14,6 +14,10 @@
  * llama-perplexity does (its KL and "same top" figures compare then). All
  * formats run side by side on the same chunk so only two chunks of logits
  * are alive at once (a 151936-word vocabulary makes them large).
+ *
+ * A format with "@bf16" (f16@bf16, f32@bf16) runs that pool with bf16
+ * attention (ops.h attention_precision), scored against the same f32
+ * reference: what the bf16 products cost, beside what the formats cost.
  *
  * kvarn (e.g. kvarn-k6v5, kvarn-k4v4-t0) is the real pool format
  * (kv_pool.h): groups sealed in place by position, attention reading the
@@ -68,6 +72,7 @@
 
 typedef struct fmt_run {
     kv_format fmt;
+    attention_precision attention;
     kv_pool *pool;
     model_ctx *ctx;
     kv_seq seq;
@@ -183,6 +188,9 @@ static int open_run(const model *m, fmt_run *r, int32_t n_blocks, int threads, e
     kv_pool_config kc;
     model_kv_config(m, n_blocks, &kc);
     kc.format = r->fmt;
+    const char *why = NULL;
+    kc.attention = model_attention_precision(m, r->fmt, r->attention, &why);
+    if (why) return ember_fail(err, "bf16 attention is not available: %s", why);
     r->pool = kv_pool_create(&kc, err);
     if (r->pool == NULL) return -1;
     r->ctx = model_ctx_create(m, r->pool, threads, CHUNK, err);
@@ -309,6 +317,7 @@ static void decode_rates(const model *m, fmt_run *runs, int n_fmt, int n_ctx, in
         rate[f] = -1;
         attn_ms[f] = -1;
         dec[f].fmt = runs[f].fmt;
+        dec[f].attention = runs[f].attention;
         if (fill_context(m, &dec[f], n_ctx, steps + 2, threads, &err) < 0 ||
             model_eval(dec[f].ctx, &dec[f].seq, &tok, 1, false, logits, &err) < 0) {
             fprintf(stderr, "bench_kv: decode at %d in %s: %s\n", n_ctx, kv_format_name(dec[f].fmt), err.msg);
@@ -369,11 +378,21 @@ int main(int argc, char **argv) {
     for (char *tok = strtok(formats_arg, ","); tok; tok = strtok(NULL, ",")) {
         kv_format f;
         if (n_fmt == MAX_FORMATS) break;
+        char *at = strchr(tok, '@');
+        attention_precision prec = ATTENTION_F32;
+        if (at) {
+            *at = 0;
+            if (!attention_precision_parse(at + 1, &prec)) {
+                fprintf(stderr, "bench_kv: unknown attention precision '%s' (f32, bf16)\n", at + 1);
+                return 2;
+            }
+        }
         if (kv_format_parse(tok, &f) < 0) {
             fprintf(stderr, "bench_kv: unknown format '%s' (%s)\n", tok, KV_FORMAT_CHOICES);
             return 2;
         }
-        if (f.kind == KV_FORMAT_F32) continue;
+        if (f.kind == KV_FORMAT_F32 && prec == ATTENTION_F32) continue;
+        runs[n_fmt].attention = prec;
         runs[n_fmt++].fmt = f;
     }
 
@@ -477,7 +496,10 @@ int main(int argc, char **argv) {
         else snprintf(speed, sizeof speed, "-");
         if (attn[f] > 0) snprintf(att, sizeof att, "%.1f", attn[f]);
         else snprintf(att, sizeof att, "-");
-        printf("%-18s %12s %10s %12.4f %12zu %12zu %14.0f %14s %12s\n", kv_format_name(runs[f].fmt), kl, top,
+        char name[48];
+        snprintf(name, sizeof name, "%s%s", kv_format_name(runs[f].fmt),
+                 runs[f].attention == ATTENTION_BF16 ? " bf16-att" : "");
+        printf("%-18s %12s %10s %12.4f %12zu %12zu %14.0f %14s %12s\n", name, kl, top,
                exp(runs[f].nll / (double)(runs[f].n_nll ? runs[f].n_nll : 1)), bpt, sealed,
                (double)(1u << 30) / (double)bpt, speed, att);
         fflush(stdout);

@@ -318,6 +318,13 @@ static const mk_preset presets[] = {
       .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 256, .ssm_d_conv = 4, .ssm_d_inner = 256, .ssm_d_state = 32,
       .ssm_n_group = 2, .ssm_dt_rank = 8, .n_swa = 128},
      0},
+    /* For tests of the attention kernels real models use: small, but with
+     * heads of 128 values (Qwen3's), GQA 4/2. */
+    {"heads128", NULL,
+     {.n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .head_dim = 128, .n_ff = 512, .n_ctx = 4096,
+      .n_expert = 4, .n_expert_used = 2, .n_ff_exp = 128, .ssm_d_conv = 4, .ssm_d_inner = 256, .ssm_d_state = 32,
+      .ssm_n_group = 2, .ssm_dt_rank = 8, .n_swa = 64},
+     0},
     /* Qwen3-0.6B's shapes and vocabulary size, with random weights. */
     {"qwen3-0.6b", "qwen3",
      {.n_embd = 1024, .n_layer = 28, .n_head = 16, .n_head_kv = 8, .head_dim = 128, .n_ff = 3072,
@@ -338,7 +345,7 @@ const mk_preset *mk_preset_find(const char *name) {
     return NULL;
 }
 
-const char *mk_preset_names(void) { return "tiny small qwen3-0.6b llama-3.2-1b"; }
+const char *mk_preset_names(void) { return "tiny small heads128 qwen3-0.6b llama-3.2-1b"; }
 
 /* ---- weight types ---- */
 

@@ -179,16 +179,26 @@ const char *model_prof_class_name(model_prof_class cls) {
 
 /* Rows per attention unit (task_attention), and the most parts per thread
  * an attention task is split into (attention_parts). */
-enum { ATT_ROWS = 16, ATT_PARTS_PER_THREAD = 4 };
+enum { ATT_ROWS = 16, ATT_PARTS_PER_THREAD = 4, ATT_MAX_PAIRS = 64 };
+
+/* Rows per unit: ATT_ROWS, or at bf16 precision as many as fill one
+ * op_attention_paged_rows call (64 (row, head) pairs): the bf16 kernel
+ * transposes each K/V tile once per call, so more queries per call pay
+ * for it better. Bits do not depend on it (batch invariance). */
+static long att_rows(const model_ctx *c) {
+    if (kv_pool_attention(c->pool) != ATTENTION_BF16) return ATT_ROWS;
+    long rows = ATT_MAX_PAIRS / (c->m->hp.n_head / c->m->hp.n_head_kv);
+    return rows > ATT_ROWS ? rows : ATT_ROWS;
+}
 
 /* Grows the attention scratch to hold n_keys keys: n_threads slices of
- * scores for ATT_ROWS rows of a GQA group, and ATT_PARTS_PER_THREAD block
+ * scores for att_rows rows of a GQA group, and ATT_PARTS_PER_THREAD block
  * pointer tables per thread (one per part, attention_parts). */
 static int reserve_attention(model_ctx *c, int64_t n_keys, ember_error *err) {
     int32_t n_blocks = (int32_t)((n_keys + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     if (n_keys > c->att_cap) {
         int64_t cap = n_keys + 1024;
-        size_t slots = (size_t)ATT_ROWS * (size_t)(c->m->hp.n_head / c->m->hp.n_head_kv);
+        size_t slots = (size_t)att_rows(c) * (size_t)(c->m->hp.n_head / c->m->hp.n_head_kv);
         float *s = realloc(c->att_scores, (size_t)c->n_threads * slots * (size_t)cap * sizeof(float));
         if (s == NULL) return ember_fail(err, "out of memory for attention over %lld keys", (long long)n_keys);
         c->att_scores = s;
@@ -250,9 +260,9 @@ static void task_qk_prepare(void *arg, int ith, int nth) {
     }
 }
 
-/* Units are (kv head, block of ATT_ROWS rows) in kv-head-major order: every
+/* Units are (kv head, block of att_rows rows) in kv-head-major order: every
  * part gets the same share of kv heads over all rows (balanced under the
- * causal mask), and one unit's 2 * ATT_ROWS queries (for GQA pairs) read
+ * causal mask), and one unit's 2 * att_rows queries (for GQA pairs) read
  * each key and value row once (streaming K/V was the bottleneck). Each
  * query's arithmetic is independent of the split (op_attention_paged_rows),
  * at the pool's attention precision (kv_pool_attention: decode and prefill
@@ -264,8 +274,9 @@ static void task_attention(void *arg, int ith, int nth) {
     model_ctx *c = t->c;
     const model_hparams *hp = &c->m->hp;
     long n_rows = t->b->n_tokens;
-    long row_blocks = (n_rows + ATT_ROWS - 1) / ATT_ROWS;
-    long unit_rows = n_rows < ATT_ROWS ? n_rows : ATT_ROWS;
+    const long rows_per_unit = att_rows(c);
+    long row_blocks = (n_rows + rows_per_unit - 1) / rows_per_unit;
+    long unit_rows = n_rows < rows_per_unit ? n_rows : rows_per_unit;
     int group = hp->n_head / hp->n_head_kv;
     long units = row_blocks * hp->n_head_kv, u0, u1;
     ember_split_range(units, 1, ith, nth, &u0, &u1);
@@ -282,7 +293,7 @@ static void task_attention(void *arg, int ith, int nth) {
                                  kv_pool_width(c->pool, t->layer, 1), kv_pool_kvarn_layout(c->pool, t->layer)};
     for (long u = u0; u < u1; u++) {
         int g = (int)(u / row_blocks);
-        long r0 = (u % row_blocks) * ATT_ROWS, r1 = r0 + ATT_ROWS < n_rows ? r0 + ATT_ROWS : n_rows;
+        long r0 = (u % row_blocks) * rows_per_unit, r1 = r0 + rows_per_unit < n_rows ? r0 + rows_per_unit : n_rows;
         for (long r = r0; r < r1;) {
             if (c->kvarn && c->att_skip[r]) {
                 r++;
@@ -323,13 +334,14 @@ static void task_attention(void *arg, int ith, int nth) {
  * caller finished its half and slept until the worker ran again. Up to
  * ATT_PARTS_PER_THREAD parts per thread let the running thread take the
  * rest, as far as the score scratch allows (a part of few rows needs a
- * smaller slice: parts * unit_rows <= n_threads * ATT_ROWS). */
+ * smaller slice: parts * unit_rows <= n_threads * att_rows). */
 static int attention_parts(const model_ctx *c, int n_rows) {
     if (c->n_threads == 1) return 1;
-    long unit_rows = n_rows < ATT_ROWS ? n_rows : ATT_ROWS;
-    long units = (n_rows + ATT_ROWS - 1) / ATT_ROWS * c->m->hp.n_head_kv;
+    const long rows_per_unit = att_rows(c);
+    long unit_rows = n_rows < rows_per_unit ? n_rows : rows_per_unit;
+    long units = (n_rows + rows_per_unit - 1) / rows_per_unit * c->m->hp.n_head_kv;
     long parts = (long)c->n_threads * ATT_PARTS_PER_THREAD;
-    long fit = (long)c->n_threads * ATT_ROWS / unit_rows;
+    long fit = (long)c->n_threads * rows_per_unit / unit_rows;
     if (parts > fit) parts = fit;
     if (parts > units) parts = units;
     return parts > (long)c->n_threads ? (int)parts : c->n_threads;

@@ -10,26 +10,28 @@
  * the softmax itself (max, exp, sum, 1/sum) is attention_avx512.c's, in f32.
  *
  * Layouts (why the tiles are transposed):
- *  - scores: a K tile of 16 keys is stored as D/2 vectors, vector p holding
- *    in lane k the bf16 pair (k[2p], k[2p+1]) of key k; the query's pair
- *    (q[2p], q[2p+1]) is broadcast as one 32-bit value, so one vdpbf16ps
- *    adds two products to each of 16 keys' dots, and no horizontal sum is
- *    needed. Lane k of the accumulators sums key k alone: pairs 0, 2, 4...
- *    in one chain and 1, 3, 5... in another, then the two chains added and
- *    the sum times the scale. Every key's score is a function of the query
- *    and that key only.
- *  - values: a V tile of 32 keys at a multiple of 32 (absolute positions)
- *    is stored as 16 key pairs, pair u holding for 16 output lanes d the
+ *  - scores: a K tile of 32 keys is stored as two groups of D/2 vectors
+ *    (16 keys each), vector p of a group holding in lane k the bf16 pair
+ *    (k[2p], k[2p+1]) of key k (a 16 x 16 transpose of 32-bit pairs per 32
+ *    values); the query's pair (q[2p], q[2p+1]) is broadcast as one 32-bit
+ *    value, so one vdpbf16ps adds two products to each of 16 keys' dots and
+ *    no horizontal sum is needed. Lane k sums key k alone, pairs 0, 1, 2...
+ *    in one chain, then times the scale: every key's score is a function
+ *    of the query and that key only.
+ *  - values: a V tile of 64 keys at a multiple of 64 (absolute positions)
+ *    is stored as 32 key pairs, pair u holding for 16 output lanes d the
  *    bf16 pair (v[2u][d], v[2u+1][d]); the weights (p[2u], p[2u+1]) are
  *    broadcast. Each output lane accumulates pair after pair in key order,
  *    continuing from the previous tile's result (stored in out, exact).
  * The tiles are built once per kv head and call and serve every query of
- * the group (GQA heads x prefill rows), which pays for the transposes.
+ * the group (GQA heads x prefill rows: forward.c gives bf16 calls 64
+ * queries), which pays for the transposes; f16 rows (the served format)
+ * go straight from f16 to bf16 pairs, other formats through f32 rows.
  *
  * Bit-identity: a query's result depends only on its query, first and
  * n_keys and the rows it sees, never on the other queries of the call:
- * scores are per lane; pairs sit at fixed absolute positions (tiles start
- * at multiples of 32); keys outside [first, n_keys) have weight +0, rows
+ * scores are per lane; pairs sit at fixed absolute positions (V tiles start
+ * at multiples of 64); keys outside [first, n_keys) have weight +0, rows
  * outside the group's [first, hi) are zero, and a pair whose second key is
  * past this query's last but visible to another query has that value
  * masked to zero, so the pair adds the same +0 product either way; pairs
@@ -228,7 +230,7 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
             _mm512_store_si512(&qb[i][16 * c],
                                bf16_pairs(_mm512_loadu_ps(a[i].q + 32 * c), _mm512_loadu_ps(a[i].q + 32 * c + 16)));
 
-    /* Scores, one K tile of 16 keys at a time for every query. */
+    /* Scores, one K tile of 32 keys at a time for every query. */
     float rows[VT][MAX_D] __attribute__((aligned(64)));
     __m512i ktp[MAX_D] __attribute__((aligned(64)));
     for (int64_t t0 = first - first % KT; t0 < hi; t0 += KT) {
@@ -280,7 +282,7 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
     }
     for (int i = 0; i < n; i++) softmax_scale(a[i].scores, a[i].n_keys - first);
 
-    /* Values, one V tile of 32 keys (at a multiple of 32) at a time. */
+    /* Values, one V tile of 64 keys (at a multiple of 64) at a time. */
     static const uint16_t interleave[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
                                             8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
     const __m512i perm = _mm512_loadu_si512(interleave);
