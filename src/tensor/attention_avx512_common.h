@@ -109,6 +109,25 @@ static inline __m512 exp_ps(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* exp(s[j] - max) in place for s[0, n), max their maximum; returns
+ * 1 / (the sum of the exps, in softmax_scale's order). */
+static inline float softmax_exp(float *s, int64_t n, float max) {
+    __m512 vmax = _mm512_set1_ps(max), vsum = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), vmax));
+        _mm512_storeu_ps(s + j, e);
+        vsum = _mm512_add_ps(vsum, e);
+    }
+    if (j < n) {
+        __mmask16 m = (__mmask16)((1u << (n - j)) - 1);
+        __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmax));
+        _mm512_mask_storeu_ps(s + j, m, e);
+        vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, e));
+    }
+    return 1.0f / _mm512_reduce_add_ps(vsum);
+}
+
 /* Scores s[0, n) into softmax weights in place, in f32. */
 static inline void softmax_scale(float *s, int64_t n) {
     /* The max in 16 lanes: the same value as the scalar scan (NaN scores are

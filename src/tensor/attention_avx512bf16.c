@@ -230,7 +230,12 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
             _mm512_store_si512(&qb[i][16 * c],
                                bf16_pairs(_mm512_loadu_ps(a[i].q + 32 * c), _mm512_loadu_ps(a[i].q + 32 * c + 16)));
 
-    /* Scores, one K tile of 32 keys at a time for every query. */
+    /* Scores, one K tile of 32 keys at a time for every query, and each
+     * query's running max (vmaxps keeps the running max over NaN scores,
+     * as softmax_scale's scan does). */
+    __m512 vmax[MAX_Q];
+    float smax[MAX_Q];
+    for (int i = 0; i < n; i++) vmax[i] = _mm512_set1_ps(-INFINITY), smax[i] = -INFINITY;
     float rows[VT][MAX_D] __attribute__((aligned(64)));
     __m512i ktp[MAX_D] __attribute__((aligned(64)));
     for (int64_t t0 = first - first % KT; t0 < hi; t0 += KT) {
@@ -271,16 +276,25 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
                 if (lo == t0 && end == t0 + KT) {
                     _mm512_storeu_ps(a[i].scores + (t0 - first), s0v);
                     _mm512_storeu_ps(a[i].scores + (t0 - first) + 16, s1v);
+                    vmax[i] = _mm512_max_ps(s1v, _mm512_max_ps(s0v, vmax[i]));
                 } else if (end > lo) {
                     float tmp[KT];
                     _mm512_storeu_ps(tmp, s0v);
                     _mm512_storeu_ps(tmp + 16, s1v);
                     memcpy(a[i].scores + (lo - first), tmp + (lo - t0), (size_t)(end - lo) * sizeof(float));
+                    for (int64_t j = lo; j < end; j++) smax[i] = tmp[j - t0] > smax[i] ? tmp[j - t0] : smax[i];
                 }
             }
         }
     }
-    for (int i = 0; i < n; i++) softmax_scale(a[i].scores, a[i].n_keys - first);
+    /* exp(s - max) in place and 1 / sum; the weights p = e * (1 / sum) are
+     * formed as the V tiles round them to bf16 (the bits softmax_scale's
+     * weights would round to, one pass less over the scores) */
+    float inv[MAX_Q];
+    for (int i = 0; i < n; i++) {
+        float m = _mm512_reduce_max_ps(vmax[i]);
+        inv[i] = softmax_exp(a[i].scores, a[i].n_keys - first, smax[i] > m ? smax[i] : m);
+    }
 
     /* Values, one V tile of 64 keys (at a multiple of 64) at a time. */
     static const uint16_t interleave[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
@@ -323,8 +337,10 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
                 if (end > lo) memcpy(tmp + (lo - v0), a[i].scores + (lo - first), (size_t)(end - lo) * sizeof(float));
                 src = tmp;
             }
+            const __m512 iv = _mm512_set1_ps(inv[i]);
             for (int c = 0; c < VT / 32; c++)
-                _mm512_store_si512(pq[i] + 16 * c, bf16_pairs(_mm512_loadu_ps(src + 32 * c), _mm512_loadu_ps(src + 32 * c + 16)));
+                _mm512_store_si512(pq[i] + 16 * c, bf16_pairs(_mm512_mul_ps(_mm512_loadu_ps(src + 32 * c), iv),
+                                                              _mm512_mul_ps(_mm512_loadu_ps(src + 32 * c + 16), iv)));
             int seen = end > v0 ? (int)(end - v0) : 0; /* keys of the tile this query sees, from v0 */
             full[i] = seen / 2;
             straddle[i] = seen % 2 ? seen / 2 : -1;
