@@ -16,7 +16,9 @@
  *    to the hash: the namespace of an engine that never asked equals an
  *    engine that asked for f32).
  * Without AVX512_BF16 the engine falls back to f32 and says why
- * (engine_attention_fallback), which is what is checked there. */
+ * (engine_attention_fallback), which is what is checked there. And the
+ * setting: server.attention_precision, default f32, from the environment,
+ * a flag and a file, anything but f32|bf16 refused naming the key. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +29,8 @@
 #include "engine/engine.h"
 #include "kv/kv_pool.h"
 #include "model/model.h"
+#include "serve/serve_config.h"
+#include "serve/serve_settings.h"
 #include "test_util.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -230,11 +234,40 @@ static void test_disk_keeps_precisions_apart(void **state) {
     model_free(m);
 }
 
+static void test_setting(void **state) {
+    (void)state;
+    serve_config c;
+    serve_config_defaults(&c);
+    engine_config ec;
+    serve_config_engine(&c, &ec);
+    assert_int_equal(ec.attention, ATTENTION_F32);
+    ember_error err;
+    setenv("EMBER_ATTENTION_PRECISION", "bf16", 1);
+    int rc = serve_config_apply_env(&c, &err);
+    unsetenv("EMBER_ATTENTION_PRECISION");
+    assert_int_equal(rc, 0);
+    serve_config_engine(&c, &ec);
+    assert_int_equal(ec.attention, ATTENTION_BF16);
+    bool neg;
+    const serve_setting *row = serve_setting_by_flag("attention-precision", &neg);
+    assert_non_null(row);
+    assert_int_equal(serve_settings_apply_flag(&c, row, "f32", false, &err), 0);
+    serve_config_engine(&c, &ec);
+    assert_int_equal(ec.attention, ATTENTION_F32);
+    assert_int_equal(serve_settings_apply_flag(&c, row, "fp8", false, &err), -1);
+    if (strstr(err.msg, "attention") == NULL || strstr(err.msg, "fp8") == NULL) fail_msg("message: %s", err.msg);
+    const char *yaml = "server:\n  attention_precision: bf16\n";
+    assert_int_equal(serve_config_load_string(&c, yaml, strlen(yaml), "t.yaml", &err), 0);
+    serve_config_engine(&c, &ec);
+    assert_int_equal(ec.attention, ATTENTION_BF16);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fallback_says_why),
         cmocka_unit_test(test_warm_equals_cold_bf16),
         cmocka_unit_test(test_disk_keeps_precisions_apart),
+        cmocka_unit_test(test_setting),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
