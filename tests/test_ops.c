@@ -298,10 +298,10 @@ static void test_q8_0_attention_close_to_exact(void **state) {
  * and rows in chunks of 7 one head at a time give memcmp-equal outputs, in
  * every format, with GQA and a sliding window; (2) the kernel computes
  * attention on bf16-rounded operands: within 1e-4 + 1e-3 |ref| of a double
- * reference whose query, keys, values and softmax weights are rounded to
- * bf16 (what is left is f32 summation and p's rounding near a tie; 1.5e-5
- * measured); (3) it differs from f32 attention (so it ran) by at most 1e-2
- * on these values (3.0e-3 measured). */
+ * reference whose query, keys, values and (online-softmax) weights are
+ * rounded to bf16 (what is left is f32 summation and a weight's rounding
+ * near a tie: 6.8e-5 measured); (3) it differs from f32 attention (so it
+ * ran) by at most 1e-2 on these values (2.6e-3 measured). */
 static float bf16_round(float x) { return quant_bf16_to_f32(quant_f32_to_bf16(x)); }
 
 static void bf16_rows(float *out, const float *q, const enc_blocks *kb, const enc_blocks *vb, kv_row_type type,
@@ -318,25 +318,33 @@ static void bf16_rows(float *out, const float *q, const enc_blocks *kb, const en
         }
 }
 
-/* Double attention of one (row, head) on bf16-rounded operands. */
+/* Double attention of one (row, head) on bf16-rounded operands, with the
+ * kernel's online softmax: keys in blocks of 64 at multiples of 64, each
+ * key's weight exp(s - m_b) rounded to bf16 with m_b the running max at
+ * its block, scaled to the final max, over the sum of those weights. */
 static void bf16_reference(double *out, const float *q, const enc_blocks *kb, const enc_blocks *vb, int k_off,
                            int width, int d, int64_t first, int64_t n_keys) {
-    double *s = malloc((size_t)(n_keys - first) * sizeof(double)), max = -INFINITY, sum = 0;
+    int64_t n = n_keys - first;
+    double *s = malloc((size_t)n * sizeof(double)), *mb = malloc((size_t)n * sizeof(double)), m = -INFINITY, sum = 0;
     for (int64_t j = first; j < n_keys; j++) {
         const float *k = kb->dec[j / 16] + (size_t)(j % 16) * width + k_off;
         double dot = 0;
         for (int i = 0; i < d; i++) dot += (double)bf16_round(q[i]) * bf16_round(k[i]);
         s[j - first] = dot * (1.0f / sqrtf((float)d));
-        if (s[j - first] > max) max = s[j - first];
     }
-    for (int64_t j = first; j < n_keys; j++) sum += (s[j - first] = exp(s[j - first] - max));
+    for (int64_t b0 = first - first % 64; b0 < n_keys; b0 += 64) {
+        for (int64_t j = b0 > first ? b0 : first; j < b0 + 64 && j < n_keys; j++) m = s[j - first] > m ? s[j - first] : m;
+        for (int64_t j = b0 > first ? b0 : first; j < b0 + 64 && j < n_keys; j++) mb[j - first] = m;
+    }
+    for (int64_t j = 0; j < n; j++) sum += bf16_round((float)exp(s[j] - mb[j])) * exp(mb[j] - m);
     for (int i = 0; i < d; i++) out[i] = 0;
     for (int64_t j = first; j < n_keys; j++) {
-        double p = bf16_round((float)(s[j - first] / sum));
+        double p = bf16_round((float)exp(s[j - first] - mb[j - first])) * exp(mb[j - first] - m) / sum;
         const float *v = vb->dec[j / 16] + (size_t)(j % 16) * width + k_off;
         for (int i = 0; i < d; i++) out[i] += p * bf16_round(v[i]);
     }
     free(s);
+    free(mb);
 }
 
 static void check_bf16_attention(kv_row_type type, int n_head, int n_head_kv, int d, int n_keys, int n_rows,

@@ -2,10 +2,9 @@
  * share (internal to src/tensor; included only by files built with the
  * AVX-512 flags): decoding f16 / q8_0 / q12h rows into f32 (exact, the
  * values of kv_row_decode), exp() by a degree-6 polynomial, and the
- * softmax of one query's scores turned into its weights p_j = e_j / sum.
- * attention_avx512.c (f32 products) and attention_avx512bf16.c (bf16
- * products) run the same softmax, so the two precisions differ only in
- * their products. */
+ * softmax of one query's scores turned into its weights p_j = e_j / sum
+ * (attention_avx512.c; attention_avx512bf16.c shares the decoders and
+ * exp_ps and runs its softmax online, block by block). */
 #ifndef EMBER_TENSOR_ATTENTION_AVX512_COMMON_H
 #define EMBER_TENSOR_ATTENTION_AVX512_COMMON_H
 
@@ -107,25 +106,6 @@ static inline __m512 exp_ps(__m512 x) {
     __m512 r2 = _mm512_mul_ps(r, r);
     p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
-}
-
-/* exp(s[j] - max) in place for s[0, n), max their maximum; returns
- * 1 / (the sum of the exps, in softmax_scale's order). */
-static inline float softmax_exp(float *s, int64_t n, float max) {
-    __m512 vmax = _mm512_set1_ps(max), vsum = _mm512_setzero_ps();
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-        __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), vmax));
-        _mm512_storeu_ps(s + j, e);
-        vsum = _mm512_add_ps(vsum, e);
-    }
-    if (j < n) {
-        __mmask16 m = (__mmask16)((1u << (n - j)) - 1);
-        __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmax));
-        _mm512_mask_storeu_ps(s + j, m, e);
-        vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, e));
-    }
-    return 1.0f / _mm512_reduce_add_ps(vsum);
 }
 
 /* Scores s[0, n) into softmax weights in place, in f32. */

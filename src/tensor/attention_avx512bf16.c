@@ -4,10 +4,16 @@
  * Why: vdpbf16ps multiplies 32 bf16 pairs into 16 f32 lanes per
  * instruction, twice the products of an f32 FMA, and at long context the
  * q.k and p.v products are most of a prefill's work (docs/attention.md).
- * What is rounded: the query and the softmax weights p to bf16 (round to
+ * What is rounded: the query and the softmax weights to bf16 (round to
  * nearest even, as vcvtne2ps2bf16 does), and K and V rows to bf16 as their
  * tiles are decoded; the products are exact in f32 and accumulate in f32;
- * the softmax itself (max, exp, sum, 1/sum) is attention_avx512.c's, in f32.
+ * the softmax (max, exp, sum, 1/sum) is f32, computed online: keys are
+ * taken in blocks of 64 at multiples of 64, and per block each query's
+ * scores (kept in L1, never a row of all its scores) update its running
+ * max m, scaling its partial output and sum by exp(m_old - m) when m grows;
+ * its weights e = exp(s - m) are rounded to bf16 for the values, the sum
+ * adds them as rounded (so the weights used sum to one), and the output is
+ * divided by the sum at the end.
  *
  * Layouts (why the tiles are transposed):
  *  - scores: a K tile of 32 keys is stored as two groups of D/2 vectors
@@ -18,11 +24,11 @@
  *    no horizontal sum is needed. Lane k sums key k alone, pairs 0, 1, 2...
  *    in one chain, then times the scale: every key's score is a function
  *    of the query and that key only.
- *  - values: a V tile of 64 keys at a multiple of 64 (absolute positions)
- *    is stored as 32 key pairs, pair u holding for 16 output lanes d the
- *    bf16 pair (v[2u][d], v[2u+1][d]); the weights (p[2u], p[2u+1]) are
- *    broadcast. Each output lane accumulates pair after pair in key order,
- *    continuing from the previous tile's result (stored in out, exact).
+ *  - values: a V tile of 64 keys (one block) is stored as 32 key pairs,
+ *    pair u holding for 16 output lanes d the bf16 pair (v[2u][d],
+ *    v[2u+1][d]); the weights (e[2u], e[2u+1]) are broadcast. Each output
+ *    lane accumulates pair after pair in key order, continuing from the
+ *    previous block's result (kept in out, exact).
  * The tiles are built once per kv head and call and serve every query of
  * the group (GQA heads x prefill rows: forward.c gives bf16 calls 64
  * queries), which pays for the transposes; f16 rows (the served format)
@@ -30,8 +36,9 @@
  *
  * Bit-identity: a query's result depends only on its query, first and
  * n_keys and the rows it sees, never on the other queries of the call:
- * scores are per lane; pairs sit at fixed absolute positions (V tiles start
- * at multiples of 64); keys outside [first, n_keys) have weight +0, rows
+ * scores are per lane; blocks and pairs sit at fixed absolute positions
+ * (multiples of 64), and a query's max, sum and rescaling see only its
+ * own visible keys; keys outside [first, n_keys) have weight +0, rows
  * outside the group's [first, hi) are zero, and a pair whose second key is
  * past this query's last but visible to another query has that value
  * masked to zero, so the pair adds the same +0 product either way; pairs
@@ -212,7 +219,79 @@ ALWAYS_INLINE void values_block(const int D, const int NQ, const attention_head_
 BLOCK_TABLES(128)
 BLOCK_TABLES(64)
 
-/* n <= MAX_Q queries over one kv head: d_k = d_v = D, one first. */
+/* The K tile of keys [t0, t0 + KT), transposed into ktp (zero rows outside
+ * [first, hi)). */
+ALWAYS_INLINE void build_k_tile(const int D, const attention_head_args *a, int64_t t0, int64_t first, int64_t hi,
+                                float (*rows)[MAX_D], __m512i *ktp) {
+    const size_t k_head = value_byte(a->k_type, a->k_offset);
+    const int k_bytes = (int)value_byte(a->k_type, D);
+    const bool direct = a->k_type == KV_ROW_F16 && t0 >= first && t0 + KT <= hi;
+    for (int k = 0; k < KT; k++) {
+        if (t0 + 2 * VT + k < hi) prefetch_row(a, true, t0 + 2 * VT + k, k_head, k_bytes);
+        if (!direct) head_row_f32(D, a, true, t0 + k, first, hi, rows[k]);
+    }
+    for (int g = 0; g < KT / 16; g++)
+        for (int c = 0; c < D / 32; c++) {
+            __m512i r[16];
+            if (direct) { /* f16 rows straight to bf16 pairs: f16 -> f32 is exact */
+#pragma GCC unroll 16
+                for (int k = 0; k < 16; k++) {
+                    const __m256i *h =
+                        (const __m256i *)(attention_row(a->k_blocks, a->k_stride, t0 + 16 * g + k) + k_head) + 2 * c;
+                    r[k] = bf16_pairs(_mm512_cvtph_ps(_mm256_loadu_si256(h)), _mm512_cvtph_ps(_mm256_loadu_si256(h + 1)));
+                }
+            } else {
+#pragma GCC unroll 16
+                for (int k = 0; k < 16; k++)
+                    r[k] = bf16_pairs(_mm512_load_ps(rows[16 * g + k] + 32 * c),
+                                      _mm512_load_ps(rows[16 * g + k] + 32 * c + 16));
+            }
+            transpose16(r);
+#pragma GCC unroll 16
+            for (int x = 0; x < 16; x++) _mm512_store_si512(ktp + g * (D / 2) + 16 * c + x, r[x]);
+        }
+}
+
+/* The V tile of keys [v0, v0 + VT) as pairs of consecutive rows (zero rows
+ * outside [first, hi)). */
+ALWAYS_INLINE void build_v_tile(const int D, const attention_head_args *a, int64_t v0, int64_t first, int64_t hi,
+                                float (*rows)[MAX_D], __m512i (*vtp)[MAX_D / 16]) {
+    static const uint16_t interleave[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                            8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i perm = _mm512_loadu_si512(interleave);
+    const size_t v_head = value_byte(a->v_type, a->v_offset);
+    const int v_bytes = (int)value_byte(a->v_type, D);
+    const bool direct = a->v_type == KV_ROW_F16 && v0 >= first && v0 + VT <= hi;
+    for (int k = 0; k < VT; k++) {
+        if (v0 + 2 * VT + k < hi) prefetch_row(a, false, v0 + 2 * VT + k, v_head, v_bytes);
+        if (!direct) head_row_f32(D, a, false, v0 + k, first, hi, rows[k]);
+    }
+    for (int u = 0; u < VT / 2; u++) {
+        if (direct) {
+            const __m256i *h0 = (const __m256i *)(attention_row(a->v_blocks, a->v_stride, v0 + 2 * u) + v_head);
+            const __m256i *h1 = (const __m256i *)(attention_row(a->v_blocks, a->v_stride, v0 + 2 * u + 1) + v_head);
+#pragma GCC unroll 8
+            for (int c = 0; c < D / 16; c++) {
+                __m512i x = bf16_pairs(_mm512_cvtph_ps(_mm256_loadu_si256(h0 + c)), _mm512_cvtph_ps(_mm256_loadu_si256(h1 + c)));
+                _mm512_store_si512(&vtp[u][c], _mm512_permutexvar_epi16(perm, x));
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int c = 0; c < D / 16; c++) {
+                __m512i x = bf16_pairs(_mm512_load_ps(rows[2 * u] + 16 * c), _mm512_load_ps(rows[2 * u + 1] + 16 * c));
+                _mm512_store_si512(&vtp[u][c], _mm512_permutexvar_epi16(perm, x));
+            }
+        }
+    }
+}
+
+/* n <= MAX_Q queries over one kv head: d_k = d_v = D, one first. One pass
+ * over blocks of VT keys at multiples of VT (an online softmax): per block
+ * the scores of every query (kept in L1), each query's running max m and
+ * sum l (out and l scaled by exp(m_old - m) when m grows), its weights
+ * e = exp(s - m) rounded to bf16 for the values, and at the end out / l.
+ * A query's blocks, and what it computes in each, depend on its own keys
+ * only. */
 ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) {
     const int64_t first = a[0].first;
     int64_t hi = a[0].n_keys;
@@ -220,138 +299,88 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
     void (*const *dots)(const __m512i *, const uint32_t (*)[MAX_D / 2], __m512 *) = D == 64 ? dots_fns_64 : dots_fns_128;
     void (*const *values)(const attention_head_args *, const __m512i (*)[MAX_D / 16], const uint32_t (*)[VT / 2], int,
                           int, const int *, const int *, bool) = D == 64 ? values_fns_64 : values_fns_128;
-    const size_t k_head = value_byte(a[0].k_type, a[0].k_offset), v_head = value_byte(a[0].v_type, a[0].v_offset);
-    const int k_bytes = (int)value_byte(a[0].k_type, D), v_bytes = (int)value_byte(a[0].v_type, D);
 
-    /* The queries as bf16 pairs. */
+    /* The queries as bf16 pairs; running max and sum; out from zero. */
     uint32_t qb[MAX_Q][MAX_D / 2] __attribute__((aligned(64)));
-    for (int i = 0; i < n; i++)
+    float m[MAX_Q], l[MAX_Q];
+    for (int i = 0; i < n; i++) {
         for (int c = 0; c < D / 32; c++)
             _mm512_store_si512(&qb[i][16 * c],
                                bf16_pairs(_mm512_loadu_ps(a[i].q + 32 * c), _mm512_loadu_ps(a[i].q + 32 * c + 16)));
-
-    /* Scores, one K tile of 32 keys at a time for every query, and each
-     * query's running max (vmaxps keeps the running max over NaN scores,
-     * as softmax_scale's scan does). */
-    __m512 vmax[MAX_Q];
-    float smax[MAX_Q];
-    for (int i = 0; i < n; i++) vmax[i] = _mm512_set1_ps(-INFINITY), smax[i] = -INFINITY;
+        m[i] = -INFINITY;
+        l[i] = 0;
+        memset(a[i].out, 0, (size_t)D * sizeof(float));
+    }
     float rows[VT][MAX_D] __attribute__((aligned(64)));
     __m512i ktp[MAX_D] __attribute__((aligned(64)));
-    for (int64_t t0 = first - first % KT; t0 < hi; t0 += KT) {
-        const bool direct = a[0].k_type == KV_ROW_F16 && t0 >= first && t0 + KT <= hi;
-        for (int k = 0; k < KT; k++) {
-            if (t0 + 2 * KT + k < hi) prefetch_row(&a[0], true, t0 + 2 * KT + k, k_head, k_bytes);
-            if (!direct) head_row_f32(D, &a[0], true, t0 + k, first, hi, rows[k]);
-        }
-        for (int g = 0; g < KT / 16; g++)
-            for (int c = 0; c < D / 32; c++) {
-                __m512i r[16];
-                if (direct) { /* f16 rows straight to bf16 pairs: f16 -> f32 is exact */
-#pragma GCC unroll 16
-                    for (int k = 0; k < 16; k++) {
-                        const __m256i *h =
-                            (const __m256i *)(attention_row(a[0].k_blocks, a[0].k_stride, t0 + 16 * g + k) + k_head) + 2 * c;
-                        r[k] = bf16_pairs(_mm512_cvtph_ps(_mm256_loadu_si256(h)), _mm512_cvtph_ps(_mm256_loadu_si256(h + 1)));
-                    }
-                } else {
-#pragma GCC unroll 16
-                    for (int k = 0; k < 16; k++)
-                        r[k] = bf16_pairs(_mm512_load_ps(rows[16 * g + k] + 32 * c),
-                                          _mm512_load_ps(rows[16 * g + k] + 32 * c + 16));
-                }
-                transpose16(r);
-#pragma GCC unroll 16
-                for (int x = 0; x < 16; x++) _mm512_store_si512(ktp + g * (D / 2) + 16 * c + x, r[x]);
-            }
-        for (int s0 = 0; s0 < n; s0 += QB) {
-            int m = n - s0 < QB ? n - s0 : QB;
-            __m512 res[2 * QB];
-            dots[m](ktp, (const uint32_t (*)[MAX_D / 2])qb + s0, res);
-            for (int i = s0; i < s0 + m; i++) {
-                __m512 scale = _mm512_set1_ps(a[i].scale);
-                __m512 s0v = _mm512_mul_ps(res[2 * (i - s0)], scale), s1v = _mm512_mul_ps(res[2 * (i - s0) + 1], scale);
-                /* keys [first, n_keys) of this query, at scores[key - first] */
-                int64_t lo = t0 > first ? t0 : first, end = t0 + KT < a[i].n_keys ? t0 + KT : a[i].n_keys;
-                if (lo == t0 && end == t0 + KT) {
-                    _mm512_storeu_ps(a[i].scores + (t0 - first), s0v);
-                    _mm512_storeu_ps(a[i].scores + (t0 - first) + 16, s1v);
-                    vmax[i] = _mm512_max_ps(s1v, _mm512_max_ps(s0v, vmax[i]));
-                } else if (end > lo) {
-                    float tmp[KT];
-                    _mm512_storeu_ps(tmp, s0v);
-                    _mm512_storeu_ps(tmp + 16, s1v);
-                    memcpy(a[i].scores + (lo - first), tmp + (lo - t0), (size_t)(end - lo) * sizeof(float));
-                    for (int64_t j = lo; j < end; j++) smax[i] = tmp[j - t0] > smax[i] ? tmp[j - t0] : smax[i];
-                }
-            }
-        }
-    }
-    /* exp(s - max) in place and 1 / sum; the weights p = e * (1 / sum) are
-     * formed as the V tiles round them to bf16 (the bits softmax_scale's
-     * weights would round to, one pass less over the scores) */
-    float inv[MAX_Q];
-    for (int i = 0; i < n; i++) {
-        float m = _mm512_reduce_max_ps(vmax[i]);
-        inv[i] = softmax_exp(a[i].scores, a[i].n_keys - first, smax[i] > m ? smax[i] : m);
-    }
-
-    /* Values, one V tile of 64 keys (at a multiple of 64) at a time. */
-    static const uint16_t interleave[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                            8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i perm = _mm512_loadu_si512(interleave);
     __m512i vtp[VT / 2][MAX_D / 16] __attribute__((aligned(64)));
     uint32_t pq[MAX_Q][VT / 2] __attribute__((aligned(64)));
-    const int64_t v_start = first - first % VT;
-    for (int64_t v0 = v_start; v0 < hi; v0 += VT) {
-        const bool direct = a[0].v_type == KV_ROW_F16 && v0 >= first && v0 + VT <= hi;
-        for (int k = 0; k < VT; k++) {
-            if (v0 + 2 * VT + k < hi) prefetch_row(&a[0], false, v0 + 2 * VT + k, v_head, v_bytes);
-            if (!direct) head_row_f32(D, &a[0], false, v0 + k, first, hi, rows[k]);
-        }
-        for (int u = 0; u < VT / 2; u++) {
-            if (direct) {
-                const __m256i *h0 = (const __m256i *)(attention_row(a[0].v_blocks, a[0].v_stride, v0 + 2 * u) + v_head);
-                const __m256i *h1 = (const __m256i *)(attention_row(a[0].v_blocks, a[0].v_stride, v0 + 2 * u + 1) + v_head);
-#pragma GCC unroll 8
-                for (int c = 0; c < D / 16; c++) {
-                    __m512i x = bf16_pairs(_mm512_cvtph_ps(_mm256_loadu_si256(h0 + c)), _mm512_cvtph_ps(_mm256_loadu_si256(h1 + c)));
-                    _mm512_store_si512(&vtp[u][c], _mm512_permutexvar_epi16(perm, x));
-                }
-            } else {
-#pragma GCC unroll 8
-                for (int c = 0; c < D / 16; c++) {
-                    __m512i x = bf16_pairs(_mm512_load_ps(rows[2 * u] + 16 * c), _mm512_load_ps(rows[2 * u + 1] + 16 * c));
-                    _mm512_store_si512(&vtp[u][c], _mm512_permutexvar_epi16(perm, x));
+    float sb[MAX_Q][VT] __attribute__((aligned(64)));
+    for (int64_t b0 = first - first % VT; b0 < hi; b0 += VT) {
+        /* scores of the block's keys, scaled, for every query */
+        for (int64_t t0 = b0; t0 < b0 + VT && t0 < hi; t0 += KT) {
+            build_k_tile(D, &a[0], t0, first, hi, rows, ktp);
+            for (int s0 = 0; s0 < n; s0 += QB) {
+                int nq = n - s0 < QB ? n - s0 : QB;
+                __m512 res[2 * QB];
+                dots[nq](ktp, (const uint32_t (*)[MAX_D / 2])qb + s0, res);
+                for (int i = s0; i < s0 + nq; i++) {
+                    __m512 scale = _mm512_set1_ps(a[i].scale);
+                    _mm512_store_ps(sb[i] + (t0 - b0), _mm512_mul_ps(res[2 * (i - s0)], scale));
+                    _mm512_store_ps(sb[i] + (t0 - b0) + 16, _mm512_mul_ps(res[2 * (i - s0) + 1], scale));
                 }
             }
         }
-        /* Weights as bf16 pairs; +0 outside [first, n_keys). */
+        build_v_tile(D, &a[0], b0, first, hi, rows, vtp);
+        /* each query's weights: keys [lo, end) of the block are its own */
         int full[MAX_Q], straddle[MAX_Q];
         for (int i = 0; i < n; i++) {
-            int64_t lo = v0 > first ? v0 : first, end = v0 + VT < a[i].n_keys ? v0 + VT : a[i].n_keys;
-            const float *src = a[i].scores + (v0 - first);
-            float tmp[VT] __attribute__((aligned(64)));
-            if (!(lo == v0 && end == v0 + VT)) {
-                memset(tmp, 0, sizeof tmp);
-                if (end > lo) memcpy(tmp + (lo - v0), a[i].scores + (lo - first), (size_t)(end - lo) * sizeof(float));
-                src = tmp;
-            }
-            const __m512 iv = _mm512_set1_ps(inv[i]);
-            for (int c = 0; c < VT / 32; c++)
-                _mm512_store_si512(pq[i] + 16 * c, bf16_pairs(_mm512_mul_ps(_mm512_loadu_ps(src + 32 * c), iv),
-                                                              _mm512_mul_ps(_mm512_loadu_ps(src + 32 * c + 16), iv)));
-            int seen = end > v0 ? (int)(end - v0) : 0; /* keys of the tile this query sees, from v0 */
+            int64_t lo = b0 > first ? b0 : first, end = b0 + VT < a[i].n_keys ? b0 + VT : a[i].n_keys;
+            int seen = end > b0 ? (int)(end - b0) : 0; /* keys of the block this query sees, from b0 */
             full[i] = seen / 2;
             straddle[i] = seen % 2 ? seen / 2 : -1;
+            if (end <= lo) continue; /* none: pq unread, m, l and out as they are */
+            uint64_t vis = (seen == 64 ? ~0ull : (1ull << seen) - 1) & ~((1ull << (lo - b0)) - 1);
+            __m512 s[VT / 16], bm = _mm512_set1_ps(-INFINITY);
+            for (int c = 0; c < VT / 16; c++) {
+                /* vmaxps keeps the running max over a NaN score */
+                s[c] = _mm512_load_ps(sb[i] + 16 * c);
+                bm = _mm512_mask_max_ps(bm, (__mmask16)(vis >> (16 * c)), s[c], bm);
+            }
+            float bmax = _mm512_reduce_max_ps(bm);
+            if (bmax > m[i]) {
+                if (m[i] != -INFINITY) {
+                    __m512 alpha = exp_ps(_mm512_set1_ps(m[i] - bmax));
+                    l[i] *= _mm512_cvtss_f32(alpha);
+                    for (int c = 0; c < D / 16; c++)
+                        _mm512_storeu_ps(a[i].out + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(a[i].out + 16 * c), alpha));
+                }
+                m[i] = bmax;
+            }
+            /* l sums the weights as rounded, so they sum to one */
+            __m512 vm = _mm512_set1_ps(m[i]), sum = _mm512_setzero_ps(), e[VT / 16];
+            for (int c = 0; c < VT / 16; c++)
+                e[c] = _mm512_maskz_mov_ps((__mmask16)(vis >> (16 * c)), exp_ps(_mm512_sub_ps(s[c], vm)));
+            for (int c = 0; c < VT / 32; c++) {
+                __m512i w = bf16_pairs(e[2 * c], e[2 * c + 1]);
+                _mm512_store_si512(pq[i] + 16 * c, w);
+                sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+                sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u))));
+            }
+            l[i] += _mm512_reduce_add_ps(sum);
         }
-        int u0 = (int)((v0 > first ? 0 : first - v0) / 2);
+        int u0 = (int)((b0 > first ? 0 : first - b0) / 2);
         for (int c2 = 0; c2 < D / 32; c2++)
             for (int s0 = 0; s0 < n; s0 += QB) {
-                int m = n - s0 < QB ? n - s0 : QB;
-                values[m](a + s0, (const __m512i (*)[MAX_D / 16])vtp, (const uint32_t (*)[VT / 2])pq + s0, c2, u0,
-                          full + s0, straddle + s0, v0 == v_start);
+                int nq = n - s0 < QB ? n - s0 : QB;
+                values[nq](a + s0, (const __m512i (*)[MAX_D / 16])vtp, (const uint32_t (*)[VT / 2])pq + s0, c2, u0,
+                           full + s0, straddle + s0, false);
             }
+    }
+    for (int i = 0; i < n; i++) {
+        __m512 inv = _mm512_set1_ps(1.0f / l[i]);
+        for (int c = 0; c < D / 16; c++)
+            _mm512_storeu_ps(a[i].out + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(a[i].out + 16 * c), inv));
     }
 }
 

@@ -98,7 +98,8 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
                              int n_rows, int n_head, int n_head_kv, int d_k, int d_v, float scale,
                              int64_t window, int head_begin, int head_end, float *scratch);
 /* op_attention_paged_rows at a precision (an op_attention_precision
- * result; ATTENTION_F32 is op_attention_paged_rows itself). */
+ * result; ATTENTION_F32 is op_attention_paged_rows itself). At bf16 the
+ * softmax runs online, block by block, and scratch is not used. */
 void op_attention_paged_rows_prec(float *out, size_t out_stride, const float *q, size_t q_stride,
                                   const void *const *k_blocks, const void *const *v_blocks, kv_row_type type,
                                   const int64_t *query_pos, int n_rows, int n_head, int n_head_kv, int d_k, int d_v,
