@@ -147,21 +147,16 @@ ALWAYS_INLINE void dots_block(const int D, const int NQ, const __m512i *ktp, con
  * [32 c2, 32 c2 + 32): vtp[u][c] is pair u's 16 lanes of slice c; pq[i]
  * the queries' weight pairs; u0 the first pair the tile holds for them
  * (shared first); full[i] the pairs wholly visible to query i, straddle[i]
- * the pair whose second key is past its last (-1: none); fresh: start from
- * zero instead of out. */
+ * the pair whose second key is past its last (-1: none). The sums go on
+ * from out (exact f32). */
 ALWAYS_INLINE void values_block(const int D, const int NQ, const attention_head_args *a, const __m512i (*vtp)[MAX_D / 16],
-                                const uint32_t (*pq)[VT / 2], int c2, int u0, const int *full, const int *straddle,
-                                bool fresh) {
+                                const uint32_t (*pq)[VT / 2], int c2, int u0, const int *full, const int *straddle) {
     __m512 acc[QB][2];
     int all = VT / 2, most = 0;
 #pragma GCC unroll 8
     for (int i = 0; i < NQ; i++) {
-        if (fresh) {
-            acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-        } else {
-            acc[i][0] = _mm512_loadu_ps(a[i].out + 32 * c2);
-            acc[i][1] = _mm512_loadu_ps(a[i].out + 32 * c2 + 16);
-        }
+        acc[i][0] = _mm512_loadu_ps(a[i].out + 32 * c2);
+        acc[i][1] = _mm512_loadu_ps(a[i].out + 32 * c2 + 16);
         all = full[i] < all ? full[i] : all;
         int last = straddle[i] >= 0 ? straddle[i] + 1 : full[i];
         most = last > most ? last : most;
@@ -202,8 +197,8 @@ ALWAYS_INLINE void values_block(const int D, const int NQ, const attention_head_
     }                                                                                                          \
     static void values_##D##_##N(const attention_head_args *a, const __m512i (*vtp)[MAX_D / 16],                 \
                                  const uint32_t (*pq)[VT / 2], int c2, int u0, const int *full,                 \
-                                 const int *straddle, bool fresh) {                                            \
-        values_block(D, N, a, vtp, pq, c2, u0, full, straddle, fresh);                                         \
+                                 const int *straddle) {                                                        \
+        values_block(D, N, a, vtp, pq, c2, u0, full, straddle);                                                \
     }
 #define BLOCK_TABLES(D)                                                                                        \
     BLOCK_FNS(D, 1) BLOCK_FNS(D, 2) BLOCK_FNS(D, 3) BLOCK_FNS(D, 4)                                            \
@@ -212,8 +207,7 @@ ALWAYS_INLINE void values_block(const int D, const int NQ, const attention_head_
         NULL, dots_##D##_1, dots_##D##_2, dots_##D##_3, dots_##D##_4,                                          \
         dots_##D##_5, dots_##D##_6, dots_##D##_7, dots_##D##_8};                                               \
     static void (*const values_fns_##D[QB + 1])(const attention_head_args *, const __m512i (*)[MAX_D / 16],     \
-                                                const uint32_t (*)[VT / 2], int, int, const int *, const int *, \
-                                                bool) = {                                                      \
+                                                const uint32_t (*)[VT / 2], int, int, const int *, const int *) = { \
         NULL, values_##D##_1, values_##D##_2, values_##D##_3, values_##D##_4,                                  \
         values_##D##_5, values_##D##_6, values_##D##_7, values_##D##_8};
 BLOCK_TABLES(128)
@@ -298,7 +292,7 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
     for (int i = 1; i < n; i++) hi = a[i].n_keys > hi ? a[i].n_keys : hi;
     void (*const *dots)(const __m512i *, const uint32_t (*)[MAX_D / 2], __m512 *) = D == 64 ? dots_fns_64 : dots_fns_128;
     void (*const *values)(const attention_head_args *, const __m512i (*)[MAX_D / 16], const uint32_t (*)[VT / 2], int,
-                          int, const int *, const int *, bool) = D == 64 ? values_fns_64 : values_fns_128;
+                          int, const int *, const int *) = D == 64 ? values_fns_64 : values_fns_128;
 
     /* The queries as bf16 pairs; running max and sum; out from zero. */
     uint32_t qb[MAX_Q][MAX_D / 2] __attribute__((aligned(64)));
@@ -374,7 +368,7 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
             for (int s0 = 0; s0 < n; s0 += QB) {
                 int nq = n - s0 < QB ? n - s0 : QB;
                 values[nq](a + s0, (const __m512i (*)[MAX_D / 16])vtp, (const uint32_t (*)[VT / 2])pq + s0, c2, u0,
-                           full + s0, straddle + s0, false);
+                           full + s0, straddle + s0);
             }
     }
     for (int i = 0; i < n; i++) {
