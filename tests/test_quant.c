@@ -48,6 +48,44 @@ static void fill(float *x, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) x[i] = tq_sample() * scale;
 }
 
+/* The row conversion under every ISA this CPU has gives the scalar's bits
+ * on every exponent of f32 (overflow, the subnormal range, ties), signed
+ * zeros, infinities and NaNs with payloads; odd lengths exercise the tail. */
+static void test_f16_row_matches_scalar(void **state) {
+    (void)state;
+    enum { N = 1 << 16 };
+    float *src = malloc(N * sizeof(float));
+    uint16_t *got = malloc(N * sizeof(uint16_t));
+    assert_non_null(src);
+    assert_non_null(got);
+    for (int i = 0; i < N; i++) {
+        /* sweep the exponent and low mantissa bits; every 16th value a tie */
+        uint32_t bits = ((uint32_t)(i & 0xff) << 23) | ((uint32_t)(i >> 8) << 5) | ((uint32_t)i & 0x1fu);
+        if (i % 16 == 0) bits = (bits & ~0x1fffu) | 0x1000u;
+        if (i % 7 == 0) bits |= 0x80000000u;
+        memcpy(&src[i], &bits, 4);
+    }
+    const uint32_t specials[] = {0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f812345u, 0xffffe000u,
+                                 0x00000001u, 0x80000000u, 0x477ff000u, 0x477fefffu, 0x33000000u, 0x33000001u};
+    for (size_t k = 0; k < sizeof specials / sizeof specials[0]; k++) memcpy(&src[k * 101], &specials[k], 4);
+    quant_isa best = quant_get_isa();
+    for (int isa = QUANT_ISA_SCALAR; isa <= (int)best; isa++) {
+        assert_true(quant_set_isa((quant_isa)isa));
+        for (int64_t n = N - 5; n <= N; n += 5) {
+            memset(got, 0xab, N * sizeof(uint16_t));
+            quant_f32_to_f16_row(src, got, n);
+            for (int64_t i = 0; i < n; i++)
+                if (got[i] != quant_f32_to_f16(src[i]))
+                    fail_msg("isa %d, value %lld (%a): row %#x, scalar %#x", isa, (long long)i, (double)src[i],
+                             got[i], quant_f32_to_f16(src[i]));
+            for (int64_t i = n; i < N; i++) assert_int_equal(got[i], 0xabab); /* nothing past n */
+        }
+    }
+    quant_set_isa(best);
+    free(src);
+    free(got);
+}
+
 static void test_f16_scalars(void **state) {
     (void)state;
     assert_true(quant_f16_to_f32(0x3c00) == 1.0f);
@@ -325,7 +363,7 @@ static void test_activation_formats(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_f16_scalars),   cmocka_unit_test(test_layouts),
+        cmocka_unit_test(test_f16_scalars),   cmocka_unit_test(test_f16_row_matches_scalar),   cmocka_unit_test(test_layouts),
         cmocka_unit_test(test_roundtrip),     cmocka_unit_test(test_activation_formats),
         cmocka_unit_test(test_bf16_rounding_isa),
         cmocka_unit_test(test_dots),          cmocka_unit_test(test_dots_extreme),

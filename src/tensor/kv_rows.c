@@ -109,15 +109,10 @@ void kv_row_encode(kv_row_type type, const float *src, void *dst, int width) {
     size_t bytes = kv_row_bytes(type, width), raw = 0;
     switch (type) {
     case KV_ROW_F32: memcpy(dst, src, (size_t)width * sizeof(float)); return;
-    case KV_ROW_F16: {
-        uint8_t *p = dst;
-        for (int i = 0; i < width; i++) {
-            uint16_t h = quant_f32_to_f16(src[i]);
-            memcpy(p + 2 * (size_t)i, &h, 2);
-        }
+    case KV_ROW_F16:
+        quant_f32_to_f16_row(src, dst, width); /* rows start 4-byte aligned (kv_row_bytes) */
         raw = (size_t)width * 2;
         break;
-    }
     case KV_ROW_Q8_0:
         raw = (size_t)(width / KV_ROW_Q8_0_BLOCK) * sizeof(block_q8_0);
         quant_quantize_row(DT_Q8_0, src, dst, width);

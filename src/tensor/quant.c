@@ -88,6 +88,14 @@ uint16_t quant_f32_to_f16(float f) {
     return (uint16_t)(sign | q);
 }
 
+void quant_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
+    if (quant_get_isa() != QUANT_ISA_SCALAR) { /* both vector ISAs imply F16C (quant_best_isa) */
+        quant_avx2_f32_to_f16_row(src, dst, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) dst[i] = quant_f32_to_f16(src[i]);
+}
+
 float quant_bf16_to_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float f;

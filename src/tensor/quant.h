@@ -54,6 +54,9 @@ bool quant_avx512_bf16_in_use(void);
 /* fp16 / bf16 scalars (IEEE binary16 round-to-nearest-even; bf16 = top half of f32). */
 float quant_f16_to_f32(uint16_t h);
 uint16_t quant_f32_to_f16(float f);
+/* n values at once, the same bits as quant_f32_to_f16 on each (F16C's
+ * vcvtps2ph rounds to nearest even too) where the ISA in use has it. */
+void quant_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n);
 float quant_bf16_to_f32(uint16_t h);
 uint16_t quant_f32_to_bf16(float f);
 
@@ -175,6 +178,7 @@ quant_strip_fn quant_strip_kernel(ember_dtype type, int n_tokens, int *rows);
 
 /* Per-ISA tables (NULL entries fall back to the scalar kernel). */
 void quant_avx2_kernels(quant_dot_fn dots[DT_COUNT]);
+void quant_avx2_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n); /* F16C */
 void quant_avx512_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[DT_COUNT],
                           int *tile_rows, int *tile_cols);
 void quant_avx2_strips(quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1],

@@ -178,6 +178,18 @@ FLOAT_DOT(f32, LOAD_F32)
 FLOAT_DOT(f16, LOAD_F16)
 FLOAT_DOT(bf16, LOAD_BF16)
 
+/* vcvtps2ph with round-to-nearest-even: the IEEE conversion that
+ * quant_f32_to_f16 spells out bit by bit, including subnormal results,
+ * overflow to infinity and quiet NaNs with their payload's top bits (f32
+ * subnormal inputs give signed zero either way, with or without DAZ). */
+void quant_avx2_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) dst[i] = quant_f32_to_f16(src[i]);
+}
+
 void quant_avx2_kernels(quant_dot_fn dots[DT_COUNT]) {
     dots[DT_F32] = dot_f32;
     dots[DT_F16] = dot_f16;
