@@ -90,26 +90,13 @@ static void test_routing_log(void **state) {
     (void)state;
     REQUIRE_FIXTURE(path, STORIES);
     model *m = test_load_model(path);
-    char tmpl[] = "/tmp/ember_apc_logXXXXXX";
-    int fd = mkstemp(tmpl);
-    assert_true(fd >= 0);
-    fflush(stderr);
-    int saved = dup(2);
-    dup2(fd, 2);
-    ember_log_level lvl = ember_log_get_level();
-    ember_log_set_level(EMBER_LOG_INFO);
+    test_log_capture cap;
+    test_log_capture_begin(&cap);
     engine *e = open_engine(m, APC_FORCE_NONE, 0, 64, 1);
     engine_free(e);
     e = open_engine(m, APC_FORCE_OFF, 0, 64, 1);
     engine_free(e);
-    ember_log_set_level(lvl);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    close(fd);
-    char *text = read_whole_file(tmpl, NULL);
-    unlink(tmpl);
-    assert_non_null(text);
+    char *text = test_log_capture_end(&cap);
     /* the line also says whether speculation and L0 are on */
     if (strstr(text, "ember info: APC tier: block (layers: 5 kv / 0 rot / 0 arr); speculation off, L0 off\n") == NULL)
         fail_msg("no routing line in: %s", text);

@@ -306,23 +306,10 @@ static void test_q8_0_head_sizes(void **state) {
 
 /* Runs open_engine with stderr captured at INFO level; *log gets the text. */
 static engine *open_logged(const model *m, kv_format fmt, const char *root, char **log) {
-    char tmpl[] = "/tmp/ember_kvfmt_logXXXXXX";
-    int fd = mkstemp(tmpl);
-    assert_true(fd >= 0);
-    fflush(stderr);
-    int saved = dup(2);
-    dup2(fd, 2);
-    ember_log_level lvl = ember_log_get_level();
-    ember_log_set_level(EMBER_LOG_INFO);
+    test_log_capture cap;
+    test_log_capture_begin(&cap);
     engine *e = open_engine(m, fmt, APC_FORCE_NONE, root);
-    ember_log_set_level(lvl);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    close(fd);
-    *log = read_whole_file(tmpl, NULL);
-    unlink(tmpl);
-    assert_non_null(*log);
+    *log = test_log_capture_end(&cap);
     return e;
 }
 

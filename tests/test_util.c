@@ -10,6 +10,7 @@
 #include "test_util.h"
 #include "http_client.h"
 
+#include "core/log.h"
 #include "engine/engine.h"
 
 #include <cjson/cJSON.h>
@@ -107,6 +108,30 @@ void *read_whole_file(const char *path, size_t *size) {
         if (size) *size = (size_t)(n > 0 ? n : 0);
     }
     return buf;
+}
+
+void test_log_capture_begin(test_log_capture *c) {
+    snprintf(c->path, sizeof c->path, "/tmp/ember_test_logXXXXXX");
+    int fd = mkstemp(c->path);
+    assert_true(fd >= 0);
+    fflush(stderr);
+    c->saved_stderr = dup(2);
+    assert_true(c->saved_stderr >= 0);
+    dup2(fd, 2);
+    close(fd);
+    c->saved_level = (int)ember_log_get_level();
+    ember_log_set_level(EMBER_LOG_INFO);
+}
+
+char *test_log_capture_end(test_log_capture *c) {
+    ember_log_set_level((ember_log_level)c->saved_level);
+    fflush(stderr);
+    dup2(c->saved_stderr, 2);
+    close(c->saved_stderr);
+    char *text = read_whole_file(c->path, NULL);
+    unlink(c->path);
+    assert_non_null(text);
+    return text;
 }
 
 char *make_temp_dir(void) {

@@ -18,7 +18,8 @@
  * API:
  *   fixtures and exit status  fixture_path, REQUIRE_FIXTURE, test_fixtures_missing,
  *                             test_exit_status, test_run_group
- *   files and processes       test_cache_home, read_whole_file, make_temp_dir, remove_tree,
+ *   files and processes       test_cache_home, read_whole_file, test_log_capture_begin/end,
+ *                             make_temp_dir, remove_tree,
  *                             ember_binary, build_dir
  *   random inputs             test_rand, test_random_tokens
  *   models and engines        test_load_model, test_open_engine,
@@ -63,6 +64,16 @@ int test_exit_status(int cmocka_failed);
 
 /* Reads a whole file into a malloc'd buffer; NULL on failure. */
 void *read_whole_file(const char *path, size_t *size);
+/* stderr goes to a temporary file and the log level is INFO from
+ * test_log_capture_begin to test_log_capture_end, which restores both and
+ * returns what was written (malloc'd; fails the test if it cannot). */
+typedef struct test_log_capture {
+    char path[64];
+    int saved_stderr; /* dup of fd 2 */
+    int saved_level;  /* ember_log_level */
+} test_log_capture;
+void test_log_capture_begin(test_log_capture *c);
+char *test_log_capture_end(test_log_capture *c);
 /* A whole file parsed as JSON; fails the current test when the file is
  * missing or not JSON. The caller frees it with cJSON_Delete. */
 struct cJSON;
