@@ -93,16 +93,6 @@ static inline void decode_avx2(kv_row_type type, const uint8_t *row, int offset,
     kv_row_decode(type, row, offset, n, dst);
 }
 
-/* Where value `offset` of a row starts, in bytes, for prefetching. */
-static inline size_t value_byte(kv_row_type type, int offset) {
-    switch (type) {
-    case KV_ROW_F16: return 2 * (size_t)offset;
-    case KV_ROW_Q8_0: return (size_t)(offset / KV_ROW_Q8_0_BLOCK) * sizeof(block_q8_0);
-    case KV_ROW_Q12H: return (size_t)(offset / KV_ROW_Q12H_BLOCK) * sizeof(kv_block_q12h);
-    default: return 4 * (size_t)offset;
-    }
-}
-
 static inline void prefetch_row(const void *const *blocks, size_t stride, int64_t j, size_t head, size_t bytes) {
     const char *p = (const char *)attention_row(blocks, stride, j) + head;
     for (size_t c = 0; c < bytes; c += 64) _mm_prefetch(p + c, _MM_HINT_T0);

@@ -79,17 +79,6 @@ static inline void decode_avx512(kv_row_type type, const uint8_t *row, int offse
     kv_row_decode(type, row, offset, n, dst);
 }
 
-/* Where value `offset` of a row starts, in bytes (offset on a q8_0 block
- * boundary), for prefetching. */
-static inline size_t value_byte(kv_row_type type, int offset) {
-    switch (type) {
-    case KV_ROW_F16: return 2 * (size_t)offset;
-    case KV_ROW_Q8_0: return (size_t)(offset / KV_ROW_Q8_0_BLOCK) * sizeof(block_q8_0);
-    case KV_ROW_Q12H: return (size_t)(offset / KV_ROW_Q12H_BLOCK) * sizeof(kv_block_q12h);
-    default: return 4 * (size_t)offset;
-    }
-}
-
 static inline __m512 exp_ps(__m512 x) {
     const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
     const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "tensor/kv_rows.h"
+#include "tensor/quant.h" /* block_q8_0 (value_byte) */
 #include "tensor/ops.h"
 
 typedef struct attention_head_args {
@@ -34,6 +35,17 @@ typedef struct attention_head_args {
 /* The encoded row of key (or value) j. */
 static inline const uint8_t *attention_row(const void *const *blocks, size_t stride, int64_t j) {
     return (const uint8_t *)blocks[j / 16] + (size_t)(j % 16) * stride;
+}
+
+/* Where value `offset` of a row starts, in bytes (offset on a q8_0 block
+ * boundary), for prefetching. */
+static inline size_t value_byte(kv_row_type type, int offset) {
+    switch (type) {
+    case KV_ROW_F16: return 2 * (size_t)offset;
+    case KV_ROW_Q8_0: return (size_t)(offset / KV_ROW_Q8_0_BLOCK) * sizeof(block_q8_0);
+    case KV_ROW_Q12H: return (size_t)(offset / KV_ROW_Q12H_BLOCK) * sizeof(kv_block_q12h);
+    default: return 4 * (size_t)offset;
+    }
 }
 
 void attention_head_scalar(const attention_head_args *a);
