@@ -591,8 +591,11 @@ static void test_replay_of_missed_batches(void **state) {
 }
 
 /* A queue that overflows is dropped and replaced by one AllBlocksCleared:
- * with room for one block, a store of twenty (all reported under the
- * cache's lock in one burst) cannot be queued whole. */
+ * with room for one block, a store of twenty (reported in one burst under
+ * the cache's lock) cannot be queued whole unless the publisher thread
+ * drains every record before the next arrives. On a loaded machine it
+ * sometimes does, so the test stores new prompts until one overflows
+ * (at most 8; one is almost always enough). */
 static void test_queue_overflow_clears(void **state) {
     (void)state;
     rig r;
@@ -601,15 +604,20 @@ static void test_queue_overflow_clears(void **state) {
     int from = r.s.n_got;
     uint64_t rng = 21;
     int32_t p[330];
-    test_random_tokens(&rng, p, 330, 200);
-    int n;
-    free(run(r.e, p, 330, 1, &n));
-    rig_sync(&r);
     kv_events_stats st;
-    kv_events_get_stats(r.ev, &st);
+    int stores = 0;
+    do {
+        test_random_tokens(&rng, p, 330, 200);
+        int n;
+        free(run(r.e, p, 330, 1, &n));
+        stores++;
+        rig_sync(&r);
+        kv_events_get_stats(r.ev, &st);
+    } while (st.dropped == 0 && stores < 8);
+    if (stores > 1) print_message("overflow after %d stores of 20 blocks\n", stores);
     assert_true(st.dropped > 0);
-    assert_true(st.stored + st.dropped >= 20);
-    assert_true(st.stored < 20);
+    assert_true(st.stored + st.dropped >= 20 * (uint64_t)stores);
+    assert_true(st.stored < 20 * (uint64_t)stores);
     bool clear_seen = false; /* after the start's */
     for (int i = from; i < r.s.n_got; i++)
         for (int j = 0; j < r.s.got[i].n_ev; j++) clear_seen |= r.s.got[i].ev[j].kind == EV_CLEARED;
