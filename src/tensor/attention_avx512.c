@@ -82,22 +82,7 @@ static inline __attribute__((always_inline)) void head_typed(const attention_hea
         }
         s[j - a->first] = _mm512_reduce_add_ps(acc) * a->scale;
     }
-    float max = -INFINITY;
-    for (int64_t j = 0; j < n; j++) max = s[j] > max ? s[j] : max;
-    __m512 vmax = _mm512_set1_ps(max), vsum = _mm512_setzero_ps();
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-        __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), vmax));
-        _mm512_storeu_ps(s + j, e);
-        vsum = _mm512_add_ps(vsum, e);
-    }
-    if (j < n) {
-        __mmask16 m = (__mmask16)((1u << (n - j)) - 1);
-        __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmax));
-        _mm512_mask_storeu_ps(s + j, m, e);
-        vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, e));
-    }
-    float inv = 1.0f / _mm512_reduce_add_ps(vsum);
+    softmax_scale(s, n); /* p_j = e_j * inv, as the multi-query path has them */
 
     /* out = sum_j p_j v_j, 8 registers (128 values) of the head at a time. */
     int d0 = 0;
@@ -109,7 +94,7 @@ static inline __attribute__((always_inline)) void head_typed(const attention_hea
         for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
         for (int64_t jj = a->first; jj < a->n_keys; jj++) {
             const uint8_t *row = attention_row(a->v_blocks, a->v_stride, jj);
-            __m512 p = _mm512_set1_ps(s[jj - a->first] * inv);
+            __m512 p = _mm512_set1_ps(s[jj - a->first]);
 #pragma GCC unroll 8
             for (int r = 0; r < 8; r++)
                 acc[r] = _mm512_fmadd_ps(p, load16(v_type, row, a->v_offset + d0 + 16 * r, 16), acc[r]);
@@ -126,7 +111,7 @@ static inline __attribute__((always_inline)) void head_typed(const attention_hea
         for (int r = 0; r < 8; r++) acc[r] = _mm512_setzero_ps();
         for (int64_t jj = a->first; jj < a->n_keys; jj++) {
             const uint8_t *row = attention_row(a->v_blocks, a->v_stride, jj);
-            __m512 p = _mm512_set1_ps(s[jj - a->first] * inv);
+            __m512 p = _mm512_set1_ps(s[jj - a->first]);
             for (int r = 0; r < nreg; r++)
                 acc[r] = _mm512_fmadd_ps(p, load16(v_type, row, a->v_offset + d0 + 16 * r, r == nreg - 1 ? tail_w : 16),
                                          acc[r]);
