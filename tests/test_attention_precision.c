@@ -56,15 +56,21 @@ static int teardown(void **state) {
     return 0;
 }
 
-static engine *open_engine(const model *m, attention_precision prec, apc_force force, const char *disk_root) {
+/* The configuration every engine here shares; the precision stays the default. */
+static engine_config base_config(const char *disk_root) {
     engine_config cfg = engine_default_config();
     cfg.n_threads = 2;
     cfg.prefill_step = 32;
     cfg.n_ctx = 1024;
     cfg.kv_format = (kv_format){KV_FORMAT_F16};
+    cfg.cache.disk.path = disk_root;
+    return cfg;
+}
+
+static engine *open_engine(const model *m, attention_precision prec, apc_force force, const char *disk_root) {
+    engine_config cfg = base_config(disk_root);
     cfg.attention = prec;
     cfg.cache.force_tier = force;
-    cfg.cache.disk.path = disk_root;
     return test_open_engine(m, &cfg);
 }
 
@@ -87,6 +93,17 @@ static bool bf16_here(const model *m) {
     const model_hparams *hp = model_get_hparams(m);
     return model_attention_precision(m, (kv_format){KV_FORMAT_F16}, ATTENTION_BF16, NULL) == ATTENTION_BF16 &&
            hp->d_k == 128;
+}
+
+/* The model, where this CPU runs bf16 attention on it; the test is skipped
+ * elsewhere (the fallback has its own test). */
+static model *bf16_model_or_skip(void) {
+    model *m = test_load_model(model_path);
+    if (!bf16_here(m)) {
+        model_free(m);
+        skip();
+    }
+    return m;
 }
 
 static void test_fallback_says_why(void **state) {
@@ -113,11 +130,7 @@ static void test_fallback_says_why(void **state) {
 
 static void test_warm_equals_cold_bf16(void **state) {
     (void)state;
-    model *m = test_load_model(model_path);
-    if (!bf16_here(m)) {
-        model_free(m);
-        skip();
-    }
+    model *m = bf16_model_or_skip();
     int V = model_get_hparams(m)->n_vocab;
     engine *e = open_engine(m, ATTENTION_BF16, APC_FORCE_BLOCK, NULL);
     int32_t p[200];
@@ -157,11 +170,7 @@ static void test_warm_equals_cold_bf16(void **state) {
 
 static void test_disk_keeps_precisions_apart(void **state) {
     (void)state;
-    model *m = test_load_model(model_path);
-    if (!bf16_here(m)) {
-        model_free(m);
-        skip();
-    }
+    model *m = bf16_model_or_skip();
     int V = model_get_hparams(m)->n_vocab;
     char *root = make_temp_dir();
     int32_t p[96];
@@ -170,12 +179,7 @@ static void test_disk_keeps_precisions_apart(void **state) {
     engine_result r, warm, cold;
 
     /* the f32 namespace is the one an engine that never asked gets */
-    engine_config plain = engine_default_config();
-    plain.n_threads = 2;
-    plain.prefill_step = 32;
-    plain.n_ctx = 1024;
-    plain.kv_format = (kv_format){KV_FORMAT_F16};
-    plain.cache.disk.path = root;
+    engine_config plain = base_config(root);
     engine *e = test_open_engine(m, &plain);
     char ns_plain[33];
     snprintf(ns_plain, sizeof ns_plain, "%s", stats_of(e).disk_namespace);
