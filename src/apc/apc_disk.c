@@ -444,6 +444,18 @@ static int other_formats(kv_format *out, int cap) {
     return n;
 }
 
+/* How many files the directory of probe's namespace holds (<= 0: none). */
+static long namespace_files(const apc_disk_config *cfg, const apc_layout *probe, apc_hash_kind hash) {
+    uint8_t ns[16];
+    apc_disk_namespace(cfg, probe, hash, ns);
+    apc_key k;
+    memcpy(k.b, ns, 16);
+    char hex[33], path[4096];
+    apc_disk_key_hex(&k, hex);
+    snprintf(path, sizeof path, "%s/%s", cfg->path, hex);
+    return count_entries(path);
+}
+
 void apc_disk_note_other_formats(const apc_disk_config *cfg, const apc_layout *lay, apc_hash_kind hash,
                                  kv_format own) {
     kv_format others[8 + 7 * 7 * 7];
@@ -458,14 +470,7 @@ void apc_disk_note_other_formats(const apc_disk_config *cfg, const apc_layout *l
             if (id == own_id) continue;
             apc_layout probe = *lay;
             probe.kv_format_id = id;
-            uint8_t ns[16];
-            apc_disk_namespace(cfg, &probe, hash, ns);
-            apc_key k;
-            memcpy(k.b, ns, 16);
-            char hex[33], path[4096];
-            apc_disk_key_hex(&k, hex);
-            snprintf(path, sizeof path, "%s/%s", cfg->path, hex);
-            long files = count_entries(path);
+            long files = namespace_files(cfg, &probe, hash);
             if (files <= 0) continue;
             char layout_note[64] = "";
             if (layout != kv_format_layout(other))
@@ -479,14 +484,7 @@ void apc_disk_note_other_formats(const apc_disk_config *cfg, const apc_layout *l
     /* the same format under the other attention precision */
     apc_layout probe = *lay;
     probe.attention = lay->attention == ATTENTION_F32 ? ATTENTION_BF16 : ATTENTION_F32;
-    uint8_t ns[16];
-    apc_disk_namespace(cfg, &probe, hash, ns);
-    apc_key k;
-    memcpy(k.b, ns, 16);
-    char hex[33], path[4096];
-    apc_disk_key_hex(&k, hex);
-    snprintf(path, sizeof path, "%s/%s", cfg->path, hex);
-    long files = count_entries(path);
+    long files = namespace_files(cfg, &probe, hash);
     if (files > 0)
         ember_log(EMBER_LOG_INFO,
                   "APC disk: %s holds %ld cache files of this model written under attention precision %s; this "
