@@ -4,9 +4,7 @@
  * function of the row alone. */
 #include "tensor/ops.h"
 
-#include <cpuid.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #include "tensor/attention_impl.h"
@@ -155,21 +153,9 @@ void op_attention_paged(float *out, const float *q, const void *const *k_blocks,
     }
 }
 
-/* AVX512_BF16 (vdpbf16ps): cpuid leaf 7, sub-leaf 1, EAX bit 5. */
-static bool cpu_has_avx512_bf16(void) {
-    static atomic_int has = -1; /* cpuid is slow; ask once */
-    int h = atomic_load(&has);
-    if (h < 0) {
-        unsigned a, b, c, d;
-        h = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
-        atomic_store(&has, h);
-    }
-    return h > 0;
-}
-
 const char *op_attention_precision_fallback(attention_precision want, int d_k, int d_v) {
     if (want != ATTENTION_BF16) return NULL;
-    if (quant_get_isa() != QUANT_ISA_AVX512 || !cpu_has_avx512_bf16())
+    if (quant_get_isa() != QUANT_ISA_AVX512 || !quant_cpu_has_avx512_bf16())
         return "this CPU has no AVX512_BF16 (vdpbf16ps)";
     if (d_k != d_v || (d_k != 64 && d_k != 128)) return "bf16 attention needs heads of 64 or 128 values";
     return NULL;

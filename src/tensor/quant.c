@@ -1170,7 +1170,7 @@ static void build_tables(void) {
 }
 
 /* AVX512_BF16 (vdpbf16ps): cpuid leaf 7, sub-leaf 1, EAX bit 5. */
-static bool cpu_has_avx512_bf16(void) {
+bool quant_cpu_has_avx512_bf16(void) {
     unsigned a, b, c, d;
     return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
 }
@@ -1196,7 +1196,7 @@ quant_isa quant_best_isa(void) {
 /* vdpbf16ps for BF16 weights wherever the CPU has it, unless a test said otherwise. */
 static void choose_bf16_dp(void) {
     int unset = -1;
-    atomic_compare_exchange_strong(&bf16_dp, &unset, quant_best_isa() == QUANT_ISA_AVX512 && cpu_has_avx512_bf16());
+    atomic_compare_exchange_strong(&bf16_dp, &unset, quant_best_isa() == QUANT_ISA_AVX512 && quant_cpu_has_avx512_bf16());
 }
 
 quant_isa quant_get_isa(void) {
@@ -1216,7 +1216,7 @@ static const kernel_table *table_in_use(void) {
 }
 
 bool quant_set_avx512_bf16(bool on) {
-    if (on && !(quant_best_isa() == QUANT_ISA_AVX512 && cpu_has_avx512_bf16())) return false;
+    if (on && !(quant_best_isa() == QUANT_ISA_AVX512 && quant_cpu_has_avx512_bf16())) return false;
     quant_get_isa();
     atomic_store(&bf16_dp, on ? 1 : 0);
     return true;

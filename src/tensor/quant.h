@@ -50,6 +50,9 @@ ember_dtype quant_dot_act(ember_dtype type);
  * use (tests cover both). false if the CPU lacks it. */
 bool quant_set_avx512_bf16(bool on);
 bool quant_avx512_bf16_in_use(void);
+/* Whether the CPU has AVX512_BF16 at all (also for bf16 attention, which
+ * quant_set_avx512_bf16 does not switch). */
+bool quant_cpu_has_avx512_bf16(void);
 
 /* fp16 / bf16 scalars (IEEE binary16 round-to-nearest-even; bf16 = top half of f32). */
 float quant_f16_to_f32(uint16_t h);
