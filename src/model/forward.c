@@ -179,26 +179,35 @@ const char *model_prof_class_name(model_prof_class cls) {
 
 /* Rows per attention unit (task_attention), and the most parts per thread
  * an attention task is split into (attention_parts). */
-enum { ATT_ROWS = 16, ATT_PARTS_PER_THREAD = 4, ATT_MAX_PAIRS = 64 };
+enum { ATT_ROWS = 16, ATT_PARTS_PER_THREAD = 4, ATT_MAX_PAIRS = 256 };
 
 /* Rows per unit: ATT_ROWS, or at bf16 precision as many as fill one
- * op_attention_paged_rows call (64 (row, head) pairs): the bf16 kernel
- * transposes each K/V tile once per call, so more queries per call pay
- * for it better. Bits do not depend on it (batch invariance). */
+ * op_attention_paged_rows call (256 (row, head) pairs): the bf16 kernel
+ * builds each K/V tile once per call, and at 16k keys a call of 64 pairs
+ * streamed the whole K/V of its kv head from memory for every 64 queries
+ * (bench_attention: 201 -> 273 GFLOP/s from 64 to 256 pairs). Bits do not
+ * depend on it (batch invariance). */
+static bool att_bf16(const model_ctx *c) {
+    return kv_pool_attention(c->pool) == ATTENTION_BF16 && !c->kvarn &&
+           op_attention_precision(ATTENTION_BF16, c->m->hp.d_k, c->m->hp.d_v) == ATTENTION_BF16;
+}
+
 static long att_rows(const model_ctx *c) {
-    if (kv_pool_attention(c->pool) != ATTENTION_BF16) return ATT_ROWS;
+    if (!att_bf16(c)) return ATT_ROWS;
     long rows = ATT_MAX_PAIRS / (c->m->hp.n_head / c->m->hp.n_head_kv);
     return rows > ATT_ROWS ? rows : ATT_ROWS;
 }
 
 /* Grows the attention scratch to hold n_keys keys: n_threads slices of
- * scores for att_rows rows of a GQA group, and ATT_PARTS_PER_THREAD block
+ * scores for ATT_ROWS rows of a GQA group (the f32 kernels' rows; bf16
+ * attention keeps no scores, and a context may serve pools of both
+ * precisions), and ATT_PARTS_PER_THREAD block
  * pointer tables per thread (one per part, attention_parts). */
 static int reserve_attention(model_ctx *c, int64_t n_keys, ember_error *err) {
     int32_t n_blocks = (int32_t)((n_keys + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     if (n_keys > c->att_cap) {
         int64_t cap = n_keys + 1024;
-        size_t slots = (size_t)att_rows(c) * (size_t)(c->m->hp.n_head / c->m->hp.n_head_kv);
+        size_t slots = (size_t)ATT_ROWS * (size_t)(c->m->hp.n_head / c->m->hp.n_head_kv);
         float *s = realloc(c->att_scores, (size_t)c->n_threads * slots * (size_t)cap * sizeof(float));
         if (s == NULL) return ember_fail(err, "out of memory for attention over %lld keys", (long long)n_keys);
         c->att_scores = s;
@@ -283,7 +292,7 @@ static void task_attention(void *arg, int ith, int nth) {
     const void **k_ptrs = c->k_ptrs + (size_t)ith * c->ptr_cap;
     const void **v_ptrs = c->v_ptrs + (size_t)ith * c->ptr_cap;
     kv_row_type type = kv_format_row_type(kv_pool_format(c->pool));
-    float *scores = c->att_scores + (size_t)ith * c->att_cap * (size_t)unit_rows * (size_t)group;
+    float *scores = att_bf16(c) ? NULL : c->att_scores + (size_t)ith * c->att_cap * (size_t)unit_rows * (size_t)group;
     const kv_seq *built = NULL;
     int32_t n_built = 0;
     float scale = hp->q_prescale ? 1.0f : hp->attn_scale;

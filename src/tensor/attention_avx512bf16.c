@@ -56,8 +56,8 @@
 enum {
     KT = 32,      /* keys per K tile (two groups of 16 lanes) */
     VT = 64,      /* keys per V tile (32 pairs) */
-    QB = 8,       /* queries per register block */
-    MAX_Q = 64,   /* queries per group (op_attention_paged_rows' pairs) */
+    QB = 4,       /* queries per register block (x 4 groups of 16 keys) */
+    MAX_Q = 256,  /* queries per group (op_attention_paged_rows' pairs) */
     MAX_D = 128,
 };
 
@@ -122,96 +122,150 @@ ALWAYS_INLINE void prefetch_row(const attention_head_args *a, bool key, int64_t 
         if (64 * c < bytes) _mm_prefetch(p + 64 * c, _MM_HINT_T0);
 }
 
-/* Dots of NQ queries (bf16 pairs qb[i]) with the 32 keys of a transposed
- * K tile (keys 0..15 in ktp[0 .. D/2), 16..31 in ktp[D/2 .. D)), unscaled,
- * into res[2i] and res[2i + 1]. */
-ALWAYS_INLINE void dots_block(const int D, const int NQ, const __m512i *ktp, const uint32_t (*qb)[MAX_D / 2],
-                              __m512 *res) {
-    __m512 acc[QB][2];
-#pragma GCC unroll 8
-    for (int i = 0; i < NQ; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+/* One block of VT keys [b0, b0 + VT) for NQ queries, in registers:
+ *  1. scores: the dots of each query (bf16 pairs qb[i]) with the block's 64
+ *     keys (transposed K tile ktp: keys 16g..16g+15 in ktp[g * D/2 ..]),
+ *     times the query's scale;
+ *  2. the online softmax step: the block's max over the query's visible
+ *     keys, the rescale alpha = exp(m_old - m) of l and out when m grows,
+ *     the weights e = exp(s - m) rounded to bf16 pairs (pq), l += their sum;
+ *  3. the weighted values over the V tile (vtp[u][c]: pair u's 16 lanes of
+ *     slice c), 64 output lanes at a time, continuing from out (scaled by
+ *     alpha when m grew): pairs wholly visible to every query first, then
+ *     per query the pairs it sees whole and the pair whose second key is
+ *     past its last (that value masked to zero).
+ * Each query's arithmetic is its own: the same operations, in the same
+ * order, whatever the other queries of the group. */
+ALWAYS_INLINE void block_queries(const int D, const int NQ, const attention_head_args *a, const __m512i *ktp,
+                                 const __m512i (*vtp)[MAX_D / 16], const uint32_t (*qb)[MAX_D / 2], float *m, float *l,
+                                 int64_t b0, int64_t first) {
+    __m512 acc[QB][VT / 16];
+#pragma GCC unroll 4
+    for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 4
+        for (int g = 0; g < VT / 16; g++) acc[i][g] = _mm512_setzero_ps();
     for (int p = 0; p < D / 2; p++) {
-        __m512i k0 = _mm512_load_si512(ktp + p), k1 = _mm512_load_si512(ktp + D / 2 + p);
-#pragma GCC unroll 8
+        __m512i k[VT / 16];
+#pragma GCC unroll 4
+        for (int g = 0; g < VT / 16; g++) k[g] = _mm512_load_si512(ktp + g * (D / 2) + p);
+#pragma GCC unroll 4
         for (int i = 0; i < NQ; i++) {
             __m512i q = _mm512_set1_epi32((int)qb[i][p]);
-            acc[i][0] = dp(acc[i][0], k0, q);
-            acc[i][1] = dp(acc[i][1], k1, q);
+#pragma GCC unroll 4
+            for (int g = 0; g < VT / 16; g++) acc[i][g] = dp(acc[i][g], k[g], q);
         }
     }
-#pragma GCC unroll 8
-    for (int i = 0; i < NQ; i++) res[2 * i] = acc[i][0], res[2 * i + 1] = acc[i][1];
-}
 
-/* Weighted values of NQ queries over one V tile, 32 output lanes
- * [32 c2, 32 c2 + 32): vtp[u][c] is pair u's 16 lanes of slice c; pq[i]
- * the queries' weight pairs; u0 the first pair the tile holds for them
- * (shared first); full[i] the pairs wholly visible to query i, straddle[i]
- * the pair whose second key is past its last (-1: none). The sums go on
- * from out (exact f32). */
-ALWAYS_INLINE void values_block(const int D, const int NQ, const attention_head_args *a, const __m512i (*vtp)[MAX_D / 16],
-                                const uint32_t (*pq)[VT / 2], int c2, int u0, const int *full, const int *straddle) {
-    __m512 acc[QB][2];
-    int all = VT / 2, most = 0;
-#pragma GCC unroll 8
+    uint32_t pq[QB][VT / 2] __attribute__((aligned(64)));
+    float alpha[QB];
+    bool grew[QB];
+    int full[QB], straddle[QB];
+#pragma GCC unroll 4
     for (int i = 0; i < NQ; i++) {
-        acc[i][0] = _mm512_loadu_ps(a[i].out + 32 * c2);
-        acc[i][1] = _mm512_loadu_ps(a[i].out + 32 * c2 + 16);
+        /* keys [lo, end) of the block are this query's own */
+        int64_t lo = b0 > first ? b0 : first, end = b0 + VT < a[i].n_keys ? b0 + VT : a[i].n_keys;
+        int seen = end > b0 ? (int)(end - b0) : 0; /* keys of the block this query sees, from b0 */
+        full[i] = seen / 2;
+        straddle[i] = seen % 2 ? seen / 2 : -1;
+        grew[i] = false;
+        if (end <= lo) continue; /* none: pq unread, m, l and out as they are */
+        uint64_t vis = (seen == 64 ? ~0ull : (1ull << seen) - 1) & ~((1ull << (lo - b0)) - 1);
+        __m512 s[VT / 16], bm = _mm512_set1_ps(-INFINITY), scale = _mm512_set1_ps(a[i].scale);
+#pragma GCC unroll 4
+        for (int c = 0; c < VT / 16; c++) {
+            s[c] = _mm512_mul_ps(acc[i][c], scale);
+            /* vmaxps keeps the running max over a NaN score */
+            bm = _mm512_mask_max_ps(bm, (__mmask16)(vis >> (16 * c)), s[c], bm);
+        }
+        float bmax = _mm512_reduce_max_ps(bm);
+        if (bmax > m[i]) {
+            if (m[i] != -INFINITY) {
+                alpha[i] = _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(m[i] - bmax)));
+                l[i] *= alpha[i];
+                grew[i] = true;
+            }
+            m[i] = bmax;
+        }
+        /* l sums the weights as rounded, so they sum to one */
+        __m512 vm = _mm512_set1_ps(m[i]), sum = _mm512_setzero_ps(), e[VT / 16];
+#pragma GCC unroll 4
+        for (int c = 0; c < VT / 16; c++)
+            e[c] = _mm512_maskz_mov_ps((__mmask16)(vis >> (16 * c)), exp_ps(_mm512_sub_ps(s[c], vm)));
+#pragma GCC unroll 2
+        for (int c = 0; c < VT / 32; c++) {
+            __m512i w = bf16_pairs(e[2 * c], e[2 * c + 1]);
+            _mm512_store_si512(pq[i] + 16 * c, w);
+            sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+            sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u))));
+        }
+        l[i] += _mm512_reduce_add_ps(sum);
+    }
+
+    int all = VT / 2, most = 0;
+#pragma GCC unroll 4
+    for (int i = 0; i < NQ; i++) {
         all = full[i] < all ? full[i] : all;
         int last = straddle[i] >= 0 ? straddle[i] + 1 : full[i];
         most = last > most ? last : most;
     }
-    int u = u0;
-    for (; u < all; u++) {
-        __m512i v0 = _mm512_load_si512(&vtp[u][2 * c2]), v1 = _mm512_load_si512(&vtp[u][2 * c2 + 1]);
-#pragma GCC unroll 8
-        for (int i = 0; i < NQ; i++) {
-            __m512i p = _mm512_set1_epi32((int)pq[i][u]);
-            acc[i][0] = dp(acc[i][0], v0, p);
-            acc[i][1] = dp(acc[i][1], v1, p);
+    const int u0 = (int)((b0 > first ? 0 : first - b0) / 2);
+    for (int h = 0; h < D / 64; h++) {
+        __m512 o[QB][4];
+#pragma GCC unroll 4
+        for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                o[i][c] = _mm512_loadu_ps(a[i].out + 64 * h + 16 * c);
+                if (grew[i]) o[i][c] = _mm512_mul_ps(o[i][c], _mm512_set1_ps(alpha[i]));
+            }
+        int u = u0;
+        for (; u < all; u++) {
+            __m512i v[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) v[c] = _mm512_load_si512(&vtp[u][4 * h + c]);
+#pragma GCC unroll 4
+            for (int i = 0; i < NQ; i++) {
+                __m512i p = _mm512_set1_epi32((int)pq[i][u]);
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) o[i][c] = dp(o[i][c], v[c], p);
+            }
         }
-    }
-    for (; u < most; u++) {
-        __m512i v0 = _mm512_load_si512(&vtp[u][2 * c2]), v1 = _mm512_load_si512(&vtp[u][2 * c2 + 1]);
-        /* the first key's value of each pair only */
-        __m512i h0 = _mm512_maskz_mov_epi16(0x55555555u, v0), h1 = _mm512_maskz_mov_epi16(0x55555555u, v1);
-#pragma GCC unroll 8
-        for (int i = 0; i < NQ; i++) {
-            if (u >= full[i] && u != straddle[i]) continue;
-            __m512i p = _mm512_set1_epi32((int)pq[i][u]);
-            bool half = u == straddle[i];
-            acc[i][0] = dp(acc[i][0], half ? h0 : v0, p);
-            acc[i][1] = dp(acc[i][1], half ? h1 : v1, p);
+        for (; u < most; u++) {
+            __m512i v[4], half[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                v[c] = _mm512_load_si512(&vtp[u][4 * h + c]);
+                /* the first key's value of each pair only */
+                half[c] = _mm512_maskz_mov_epi16(0x55555555u, v[c]);
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < NQ; i++) {
+                if (u >= full[i] && u != straddle[i]) continue;
+                __m512i p = _mm512_set1_epi32((int)pq[i][u]);
+                bool part = u == straddle[i];
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) o[i][c] = dp(o[i][c], part ? half[c] : v[c], p);
+            }
         }
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < NQ; i++) {
-        _mm512_storeu_ps(a[i].out + 32 * c2, acc[i][0]);
-        _mm512_storeu_ps(a[i].out + 32 * c2 + 16, acc[i][1]);
+#pragma GCC unroll 4
+        for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) _mm512_storeu_ps(a[i].out + 64 * h + 16 * c, o[i][c]);
     }
 }
 
-#define BLOCK_FNS(D, N)                                                                                        \
-    static void dots_##D##_##N(const __m512i *ktp, const uint32_t (*qb)[MAX_D / 2], __m512 *res) {              \
-        dots_block(D, N, ktp, qb, res);                                                                        \
-    }                                                                                                          \
-    static void values_##D##_##N(const attention_head_args *a, const __m512i (*vtp)[MAX_D / 16],                 \
-                                 const uint32_t (*pq)[VT / 2], int c2, int u0, const int *full,                 \
-                                 const int *straddle) {                                                        \
-        values_block(D, N, a, vtp, pq, c2, u0, full, straddle);                                                \
+#define BLOCK_FN(D, N)                                                                                         \
+    static void block_##D##_##N(const attention_head_args *a, const __m512i *ktp,                              \
+                                const __m512i (*vtp)[MAX_D / 16], const uint32_t (*qb)[MAX_D / 2], float *m,   \
+                                float *l, int64_t b0, int64_t first) {                                         \
+        block_queries(D, N, a, ktp, vtp, qb, m, l, b0, first);                                                 \
     }
-#define BLOCK_TABLES(D)                                                                                        \
-    BLOCK_FNS(D, 1) BLOCK_FNS(D, 2) BLOCK_FNS(D, 3) BLOCK_FNS(D, 4)                                            \
-    BLOCK_FNS(D, 5) BLOCK_FNS(D, 6) BLOCK_FNS(D, 7) BLOCK_FNS(D, 8)                                            \
-    static void (*const dots_fns_##D[QB + 1])(const __m512i *, const uint32_t (*)[MAX_D / 2], __m512 *) = {      \
-        NULL, dots_##D##_1, dots_##D##_2, dots_##D##_3, dots_##D##_4,                                          \
-        dots_##D##_5, dots_##D##_6, dots_##D##_7, dots_##D##_8};                                               \
-    static void (*const values_fns_##D[QB + 1])(const attention_head_args *, const __m512i (*)[MAX_D / 16],     \
-                                                const uint32_t (*)[VT / 2], int, int, const int *, const int *) = { \
-        NULL, values_##D##_1, values_##D##_2, values_##D##_3, values_##D##_4,                                  \
-        values_##D##_5, values_##D##_6, values_##D##_7, values_##D##_8};
-BLOCK_TABLES(128)
-BLOCK_TABLES(64)
+typedef void (*block_fn)(const attention_head_args *, const __m512i *, const __m512i (*)[MAX_D / 16],
+                         const uint32_t (*)[MAX_D / 2], float *, float *, int64_t, int64_t);
+BLOCK_FN(128, 1) BLOCK_FN(128, 2) BLOCK_FN(128, 3) BLOCK_FN(128, 4)
+BLOCK_FN(64, 1) BLOCK_FN(64, 2) BLOCK_FN(64, 3) BLOCK_FN(64, 4)
+static const block_fn block_fns_128[QB + 1] = {NULL, block_128_1, block_128_2, block_128_3, block_128_4};
+static const block_fn block_fns_64[QB + 1] = {NULL, block_64_1, block_64_2, block_64_3, block_64_4};
 
 /* The K tile of keys [t0, t0 + KT), transposed into ktp (zero rows outside
  * [first, hi)). */
@@ -280,19 +334,15 @@ ALWAYS_INLINE void build_v_tile(const int D, const attention_head_args *a, int64
 }
 
 /* n <= MAX_Q queries over one kv head: d_k = d_v = D, one first. One pass
- * over blocks of VT keys at multiples of VT (an online softmax): per block
- * the scores of every query (kept in L1), each query's running max m and
- * sum l (out and l scaled by exp(m_old - m) when m grows), its weights
- * e = exp(s - m) rounded to bf16 for the values, and at the end out / l.
- * A query's blocks, and what it computes in each, depend on its own keys
- * only. */
+ * over blocks of VT keys at multiples of VT (an online softmax); each
+ * block's K and V tiles are built once and serve the n queries, QB at a
+ * time (block_queries). A query's blocks, and what it computes in each,
+ * depend on its own keys only. */
 ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) {
     const int64_t first = a[0].first;
     int64_t hi = a[0].n_keys;
     for (int i = 1; i < n; i++) hi = a[i].n_keys > hi ? a[i].n_keys : hi;
-    void (*const *dots)(const __m512i *, const uint32_t (*)[MAX_D / 2], __m512 *) = D == 64 ? dots_fns_64 : dots_fns_128;
-    void (*const *values)(const attention_head_args *, const __m512i (*)[MAX_D / 16], const uint32_t (*)[VT / 2], int,
-                          int, const int *, const int *) = D == 64 ? values_fns_64 : values_fns_128;
+    const block_fn *block = D == 64 ? block_fns_64 : block_fns_128;
 
     /* The queries as bf16 pairs; running max and sum; out from zero. */
     uint32_t qb[MAX_Q][MAX_D / 2] __attribute__((aligned(64)));
@@ -306,70 +356,21 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
         memset(a[i].out, 0, (size_t)D * sizeof(float));
     }
     float rows[VT][MAX_D] __attribute__((aligned(64)));
-    __m512i ktp[MAX_D] __attribute__((aligned(64)));
+    __m512i ktp[2 * MAX_D] __attribute__((aligned(64)));
     __m512i vtp[VT / 2][MAX_D / 16] __attribute__((aligned(64)));
-    uint32_t pq[MAX_Q][VT / 2] __attribute__((aligned(64)));
-    float sb[MAX_Q][VT] __attribute__((aligned(64)));
     for (int64_t b0 = first - first % VT; b0 < hi; b0 += VT) {
-        /* scores of the block's keys, scaled, for every query */
-        for (int64_t t0 = b0; t0 < b0 + VT && t0 < hi; t0 += KT) {
-            build_k_tile(D, &a[0], t0, first, hi, rows, ktp);
-            for (int s0 = 0; s0 < n; s0 += QB) {
-                int nq = n - s0 < QB ? n - s0 : QB;
-                __m512 res[2 * QB];
-                dots[nq](ktp, (const uint32_t (*)[MAX_D / 2])qb + s0, res);
-                for (int i = s0; i < s0 + nq; i++) {
-                    __m512 scale = _mm512_set1_ps(a[i].scale);
-                    _mm512_store_ps(sb[i] + (t0 - b0), _mm512_mul_ps(res[2 * (i - s0)], scale));
-                    _mm512_store_ps(sb[i] + (t0 - b0) + 16, _mm512_mul_ps(res[2 * (i - s0) + 1], scale));
-                }
-            }
-        }
+        build_k_tile(D, &a[0], b0, first, hi, rows, ktp);
+        build_k_tile(D, &a[0], b0 + KT, first, hi, rows, ktp + D);
         build_v_tile(D, &a[0], b0, first, hi, rows, vtp);
-        /* each query's weights: keys [lo, end) of the block are its own */
-        int full[MAX_Q], straddle[MAX_Q];
-        for (int i = 0; i < n; i++) {
-            int64_t lo = b0 > first ? b0 : first, end = b0 + VT < a[i].n_keys ? b0 + VT : a[i].n_keys;
-            int seen = end > b0 ? (int)(end - b0) : 0; /* keys of the block this query sees, from b0 */
-            full[i] = seen / 2;
-            straddle[i] = seen % 2 ? seen / 2 : -1;
-            if (end <= lo) continue; /* none: pq unread, m, l and out as they are */
-            uint64_t vis = (seen == 64 ? ~0ull : (1ull << seen) - 1) & ~((1ull << (lo - b0)) - 1);
-            __m512 s[VT / 16], bm = _mm512_set1_ps(-INFINITY);
-            for (int c = 0; c < VT / 16; c++) {
-                /* vmaxps keeps the running max over a NaN score */
-                s[c] = _mm512_load_ps(sb[i] + 16 * c);
-                bm = _mm512_mask_max_ps(bm, (__mmask16)(vis >> (16 * c)), s[c], bm);
-            }
-            float bmax = _mm512_reduce_max_ps(bm);
-            if (bmax > m[i]) {
-                if (m[i] != -INFINITY) {
-                    __m512 alpha = exp_ps(_mm512_set1_ps(m[i] - bmax));
-                    l[i] *= _mm512_cvtss_f32(alpha);
-                    for (int c = 0; c < D / 16; c++)
-                        _mm512_storeu_ps(a[i].out + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(a[i].out + 16 * c), alpha));
-                }
-                m[i] = bmax;
-            }
-            /* l sums the weights as rounded, so they sum to one */
-            __m512 vm = _mm512_set1_ps(m[i]), sum = _mm512_setzero_ps(), e[VT / 16];
-            for (int c = 0; c < VT / 16; c++)
-                e[c] = _mm512_maskz_mov_ps((__mmask16)(vis >> (16 * c)), exp_ps(_mm512_sub_ps(s[c], vm)));
-            for (int c = 0; c < VT / 32; c++) {
-                __m512i w = bf16_pairs(e[2 * c], e[2 * c + 1]);
-                _mm512_store_si512(pq[i] + 16 * c, w);
-                sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-                sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u))));
-            }
-            l[i] += _mm512_reduce_add_ps(sum);
+        const int64_t lo = b0 > first ? b0 : first;
+        for (int s0 = 0; s0 < n; s0 += QB) {
+            int nq = n - s0 < QB ? n - s0 : QB;
+            bool any = false; /* a query of the group sees a key of the block */
+            for (int i = s0; i < s0 + nq; i++) any |= a[i].n_keys > lo;
+            if (any)
+                block[nq](a + s0, ktp, (const __m512i (*)[MAX_D / 16])vtp, (const uint32_t (*)[MAX_D / 2])qb + s0,
+                          m + s0, l + s0, b0, first);
         }
-        int u0 = (int)((b0 > first ? 0 : first - b0) / 2);
-        for (int c2 = 0; c2 < D / 32; c2++)
-            for (int s0 = 0; s0 < n; s0 += QB) {
-                int nq = n - s0 < QB ? n - s0 : QB;
-                values[nq](a + s0, (const __m512i (*)[MAX_D / 16])vtp, (const uint32_t (*)[VT / 2])pq + s0, c2, u0,
-                           full + s0, straddle + s0);
-            }
     }
     for (int i = 0; i < n; i++) {
         __m512 inv = _mm512_set1_ps(1.0f / l[i]);

@@ -205,7 +205,7 @@ void op_attention_paged_rows_prec(float *out, size_t out_stride, const float *q,
                                   attention_precision prec) {
     /* a caller that skipped op_attention_precision still gets a kernel that exists here */
     if (prec == ATTENTION_BF16 && op_attention_precision(prec, d_k, d_v) != ATTENTION_BF16) prec = ATTENTION_F32;
-    enum { MAX_PAIRS = 64, QK_FLOATS = 8192 };
+    enum { MAX_PAIRS = 256, QK_FLOATS = 8192 };
     attention_head_args args[MAX_PAIRS];
     /* each pair's query in the keys' domain (kv_row_query); flushing early
      * when it is full changes no bits (pairs are independent) */
@@ -235,7 +235,7 @@ void op_attention_paged_rows_prec(float *out, size_t out_stride, const float *q,
                                             k_blocks, v_blocks, first, query_pos[r] + 1,
                                             kv_row_bytes(k_type, n_head_kv * d_k), kv_row_bytes(type, n_head_kv * d_v),
                                             kvh * d_k, kvh * d_v, d_k, d_v, k_type, type, scale,
-                                            scratch + (size_t)n * (size_t)max_keys};
+                                            prec == ATTENTION_BF16 ? NULL : scratch + (size_t)n * (size_t)max_keys};
             n++;
         }
     }

@@ -91,7 +91,7 @@ void op_attention_paged(float *out, const float *q, const void *const *k_blocks,
  * bits as op_attention_paged; heads that share a kv head and the rows are
  * computed together so each key and value row is loaded once for all of them.
  * scratch: n_rows * (head_end - head_begin) * (max query_pos + 1) floats;
- * at most 64 (row, head) pairs per call. */
+ * the bf16 kernel takes up to 256 (row, head) pairs per call. */
 void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size_t q_stride,
                              const void *const *k_blocks, const void *const *v_blocks, kv_row_type type,
                              const int64_t *query_pos,
@@ -99,7 +99,8 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
                              int64_t window, int head_begin, int head_end, float *scratch);
 /* op_attention_paged_rows at a precision (an op_attention_precision
  * result; ATTENTION_F32 is op_attention_paged_rows itself). At bf16 the
- * softmax runs online, block by block, and scratch is not used. */
+ * softmax runs online, block by block, and scratch is not used (may be
+ * NULL). */
 void op_attention_paged_rows_prec(float *out, size_t out_stride, const float *q, size_t q_stride,
                                   const void *const *k_blocks, const void *const *v_blocks, kv_row_type type,
                                   const int64_t *query_pos, int n_rows, int n_head, int n_head_kv, int d_k, int d_v,
