@@ -115,11 +115,16 @@ ALWAYS_INLINE void head_row_f32(const int D, const attention_head_args *a, bool 
         decode_avx512(type, row, offset, D, buf);
 }
 
-ALWAYS_INLINE void prefetch_row(const attention_head_args *a, bool key, int64_t j, size_t head, int bytes) {
-    const char *p = (const char *)attention_row(key ? a->k_blocks : a->v_blocks, key ? a->k_stride : a->v_stride, j) + head;
-#pragma GCC unroll 8
-    for (int c = 0; c < 8; c++)
-        if (64 * c < bytes) _mm_prefetch(p + 64 * c, _MM_HINT_T0);
+/* Prefetches the K and V rows of keys [j0, j1) (below hi) of this head. */
+ALWAYS_INLINE void prefetch_rows(const int D, const attention_head_args *a, int64_t j0, int64_t j1, int64_t hi) {
+    const size_t k_head = value_byte(a->k_type, a->k_offset), v_head = value_byte(a->v_type, a->v_offset);
+    const int k_bytes = (int)value_byte(a->k_type, D), v_bytes = (int)value_byte(a->v_type, D);
+    for (int64_t j = j0; j < j1 && j < hi; j++) {
+        const char *k = (const char *)attention_row(a->k_blocks, a->k_stride, j) + k_head;
+        const char *v = (const char *)attention_row(a->v_blocks, a->v_stride, j) + v_head;
+        for (int c = 0; 64 * c < k_bytes; c++) _mm_prefetch(k + 64 * c, _MM_HINT_T0);
+        for (int c = 0; 64 * c < v_bytes; c++) _mm_prefetch(v + 64 * c, _MM_HINT_T0);
+    }
 }
 
 /* One block of VT keys [b0, b0 + VT) for NQ queries, in registers:
@@ -272,10 +277,8 @@ static const block_fn block_fns_64[QB + 1] = {NULL, block_64_1, block_64_2, bloc
 ALWAYS_INLINE void build_k_tile(const int D, const attention_head_args *a, int64_t t0, int64_t first, int64_t hi,
                                 float (*rows)[MAX_D], __m512i *ktp) {
     const size_t k_head = value_byte(a->k_type, a->k_offset);
-    const int k_bytes = (int)value_byte(a->k_type, D);
     const bool direct = a->k_type == KV_ROW_F16 && t0 >= first && t0 + KT <= hi;
     for (int k = 0; k < KT; k++) {
-        if (t0 + 2 * VT + k < hi) prefetch_row(a, true, t0 + 2 * VT + k, k_head, k_bytes);
         if (!direct) head_row_f32(D, a, true, t0 + k, first, hi, rows[k]);
     }
     for (int g = 0; g < KT / 16; g++)
@@ -308,10 +311,8 @@ ALWAYS_INLINE void build_v_tile(const int D, const attention_head_args *a, int64
                                             8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
     const __m512i perm = _mm512_loadu_si512(interleave);
     const size_t v_head = value_byte(a->v_type, a->v_offset);
-    const int v_bytes = (int)value_byte(a->v_type, D);
     const bool direct = a->v_type == KV_ROW_F16 && v0 >= first && v0 + VT <= hi;
     for (int k = 0; k < VT; k++) {
-        if (v0 + 2 * VT + k < hi) prefetch_row(a, false, v0 + 2 * VT + k, v_head, v_bytes);
         if (!direct) head_row_f32(D, a, false, v0 + k, first, hi, rows[k]);
     }
     for (int u = 0; u < VT / 2; u++) {
@@ -363,8 +364,13 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
         build_k_tile(D, &a[0], b0 + KT, first, hi, rows, ktp + D);
         build_v_tile(D, &a[0], b0, first, hi, rows, vtp);
         const int64_t lo = b0 > first ? b0 : first;
-        for (int s0 = 0; s0 < n; s0 += QB) {
+        /* The rows of the block after next, a share per group of queries:
+         * a burst of 512 prefetches stalled on the miss buffers. */
+        const int groups = (n + QB - 1) / QB;
+        for (int s0 = 0, gi = 0; s0 < n; s0 += QB, gi++) {
             int nq = n - s0 < QB ? n - s0 : QB;
+            prefetch_rows(D, &a[0], b0 + 2 * VT + (int64_t)gi * VT / groups, b0 + 2 * VT + (int64_t)(gi + 1) * VT / groups,
+                          hi);
             bool any = false; /* a query of the group sees a key of the block */
             for (int i = s0; i < s0 + nq; i++) any |= a[i].n_keys > lo;
             if (any)
