@@ -127,23 +127,25 @@ ALWAYS_INLINE void prefetch_rows(const int D, const attention_head_args *a, int6
     }
 }
 
-/* One block of VT keys [b0, b0 + VT) for NQ queries, in registers:
- *  1. scores: the dots of each query (bf16 pairs qb[i]) with the block's 64
- *     keys (transposed K tile ktp: keys 16g..16g+15 in ktp[g * D/2 ..]),
- *     times the query's scale;
- *  2. the online softmax step: the block's max over the query's visible
- *     keys, the rescale alpha = exp(m_old - m) of l and out when m grows,
- *     the weights e = exp(s - m) rounded to bf16 pairs (pq), l += their sum;
- *  3. the weighted values over the V tile (vtp[u][c]: pair u's 16 lanes of
- *     slice c), 64 output lanes at a time, continuing from out (scaled by
- *     alpha when m grew): pairs wholly visible to every query first, then
- *     per query the pairs it sees whole and the pair whose second key is
- *     past its last (that value masked to zero).
- * Each query's arithmetic is its own: the same operations, in the same
- * order, whatever the other queries of the group. */
-ALWAYS_INLINE void block_queries(const int D, const int NQ, const attention_head_args *a, const __m512i *ktp,
-                                 const __m512i (*vtp)[MAX_D / 16], const uint32_t (*qb)[MAX_D / 2], float (*out)[MAX_D],
-                                 float *m, float *l, int64_t b0, int64_t first) {
+/* What the scores of one block leave for its values, per query. */
+typedef struct block_weights {
+    uint32_t pq[VT / 2]; /* the weights e as bf16 pairs (e[2u], e[2u + 1]) */
+    float alpha;         /* out's rescale when m grew (grew) */
+    bool grew;
+    int full, straddle;  /* pairs wholly visible; the pair whose second key is past the last (-1: none) */
+} block_weights;
+
+/* Scores and the online softmax step of one block of VT keys [b0, b0 + VT)
+ * for NQ queries, in registers: the dots of each query (bf16 pairs qb[i])
+ * with the block's 64 keys (transposed K tile ktp: keys 16g..16g+15 in
+ * ktp[g * D/2 ..]) times its scale; the block's max over the query's
+ * visible keys; when it raises m, the rescale alpha = exp(m_old - m) of l
+ * (here) and of out (block_values); the weights e = exp(s - m) rounded to
+ * bf16 pairs, and l += their sum as rounded. Each query's arithmetic is its
+ * own, whatever the other queries of the group. */
+ALWAYS_INLINE void block_scores(const int D, const int NQ, const attention_head_args *a, const __m512i *ktp,
+                                const uint32_t (*qb)[MAX_D / 2], float *m, float *l, block_weights *w, int64_t b0,
+                                int64_t first) {
     __m512 acc[QB][VT / 16];
 #pragma GCC unroll 4
     for (int i = 0; i < NQ; i++)
@@ -160,19 +162,14 @@ ALWAYS_INLINE void block_queries(const int D, const int NQ, const attention_head
             for (int g = 0; g < VT / 16; g++) acc[i][g] = dp(acc[i][g], k[g], q);
         }
     }
-
-    uint32_t pq[QB][VT / 2] __attribute__((aligned(64)));
-    float alpha[QB];
-    bool grew[QB];
-    int full[QB], straddle[QB];
 #pragma GCC unroll 4
     for (int i = 0; i < NQ; i++) {
         /* keys [lo, end) of the block are this query's own */
         int64_t lo = b0 > first ? b0 : first, end = b0 + VT < a[i].n_keys ? b0 + VT : a[i].n_keys;
         int seen = end > b0 ? (int)(end - b0) : 0; /* keys of the block this query sees, from b0 */
-        full[i] = seen / 2;
-        straddle[i] = seen % 2 ? seen / 2 : -1;
-        grew[i] = false;
+        w[i].full = seen / 2;
+        w[i].straddle = seen % 2 ? seen / 2 : -1;
+        w[i].grew = false;
         if (end <= lo) continue; /* none: pq unread, m, l and out as they are */
         uint64_t vis = (seen == 64 ? ~0ull : (1ull << seen) - 1) & ~((1ull << (lo - b0)) - 1);
         __m512 s[VT / 16], bm = _mm512_set1_ps(-INFINITY), scale = _mm512_set1_ps(a[i].scale);
@@ -185,9 +182,9 @@ ALWAYS_INLINE void block_queries(const int D, const int NQ, const attention_head
         float bmax = _mm512_reduce_max_ps(bm);
         if (bmax > m[i]) {
             if (m[i] != -INFINITY) {
-                alpha[i] = _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(m[i] - bmax)));
-                l[i] *= alpha[i];
-                grew[i] = true;
+                w[i].alpha = _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(m[i] - bmax)));
+                l[i] *= w[i].alpha;
+                w[i].grew = true;
             }
             m[i] = bmax;
         }
@@ -198,19 +195,27 @@ ALWAYS_INLINE void block_queries(const int D, const int NQ, const attention_head
             e[c] = _mm512_maskz_mov_ps((__mmask16)(vis >> (16 * c)), exp_ps(_mm512_sub_ps(s[c], vm)));
 #pragma GCC unroll 2
         for (int c = 0; c < VT / 32; c++) {
-            __m512i w = bf16_pairs(e[2 * c], e[2 * c + 1]);
-            _mm512_store_si512(pq[i] + 16 * c, w);
-            sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-            sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u))));
+            __m512i pairs = bf16_pairs(e[2 * c], e[2 * c + 1]);
+            _mm512_storeu_si512(w[i].pq + 16 * c, pairs);
+            sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)));
+            sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xFFFF0000u))));
         }
         l[i] += _mm512_reduce_add_ps(sum);
     }
+}
 
+/* The weighted values of one block for NQ queries over the V tile
+ * (vtp[u][c]: pair u's 16 lanes of slice c), 64 output lanes at a time,
+ * continuing from out (scaled by alpha when m grew): pairs wholly visible
+ * to every query first, then per query the pairs it sees whole and the
+ * pair whose second key is past its last (that value masked to zero). */
+ALWAYS_INLINE void block_values(const int D, const int NQ, const __m512i (*vtp)[MAX_D / 16], const block_weights *w,
+                                float (*out)[MAX_D], int64_t b0, int64_t first) {
     int all = VT / 2, most = 0;
 #pragma GCC unroll 4
     for (int i = 0; i < NQ; i++) {
-        all = full[i] < all ? full[i] : all;
-        int last = straddle[i] >= 0 ? straddle[i] + 1 : full[i];
+        all = w[i].full < all ? w[i].full : all;
+        int last = w[i].straddle >= 0 ? w[i].straddle + 1 : w[i].full;
         most = last > most ? last : most;
     }
     const int u0 = (int)((b0 > first ? 0 : first - b0) / 2);
@@ -221,7 +226,7 @@ ALWAYS_INLINE void block_queries(const int D, const int NQ, const attention_head
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
                 o[i][c] = _mm512_load_ps(out[i] + 64 * h + 16 * c);
-                if (grew[i]) o[i][c] = _mm512_mul_ps(o[i][c], _mm512_set1_ps(alpha[i]));
+                if (w[i].grew) o[i][c] = _mm512_mul_ps(o[i][c], _mm512_set1_ps(w[i].alpha));
             }
         int u = u0;
         for (; u < all; u++) {
@@ -230,7 +235,7 @@ ALWAYS_INLINE void block_queries(const int D, const int NQ, const attention_head
             for (int c = 0; c < 4; c++) v[c] = _mm512_load_si512(&vtp[u][4 * h + c]);
 #pragma GCC unroll 4
             for (int i = 0; i < NQ; i++) {
-                __m512i p = _mm512_set1_epi32((int)pq[i][u]);
+                __m512i p = _mm512_set1_epi32((int)w[i].pq[u]);
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) o[i][c] = dp(o[i][c], v[c], p);
             }
@@ -245,9 +250,9 @@ ALWAYS_INLINE void block_queries(const int D, const int NQ, const attention_head
             }
 #pragma GCC unroll 4
             for (int i = 0; i < NQ; i++) {
-                if (u >= full[i] && u != straddle[i]) continue;
-                __m512i p = _mm512_set1_epi32((int)pq[i][u]);
-                bool part = u == straddle[i];
+                if (u >= w[i].full && u != w[i].straddle) continue;
+                __m512i p = _mm512_set1_epi32((int)w[i].pq[u]);
+                bool part = u == w[i].straddle;
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) o[i][c] = dp(o[i][c], part ? half[c] : v[c], p);
             }
@@ -259,18 +264,25 @@ ALWAYS_INLINE void block_queries(const int D, const int NQ, const attention_head
     }
 }
 
-#define BLOCK_FN(D, N)                                                                                         \
-    static void block_##D##_##N(const attention_head_args *a, const __m512i *ktp,                              \
-                                const __m512i (*vtp)[MAX_D / 16], const uint32_t (*qb)[MAX_D / 2],             \
-                                float (*out)[MAX_D], float *m, float *l, int64_t b0, int64_t first) {          \
-        block_queries(D, N, a, ktp, vtp, qb, out, m, l, b0, first);                                            \
+#define BLOCK_FNS(D, N)                                                                                        \
+    static void scores_##D##_##N(const attention_head_args *a, const __m512i *ktp,                             \
+                                 const uint32_t (*qb)[MAX_D / 2], float *m, float *l, block_weights *w,        \
+                                 int64_t b0, int64_t first) {                                                  \
+        block_scores(D, N, a, ktp, qb, m, l, w, b0, first);                                                    \
+    }                                                                                                          \
+    static void values_##D##_##N(const __m512i (*vtp)[MAX_D / 16], const block_weights *w, float (*out)[MAX_D], \
+                                 int64_t b0, int64_t first) {                                                  \
+        block_values(D, N, vtp, w, out, b0, first);                                                            \
     }
-typedef void (*block_fn)(const attention_head_args *, const __m512i *, const __m512i (*)[MAX_D / 16],
-                         const uint32_t (*)[MAX_D / 2], float (*)[MAX_D], float *, float *, int64_t, int64_t);
-BLOCK_FN(128, 1) BLOCK_FN(128, 2) BLOCK_FN(128, 3) BLOCK_FN(128, 4)
-BLOCK_FN(64, 1) BLOCK_FN(64, 2) BLOCK_FN(64, 3) BLOCK_FN(64, 4)
-static const block_fn block_fns_128[QB + 1] = {NULL, block_128_1, block_128_2, block_128_3, block_128_4};
-static const block_fn block_fns_64[QB + 1] = {NULL, block_64_1, block_64_2, block_64_3, block_64_4};
+typedef void (*scores_fn)(const attention_head_args *, const __m512i *, const uint32_t (*)[MAX_D / 2], float *,
+                          float *, block_weights *, int64_t, int64_t);
+typedef void (*values_fn)(const __m512i (*)[MAX_D / 16], const block_weights *, float (*)[MAX_D], int64_t, int64_t);
+BLOCK_FNS(128, 1) BLOCK_FNS(128, 2) BLOCK_FNS(128, 3) BLOCK_FNS(128, 4)
+BLOCK_FNS(64, 1) BLOCK_FNS(64, 2) BLOCK_FNS(64, 3) BLOCK_FNS(64, 4)
+static const scores_fn scores_fns_128[QB + 1] = {NULL, scores_128_1, scores_128_2, scores_128_3, scores_128_4};
+static const scores_fn scores_fns_64[QB + 1] = {NULL, scores_64_1, scores_64_2, scores_64_3, scores_64_4};
+static const values_fn values_fns_128[QB + 1] = {NULL, values_128_1, values_128_2, values_128_3, values_128_4};
+static const values_fn values_fns_64[QB + 1] = {NULL, values_64_1, values_64_2, values_64_3, values_64_4};
 
 /* The K tile of keys [t0, t0 + KT), transposed into ktp (zero rows outside
  * [first, hi)). */
@@ -337,19 +349,23 @@ ALWAYS_INLINE void build_v_tile(const int D, const attention_head_args *a, int64
 /* n <= MAX_Q queries over one kv head: d_k = d_v = D, one first. One pass
  * over blocks of VT keys at multiples of VT (an online softmax); each
  * block's K and V tiles are built once and serve the n queries, QB at a
- * time (block_queries). A query's blocks, and what it computes in each,
- * depend on its own keys only. */
+ * time: first every group's scores and weights (block_scores), then every
+ * group's values (block_values), so that one group's softmax, a chain of
+ * dependent steps, overlaps the next group's dots instead of stalling its
+ * own values. A query's blocks, and what it computes in each, depend on
+ * its own keys only. */
 ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) {
     const int64_t first = a[0].first;
     int64_t hi = a[0].n_keys;
     for (int i = 1; i < n; i++) hi = a[i].n_keys > hi ? a[i].n_keys : hi;
-    const block_fn *block = D == 64 ? block_fns_64 : block_fns_128;
+    const scores_fn *scores = D == 64 ? scores_fns_64 : scores_fns_128;
+    const values_fn *values = D == 64 ? values_fns_64 : values_fns_128;
 
-    /* The queries as bf16 pairs; running max and sum; out from zero. */
+    /* The queries as bf16 pairs; out accumulates in a contiguous buffer
+     * (the callers' rows lie a row of all heads apart, 8 KiB on the 0.6B
+     * shape, so 256 of them would share a few cache sets); running max and
+     * sum. */
     uint32_t qb[MAX_Q][MAX_D / 2] __attribute__((aligned(64)));
-    /* out accumulates here, contiguous: the callers' rows lie a row of all
-     * heads apart (8 KiB on the 0.6B shape), so 256 of them share a few
-     * cache sets */
     float out[MAX_Q][MAX_D] __attribute__((aligned(64)));
     float m[MAX_Q], l[MAX_Q];
     for (int i = 0; i < n; i++) {
@@ -363,23 +379,28 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
     float rows[VT][MAX_D] __attribute__((aligned(64)));
     __m512i ktp[2 * MAX_D] __attribute__((aligned(64)));
     __m512i vtp[VT / 2][MAX_D / 16] __attribute__((aligned(64)));
+    block_weights w[MAX_Q];
+    bool any[MAX_Q / QB];
+    const int groups = (n + QB - 1) / QB;
     for (int64_t b0 = first - first % VT; b0 < hi; b0 += VT) {
         build_k_tile(D, &a[0], b0, first, hi, rows, ktp);
         build_k_tile(D, &a[0], b0 + KT, first, hi, rows, ktp + D);
         build_v_tile(D, &a[0], b0, first, hi, rows, vtp);
         const int64_t lo = b0 > first ? b0 : first;
-        /* The rows of the block after next, a share per group of queries:
-         * a burst of 512 prefetches stalled on the miss buffers. */
-        const int groups = (n + QB - 1) / QB;
-        for (int s0 = 0, gi = 0; s0 < n; s0 += QB, gi++) {
-            int nq = n - s0 < QB ? n - s0 : QB;
+        for (int gi = 0; gi < groups; gi++) {
+            int s0 = gi * QB, nq = n - s0 < QB ? n - s0 : QB;
+            /* The rows of the block after next, a share per group of
+             * queries: a burst of 512 prefetches stalled on the miss buffers. */
             prefetch_rows(D, &a[0], b0 + 2 * VT + (int64_t)gi * VT / groups, b0 + 2 * VT + (int64_t)(gi + 1) * VT / groups,
                           hi);
-            bool any = false; /* a query of the group sees a key of the block */
-            for (int i = s0; i < s0 + nq; i++) any |= a[i].n_keys > lo;
-            if (any)
-                block[nq](a + s0, ktp, (const __m512i (*)[MAX_D / 16])vtp, (const uint32_t (*)[MAX_D / 2])qb + s0,
-                          out + s0, m + s0, l + s0, b0, first);
+            any[gi] = false; /* a query of the group sees a key of the block */
+            for (int i = s0; i < s0 + nq; i++) any[gi] |= a[i].n_keys > lo;
+            if (any[gi])
+                scores[nq](a + s0, ktp, (const uint32_t (*)[MAX_D / 2])qb + s0, m + s0, l + s0, w + s0, b0, first);
+        }
+        for (int gi = 0; gi < groups; gi++) {
+            int s0 = gi * QB, nq = n - s0 < QB ? n - s0 : QB;
+            if (any[gi]) values[nq]((const __m512i (*)[MAX_D / 16])vtp, w + s0, out + s0, b0, first);
         }
     }
     for (int i = 0; i < n; i++) {
