@@ -15,7 +15,7 @@ MODEL ?= models/stories260K.gguf
 
 PREFIX ?= /usr/local
 
-.PHONY: all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-kv bench-serve bench-multiturn bench-scenarios bench-predict bench-retire-stall bench-spec bench-bw bench-remote load-test install docs fuzz-all clean
+.PHONY: bench-attention all build build-asan build-tsan run generate test test-release test-asan test-tsan serve-soak bench bench-kv bench-serve bench-multiturn bench-scenarios bench-predict bench-retire-stall bench-spec bench-bw bench-remote load-test install docs fuzz-all clean
 
 all: build
 
@@ -77,7 +77,8 @@ serve-soak: build
 # one knows llama, not qwen3) prints "no ratio" for that table, so ratios
 # exist for the llama-3.2-1b rows. Further tables:
 #   long prefill (8k, 16k) on BENCH_LONG_ROW: slow (minutes per length);
-#     BENCH_LONG=0 skips them, BENCH_LONG_PREFILL picks the lengths;
+#     f32 and bf16 attention alternating (docs/attention.md); BENCH_LONG=0
+#     skips them, BENCH_LONG_PREFILL picks the lengths;
 #   contention on BENCH_BUSY_ROW: a busy loop pinned to core BENCH_BUSY_CORE
 #     while ember and llama.cpp run again, alternating quiet and loaded runs;
 #     the fraction of speed each keeps, and their ratio (BENCH_BUSY_PREFILL,
@@ -114,10 +115,18 @@ bench: build
 	done
 	if [ "$(BENCH_LONG)" = 1 ]; then \
 	  ./build/bench_engine $(call bench_model,$(BENCH_LONG_ROW)) --label "$(BENCH_LONG_ROW) long prefill" --threads 2 --reps 1 \
-	    --prefill $(BENCH_LONG_PREFILL) --decode 16 --llama-bench "$(LLAMA_BENCH)" || exit 1; \
+	    --prefill $(BENCH_LONG_PREFILL) --decode 16 --attention both --llama-bench "$(LLAMA_BENCH)" || exit 1; \
 	fi
 	./build/bench_engine $(call bench_model,$(BENCH_BUSY_ROW)) --label "$(BENCH_BUSY_ROW) contention" --threads 2 --reps 1 \
 	  --prefill $(BENCH_BUSY_PREFILL) --decode $(BENCH_BUSY_DECODE) --busy-core $(BENCH_BUSY_CORE) --rounds $(BENCH_BUSY_ROUNDS) --llama-bench "$(LLAMA_BENCH)"
+
+# Attention alone (issue 15, docs/attention.md): one layer's last 512-row
+# prefill chunk at 4k, 8k and 16k keys on the qwen3-0.6b head shape (f16
+# rows, blocks scattered as in a served pool), f32 and bf16, in GFLOP/s on
+# one thread, with a digest of the output bits (equal for every --rows).
+ATT_KEYS ?= 4096 8192 16384
+bench-attention: build
+	for k in $(ATT_KEYS); do ./build/bench_attention --keys $$k --reps 5 --rows 128 || exit 1; done
 
 # KV formats (f32, f16, q8_0): quality against f32 KV (mean KL, top-1
 # agreement, perplexity) over bench/data/kv_text.txt (English, 5092 stories260K

@@ -9,8 +9,8 @@
  * tiles are decoded; the products are exact in f32 and accumulate in f32;
  * the softmax (max, exp, sum, 1/sum) is f32, computed online: keys are
  * taken in blocks of 64 at multiples of 64, and per block each query's
- * scores (kept in L1, never a row of all its scores) update its running
- * max m, scaling its partial output and sum by exp(m_old - m) when m grows;
+ * scores (kept in registers, never a row of all its scores) update its
+ * running max m, scaling its partial output and sum by exp(m_old - m) when m grows;
  * its weights e = exp(s - m) are rounded to bf16 for the values, the sum
  * adds them as rounded (so the weights used sum to one), and the output is
  * divided by the sum at the end.
@@ -29,10 +29,14 @@
  *    v[2u+1][d]); the weights (e[2u], e[2u+1]) are broadcast. Each output
  *    lane accumulates pair after pair in key order, continuing from the
  *    previous block's result (kept in out, exact).
- * The tiles are built once per kv head and call and serve every query of
- * the group (GQA heads x prefill rows: forward.c gives bf16 calls 64
- * queries), which pays for the transposes; f16 rows (the served format)
- * go straight from f16 to bf16 pairs, other formats through f32 rows.
+ * The tiles are built once per block and call and serve every query of
+ * the call (GQA heads x prefill rows: forward.c gives bf16 calls up to 256
+ * queries), which pays for the transposes and reads each K/V row from
+ * memory once per 256 queries; f16 rows (the served format) go straight
+ * from f16 to bf16 pairs, other formats through f32 rows. Per block the
+ * queries go 4 at a time (4 queries x 64 keys of scores, then 4 queries x
+ * 64 output lanes, are 16 accumulators), and the rows of the block after
+ * next are prefetched a share per group of 4.
  *
  * Bit-identity: a query's result depends only on its query, first and
  * n_keys and the rows it sees, never on the other queries of the call:
