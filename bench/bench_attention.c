@@ -13,24 +13,22 @@
  * thread.
  *
  * Usage: bench_attention [--keys 16384] [--chunk 512] [--rows 32] [--reps 5]
- *                        [--kv f16|f32|q8_0] [--precision f32|bf16|both] */
+ *                        [--kv f16|f32|q8_0] [--precision f32|bf16|both]
+ *                        [--window W] [--huge 0|1] [--pad BYTES]
+ * --window W: a sliding window of W keys. --huge 1 asks for huge pages
+ * (MADV_HUGEPAGE) on the blocks' arena; --pad adds BYTES between blocks
+ * (with huge pages, blocks 1.75 MiB apart all fall on the same cache sets). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/mman.h>
 
+#include "core/clock.h"
 #include "tensor/kv_rows.h"
 #include "tensor/ops.h"
 
 enum { N_HEAD = 16, N_HEAD_KV = 8, D = 128, BLOCK = 16 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -122,7 +120,7 @@ int main(int argc, char **argv) {
         }
         double *t = malloc((size_t)reps * sizeof(double));
         for (int rep = 0; rep < reps; rep++) {
-            double t0 = now_s();
+            double t0 = ember_now();
             for (int kvh = 0; kvh < N_HEAD_KV; kvh++)
                 for (long r0 = 0; r0 < chunk; r0 += rows) {
                     int n = (int)(chunk - r0 < rows ? chunk - r0 : rows);
@@ -130,7 +128,7 @@ int main(int argc, char **argv) {
                                                  k_blocks, v_blocks, type, pos + r0, n, N_HEAD, N_HEAD_KV, D, D,
                                                  0.0883883f, window, kvh * group, (kvh + 1) * group, scratch, prec);
                 }
-            t[rep] = now_s() - t0;
+            t[rep] = ember_now() - t0;
         }
         qsort(t, (size_t)reps, sizeof(double), cmp_double);
         /* FNV-1a of the output bits: equal across --rows (batch invariance) */
