@@ -306,12 +306,7 @@ void attention_heads_avx2(const attention_head_args *a, int n) {
             continue;
         }
         int m = 1;
-        while (i + m < n && a[i + m].d_k == a[i].d_k && a[i + m].d_v == a[i].d_v &&
-               a[i + m].k_blocks == a[i].k_blocks && a[i + m].v_blocks == a[i].v_blocks &&
-               a[i + m].k_offset == a[i].k_offset && a[i + m].v_offset == a[i].v_offset &&
-               a[i + m].k_stride == a[i].k_stride && a[i + m].v_stride == a[i].v_stride &&
-               a[i + m].k_type == a[i].k_type && a[i + m].v_type == a[i].v_type && a[i + m].first == a[i].first)
-            m++;
+        while (i + m < n && attention_same_kv(&a[i], &a[i + m])) m++;
         heads_group(a + i, m);
         i += m;
     }

@@ -304,12 +304,7 @@ void attention_heads_avx512(const attention_head_args *a, int n) {
         const int d = a[i].d_k;
         const bool multi = (d == 128 || d == 64) && a[i].d_v == d;
         if (multi)
-            while (i + m < n && a[i + m].d_k == d && a[i + m].d_v == d && a[i + m].k_blocks == a[i].k_blocks &&
-                   a[i + m].v_blocks == a[i].v_blocks && a[i + m].k_offset == a[i].k_offset &&
-                   a[i + m].v_offset == a[i].v_offset && a[i + m].k_stride == a[i].k_stride &&
-                   a[i + m].v_stride == a[i].v_stride && a[i + m].k_type == a[i].k_type &&
-                   a[i + m].v_type == a[i].v_type && a[i + m].first == a[i].first)
-                m++;
+            while (i + m < n && attention_same_kv(&a[i], &a[i + m])) m++;
         if (multi && d == 128)
             heads_multi_128(a + i, m);
         else if (multi)

@@ -422,12 +422,7 @@ void attention_heads_avx512bf16(const attention_head_args *a, int n) {
     while (i < n) {
         int m = 1;
         const int d = a[i].d_k;
-        while (i + m < n && m < MAX_Q && a[i + m].d_k == d && a[i + m].d_v == d && a[i + m].k_blocks == a[i].k_blocks &&
-               a[i + m].v_blocks == a[i].v_blocks && a[i + m].k_offset == a[i].k_offset &&
-               a[i + m].v_offset == a[i].v_offset && a[i + m].k_stride == a[i].k_stride &&
-               a[i + m].v_stride == a[i].v_stride && a[i + m].k_type == a[i].k_type &&
-               a[i + m].v_type == a[i].v_type && a[i + m].first == a[i].first)
-            m++;
+        while (i + m < n && m < MAX_Q && attention_same_kv(&a[i], &a[i + m])) m++;
         if (d == 128 && a[i].d_v == 128)
             heads_bf16_128(a + i, m);
         else if (d == 64 && a[i].d_v == 64)

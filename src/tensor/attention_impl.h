@@ -11,6 +11,7 @@
 #ifndef EMBER_TENSOR_ATTENTION_IMPL_H
 #define EMBER_TENSOR_ATTENTION_IMPL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,6 +36,15 @@ typedef struct attention_head_args {
 /* The encoded row of key (or value) j. */
 static inline const uint8_t *attention_row(const void *const *blocks, size_t stride, int64_t j) {
     return (const uint8_t *)blocks[j / 16] + (size_t)(j % 16) * stride;
+}
+
+/* Whether pairs a and b read the same keys and values (one kv head, the
+ * same rows from the same first key, heads of the same size): the
+ * multi-query kernels take such neighbours together. */
+static inline bool attention_same_kv(const attention_head_args *a, const attention_head_args *b) {
+    return a->d_k == b->d_k && a->d_v == b->d_v && a->k_blocks == b->k_blocks && a->v_blocks == b->v_blocks &&
+           a->k_offset == b->k_offset && a->v_offset == b->v_offset && a->k_stride == b->k_stride &&
+           a->v_stride == b->v_stride && a->k_type == b->k_type && a->v_type == b->v_type && a->first == b->first;
 }
 
 /* Where value `offset` of a row starts, in bytes (offset on a q8_0 block
