@@ -78,19 +78,13 @@ static int64_t check(engine *e, const int32_t *prompt, int64_t n, int max_tokens
     return cached;
 }
 
-static apc_stats stats_of(engine *e) {
-    apc_stats s;
-    apc_get_stats(engine_cache(e), &s);
-    return s;
-}
-
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
 static uint32_t rnd(void) { return test_rand(&rng_state); }
 static void random_tokens(int32_t *t, int64_t n, int vocab) { test_random_tokens(&rng_state, t, n, vocab); }
 
 /* The namespace directory of an engine. */
 static void ns_dir(engine *e, const char *root, char *out, size_t cap) {
-    apc_stats s = stats_of(e);
+    apc_stats s = test_cache_stats(e);
     assert_true(s.disk_enabled);
     snprintf(out, cap, "%s/%s", root, s.disk_namespace);
 }
@@ -160,7 +154,7 @@ static void layout_of(const model *m, test_layout *t) {
 }
 
 static void expect_of(engine *e, const test_layout *tl, apc_hash_kind hash, apc_disk_expect *ex) {
-    apc_stats s = stats_of(e);
+    apc_stats s = test_cache_stats(e);
     for (int i = 0; i < 16; i++) {
         unsigned v;
         sscanf(s.disk_namespace + 2 * i, "%2x", &v);
@@ -194,7 +188,7 @@ static void warm_restart(const char *path, apc_force force, apc_disk_read mode, 
     random_tokens(p2 + n2, 20, V); /* turn 2: the reply, then the next user message */
     n2 += 20;
     apc_flush(engine_cache(e));
-    apc_stats s = stats_of(e);
+    apc_stats s = test_cache_stats(e);
     assert_true(s.disk_writes > 0);
     assert_true(s.disk_files > 0);
     if (force == APC_FORCE_BLOCK) assert_true(s.disk_blocks_indexed > 0);
@@ -203,24 +197,24 @@ static void warm_restart(const char *path, apc_force force, apc_disk_read mode, 
 
     /* After: the same adoption, from disk, bit-identical to cold. */
     e = open_engine(m, &o);
-    s = stats_of(e);
+    s = test_cache_stats(e);
     assert_true(s.disk_files > 0);
     assert_int_equal(s.disk_hits, 0);
     assert_int_equal(check(e, p1, 70, 4, what, &src), 69);
     assert_int_equal(src, force == APC_FORCE_BLOCK ? APC_SOURCE_BLOCK : APC_SOURCE_EXACT);
-    s = stats_of(e);
+    s = test_cache_stats(e);
     assert_true(s.disk_hits > 0);
     uint64_t hits = s.disk_hits;
     /* The restored prefix is in memory now: the next hit does not read disk. */
     assert_int_equal(check(e, p1, 70, 4, what, NULL), 69);
-    assert_int_equal(stats_of(e).disk_hits, hits);
+    assert_int_equal(test_cache_stats(e).disk_hits, hits);
     /* Turn 2 after the restart adopts turn 1's prompt + reply. */
     int64_t c2 = check(e, p2, n2, 4, what, NULL);
     if (c2 < 50) fail_msg("%s: turn 2 adopted %lld of %lld", what, (long long)c2, (long long)n2);
     /* A reset clears memory only: the resend comes from disk again. */
     apc_reset(engine_cache(e));
     assert_int_equal(check(e, p1, 70, 4, what, NULL), 69);
-    s = stats_of(e);
+    s = test_cache_stats(e);
     assert_true(s.disk_hits > 0);
     assert_true(s.disk_files > 0);
     cJSON *j = serve_cache_stats_json(engine_cache(e));
@@ -300,7 +294,7 @@ static void test_crash_leftovers(void **state) {
     /* b's files survived and serve; a is correct, whatever it adopts. */
     assert_int_equal(check(e, b, 40, 3, "b after crash", NULL), 39);
     check(e, a, 40, 3, "a after crash", NULL);
-    assert_int_equal(stats_of(e).disk_corrupt, 0);
+    assert_int_equal(test_cache_stats(e).disk_corrupt, 0);
     engine_free(e);
     remove_tree(root);
     free(root);
@@ -366,7 +360,7 @@ static void corrupt_one(const model *m, damage how, apc_force force, const char 
     assert_int_equal(warm.cached_tokens, 0);
     engine_result_free(&warm);
     engine_result_free(&cold);
-    apc_stats s = stats_of(e);
+    apc_stats s = test_cache_stats(e);
     if (s.disk_corrupt < 1) fail_msg("%s: disk_corrupt = %llu", what, (unsigned long long)s.disk_corrupt);
     apc_flush(engine_cache(e));
     /* Each bad file is gone, or replaced by the resend's valid store. */
@@ -419,24 +413,24 @@ static void test_isolation(void **state) {
     engine_result r;
     test_generate(e, a, 50, 3, ENGINE_CACHE_ON, &r);
     engine_result_free(&r);
-    apc_stats s0 = stats_of(e);
+    apc_stats s0 = test_cache_stats(e);
     engine_free(e);
 
     /* Another cache format (block keys hashed with XXH3) on the same root. */
     disk_opts ox = o;
     ox.hash = APC_HASH_XXH3;
     e = open_engine(m, &ox);
-    apc_stats s = stats_of(e);
+    apc_stats s = test_cache_stats(e);
     assert_string_not_equal(s.disk_namespace, s0.disk_namespace);
     assert_int_equal(s.disk_files, 0);
     assert_int_equal(check(e, a, 50, 3, "xxh3 namespace", NULL), 0);
-    assert_int_equal(stats_of(e).disk_hits, 0);
+    assert_int_equal(test_cache_stats(e).disk_hits, 0);
     engine_free(e);
     /* Another namespace name: nothing either. */
     disk_opts on = o;
     on.ns = "tenant-b";
     e = open_engine(m, &on);
-    assert_int_equal(stats_of(e).disk_files, 0);
+    assert_int_equal(test_cache_stats(e).disk_files, 0);
     assert_int_equal(check(e, a, 50, 3, "named namespace", NULL), 0);
     engine_free(e);
     /* The exact tier shares the block tier's namespace but not its files:
@@ -461,9 +455,9 @@ static void test_isolation(void **state) {
     free(bytes);
     model *m2 = test_load_model(copy);
     e = open_engine(m2, &o);
-    assert_string_equal(stats_of(e).disk_namespace, s0.disk_namespace);
+    assert_string_equal(test_cache_stats(e).disk_namespace, s0.disk_namespace);
     assert_int_equal(check(e, a, 50, 3, "renamed model", NULL), 49);
-    assert_true(stats_of(e).disk_hits > 0);
+    assert_true(test_cache_stats(e).disk_hits > 0);
     engine_free(e);
     model_free(m2);
     remove_tree(tmp);
@@ -479,7 +473,7 @@ static void test_isolation(void **state) {
         cfg.n_ctx = 512;
         cfg.cache.disk.path = root;
         e = test_open_engine(q, &cfg);
-        s = stats_of(e);
+        s = test_cache_stats(e);
         assert_true(s.disk_enabled);
         assert_string_not_equal(s.disk_namespace, s0.disk_namespace);
         assert_int_equal(s.disk_files, 0);
@@ -515,7 +509,7 @@ static void test_cap(void **state) {
     test_generate(e, p[0], LEN, 8, ENGINE_CACHE_ON, &r);
     engine_result_free(&r);
     apc_flush(engine_cache(e));
-    uint64_t one = stats_of(e).disk_bytes;
+    uint64_t one = test_cache_stats(e).disk_bytes;
     assert_true(one > 0);
     engine_free(e);
     remove_tree(root);
@@ -532,9 +526,9 @@ static void test_cap(void **state) {
         if (bytes > o.max_bytes)
             fail_msg("after %d: %llu bytes on disk, cap %llu", i, (unsigned long long)bytes,
                      (unsigned long long)o.max_bytes);
-        assert_true(stats_of(e).disk_bytes <= o.max_bytes);
+        assert_true(test_cache_stats(e).disk_bytes <= o.max_bytes);
     }
-    apc_stats s = stats_of(e);
+    apc_stats s = test_cache_stats(e);
     assert_true(s.disk_evictions > 0);
     assert_int_equal(s.disk_max_bytes, o.max_bytes);
     /* Every surviving later segment still has its parent on disk. */
@@ -692,7 +686,7 @@ static void test_bad_path(void **state) {
     e = engine_create(m, &cfg, &err);
     ember_log_set_level(lvl);
     assert_non_null(e);
-    assert_false(stats_of(e).disk_enabled);
+    assert_false(test_cache_stats(e).disk_enabled);
     engine_free(e);
     remove_tree(root);
     free(root);

@@ -72,14 +72,8 @@ static int64_t probe(engine *e, const int32_t *prompt, int64_t n, const char *wh
     return got;
 }
 
-static apc_stats stats_of(engine *e) {
-    apc_stats s;
-    apc_get_stats(engine_cache(e), &s);
-    return s;
-}
-
 static void ns_dir(engine *e, const char *root, char *out, size_t cap) {
-    apc_stats s = stats_of(e);
+    apc_stats s = test_cache_stats(e);
     assert_true(s.disk_enabled);
     snprintf(out, cap, "%s/%s", root, s.disk_namespace);
 }
@@ -155,7 +149,7 @@ static void exact_restart(const char *rel, const char *what) {
     engine_result_free(&r);
     assert_int_equal(probe(e, p1, 70, what, &src), 69);
     apc_flush(engine_cache(e));
-    apc_stats s = stats_of(e);
+    apc_stats s = test_cache_stats(e);
     assert_true(s.disk_enabled);
     assert_true(s.disk_exact_indexed >= 1);
     char dir[512], name[64];
@@ -164,10 +158,10 @@ static void exact_restart(const char *rel, const char *what) {
 
     /* After the restart: N-1 from disk, state included, bit-identical. */
     e = open_engine(m, root, NULL);
-    assert_int_equal(stats_of(e).disk_hits, 0);
+    assert_int_equal(test_cache_stats(e).disk_hits, 0);
     assert_int_equal(probe(e, p1, 70, what, &src), 69);
     assert_int_equal(src, APC_SOURCE_EXACT);
-    s = stats_of(e);
+    s = test_cache_stats(e);
     assert_true(s.disk_hits >= 1);
     assert_int_equal(s.exact_hits, 1);
     engine_free(e);
@@ -178,7 +172,7 @@ static void exact_restart(const char *rel, const char *what) {
     flip_byte(dir, name, 12);
     e = open_engine(m, root, NULL);
     assert_int_equal(probe(e, p1, 70, what, NULL), 0);
-    s = stats_of(e);
+    s = test_cache_stats(e);
     assert_int_equal(s.disk_corrupt, 1);
     assert_false(exists(dir, name));
     engine_free(e);
@@ -233,7 +227,7 @@ static void ckpt_restart(const char *rel, const char *what, bool arr) {
     assert_true(mem_branch >= 64);
     assert_true(mem_turn2 >= 32);
     apc_flush(engine_cache(e));
-    apc_stats s = stats_of(e);
+    apc_stats s = test_cache_stats(e);
     assert_true(s.disk_enabled);
     assert_true(s.ckpt_skeleton_writes >= 3);
     assert_true(s.disk_blocks_indexed > 0);
@@ -244,12 +238,12 @@ static void ckpt_restart(const char *rel, const char *what, bool arr) {
 
     /* After the restart: the same checkpoints, from disk, bit-identical. */
     e = open_engine(m, root, NULL);
-    s = stats_of(e);
+    s = test_cache_stats(e);
     assert_int_equal(s.disk_hits, 0);
     assert_true(s.disk_exact_indexed >= 3);
     if (probe(e, p1, 70, what, &src) != mem_resend) fail_msg("%s: resend adopted another checkpoint", what);
     assert_int_equal(src, APC_SOURCE_CKPT);
-    s = stats_of(e);
+    s = test_cache_stats(e);
     assert_int_equal(s.ckpt_hits, 1);
     assert_int_equal(s.ckpt_matched_tokens, 69);
     assert_true(s.disk_hits >= 2); /* the skeleton and its chain's blocks */
@@ -257,7 +251,7 @@ static void ckpt_restart(const char *rel, const char *what, bool arr) {
     if (got != mem_branch) fail_msg("%s: branch adopted %lld, %lld before", what, (long long)got, (long long)mem_branch);
     got = probe(e, conv, n2, what, NULL);
     if (got != mem_turn2) fail_msg("%s: turn 2 adopted %lld, %lld before", what, (long long)got, (long long)mem_turn2);
-    assert_int_equal(stats_of(e).disk_corrupt, 0);
+    assert_int_equal(test_cache_stats(e).disk_corrupt, 0);
     engine_free(e);
 
     /* A flipped byte in the resend's skeleton: counted, deleted; the resend
@@ -267,7 +261,7 @@ static void ckpt_restart(const char *rel, const char *what, bool arr) {
     e = open_engine(m, root, NULL);
     got = probe(e, p1, 70, what, NULL);
     assert_true(got < 69);
-    s = stats_of(e);
+    s = test_cache_stats(e);
     assert_int_equal(s.disk_corrupt, 1);
     assert_false(exists(dir, name));
     engine_free(e);
@@ -291,7 +285,7 @@ static void ckpt_restart(const char *rel, const char *what, bool arr) {
     flip_byte(dir, name, 20);
     e = open_engine(m, root, NULL);
     assert_int_equal(probe(e, p1, 70, what, NULL), 0);
-    s = stats_of(e);
+    s = test_cache_stats(e);
     assert_true(s.disk_corrupt >= 1);
     assert_int_equal(s.ckpt_hits, 0);
     assert_false(exists(dir, name));
@@ -328,11 +322,11 @@ static void isolate(const char *rel_a, const char *rel_b) {
     test_generate(e, p1, 70, 3, ENGINE_CACHE_ON, &r);
     engine_result_free(&r);
     apc_flush(engine_cache(e));
-    apc_stats sa = stats_of(e);
+    apc_stats sa = test_cache_stats(e);
     assert_true(sa.disk_files > 0);
     engine_free(e);
     e = open_engine(b, root, "shared");
-    apc_stats sb = stats_of(e);
+    apc_stats sb = test_cache_stats(e);
     assert_true(sb.disk_enabled);
     assert_true(strcmp(sa.disk_namespace, sb.disk_namespace) != 0);
     assert_int_equal(sb.disk_files, 0);

@@ -83,12 +83,6 @@ static engine *open_logged(const model *m, attention_precision prec, const char 
     return e;
 }
 
-static apc_stats stats_of(engine *e) {
-    apc_stats s;
-    apc_get_stats(engine_cache(e), &s);
-    return s;
-}
-
 static bool bf16_here(const model *m) {
     const model_hparams *hp = model_get_hparams(m);
     return model_attention_precision(m, (kv_format){KV_FORMAT_F16}, ATTENTION_BF16, NULL) == ATTENTION_BF16 &&
@@ -113,7 +107,7 @@ static void test_fallback_says_why(void **state) {
     if (bf16_here(m)) {
         assert_int_equal(engine_attention_precision(e), ATTENTION_BF16);
         assert_null(engine_attention_fallback(e));
-        assert_string_equal(stats_of(e).attention_precision, "bf16");
+        assert_string_equal(test_cache_stats(e).attention_precision, "bf16");
     } else {
         assert_int_equal(engine_attention_precision(e), ATTENTION_F32);
         assert_non_null(engine_attention_fallback(e));
@@ -182,7 +176,7 @@ static void test_disk_keeps_precisions_apart(void **state) {
     engine_config plain = base_config(root);
     engine *e = test_open_engine(m, &plain);
     char ns_plain[33];
-    snprintf(ns_plain, sizeof ns_plain, "%s", stats_of(e).disk_namespace);
+    snprintf(ns_plain, sizeof ns_plain, "%s", test_cache_stats(e).disk_namespace);
     engine_free(e);
 
     /* bf16: stores the prompt on disk, in a namespace of its own */
@@ -191,9 +185,9 @@ static void test_disk_keeps_precisions_apart(void **state) {
     test_generate(e, p, 96, 2, ENGINE_CACHE_ON, &r);
     engine_result_free(&r);
     apc_flush(engine_cache(e));
-    assert_true(stats_of(e).disk_writes >= 1);
+    assert_true(test_cache_stats(e).disk_writes >= 1);
     char ns_bf16[33];
-    snprintf(ns_bf16, sizeof ns_bf16, "%s", stats_of(e).disk_namespace);
+    snprintf(ns_bf16, sizeof ns_bf16, "%s", test_cache_stats(e).disk_namespace);
     assert_string_not_equal(ns_bf16, ns_plain);
     engine_free(e);
 
@@ -201,10 +195,10 @@ static void test_disk_keeps_precisions_apart(void **state) {
     e = open_logged(m, ATTENTION_F32, root, &log);
     if (strstr(log, "written under attention precision bf16") == NULL) fail_msg("no precision line in: %s", log);
     free(log);
-    assert_string_equal(stats_of(e).disk_namespace, ns_plain);
+    assert_string_equal(test_cache_stats(e).disk_namespace, ns_plain);
     test_generate(e, p, 96, 2, ENGINE_CACHE_LOOKUP, &warm);
     assert_int_equal(warm.cached_tokens, 0);
-    assert_int_equal(stats_of(e).disk_hits, 0);
+    assert_int_equal(test_cache_stats(e).disk_hits, 0);
     engine_result_free(&warm);
     engine_free(e);
 
@@ -214,7 +208,7 @@ static void test_disk_keeps_precisions_apart(void **state) {
     test_generate(e, p, 96, 2, ENGINE_CACHE_LOOKUP, &warm);
     test_generate(e, p, 96, 2, ENGINE_CACHE_BYPASS, &cold);
     assert_int_equal(warm.cached_tokens, 95);
-    assert_true(stats_of(e).disk_hits >= 1);
+    assert_true(test_cache_stats(e).disk_hits >= 1);
     assert_warm_equals_cold(&cold, &warm, "bf16 attention after an f32 restart");
     engine_result_free(&warm);
     engine_result_free(&cold);

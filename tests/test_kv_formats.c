@@ -56,12 +56,6 @@ static engine *open_engine(const model *m, kv_format fmt, apc_force force, const
     return test_open_engine(m, &cfg);
 }
 
-static apc_stats stats_of(engine *e) {
-    apc_stats s;
-    apc_get_stats(engine_cache(e), &s);
-    return s;
-}
-
 /* Stores `prompt` (a request through the cache), then compares a
  * lookup-only warm run with a cold one; returns the tokens adopted. */
 static int64_t store_then_probe(engine *e, const int32_t *prompt, int64_t n, const char *what) {
@@ -144,7 +138,7 @@ static void hybrid_tiers(const char *rel, kv_format fmt, bool ckpt) {
     snprintf(what, sizeof what, "%s %s %s", kv_format_name(fmt), ckpt ? "ckpt" : "block", rel);
     int64_t got = store_then_probe(e, p, 200, what);
     if (got < 64) fail_msg("%s: adopted only %lld tokens", what, (long long)got);
-    if (ckpt) assert_true(stats_of(e).ckpt_hits >= 1);
+    if (ckpt) assert_true(test_cache_stats(e).ckpt_hits >= 1);
     engine_free(e);
     model_free(m);
 }
@@ -351,9 +345,9 @@ static void test_restart_across_formats(void **state) {
     test_generate(e, p, 96, 2, ENGINE_CACHE_ON, &r);
     engine_result_free(&r);
     apc_flush(engine_cache(e));
-    assert_true(stats_of(e).disk_writes >= 1);
+    assert_true(test_cache_stats(e).disk_writes >= 1);
     char ns_f16[33];
-    snprintf(ns_f16, sizeof ns_f16, "%s", stats_of(e).disk_namespace);
+    snprintf(ns_f16, sizeof ns_f16, "%s", test_cache_stats(e).disk_namespace);
     engine_free(e);
 
     /* q8_0 on the same root: its own namespace, nothing adopted, one line. */
@@ -362,11 +356,11 @@ static void test_restart_across_formats(void **state) {
     if (line == NULL) fail_msg("no format line in: %s", log);
     assert_null(strstr(line + 1, "written with kv_format=f16"));
     free(log);
-    assert_string_not_equal(stats_of(e).disk_namespace, ns_f16);
+    assert_string_not_equal(test_cache_stats(e).disk_namespace, ns_f16);
     engine_result warm, cold;
     test_generate(e, p, 96, 2, ENGINE_CACHE_ON, &warm);
     assert_int_equal(warm.cached_tokens, 0);
-    apc_stats s = stats_of(e);
+    apc_stats s = test_cache_stats(e);
     assert_int_equal(s.disk_hits, 0);
     engine_result_free(&warm);
     apc_flush(engine_cache(e));
@@ -380,7 +374,7 @@ static void test_restart_across_formats(void **state) {
     test_generate(e, p, 96, 2, ENGINE_CACHE_BYPASS, &cold);
     assert_warm_equals_cold(&cold, &warm, "f16 after a q8_0 restart");
     assert_int_equal(warm.cached_tokens, 95);
-    assert_true(stats_of(e).disk_hits >= 1);
+    assert_true(test_cache_stats(e).disk_hits >= 1);
     engine_result_free(&warm);
     engine_result_free(&cold);
     engine_free(e);
@@ -392,7 +386,7 @@ static void test_restart_across_formats(void **state) {
     free(log);
     test_generate(e, p, 96, 2, ENGINE_CACHE_LOOKUP, &warm);
     assert_int_equal(warm.cached_tokens, 0);
-    assert_int_equal(stats_of(e).disk_hits, 0);
+    assert_int_equal(test_cache_stats(e).disk_hits, 0);
     engine_result_free(&warm);
     engine_free(e);
 

@@ -416,12 +416,6 @@ static engine *open_engine(const model *m, const char *fmt, int step, bool ckpt,
     return test_open_engine(m, &cfg);
 }
 
-static apc_stats stats_of(engine *e) {
-    apc_stats s;
-    apc_get_stats(engine_cache(e), &s);
-    return s;
-}
-
 /* Sealing follows positions, not batches: a prompt prefilled in chunks of
  * 32 (seal points between chunks or inside them, tail 100) and in one chunk
  * of 512 gives the same logits, bit for bit. */
@@ -579,7 +573,7 @@ static void test_warm_equals_cold_exact(void **state) {
         assert_true(warm.cached_tokens >= 400);
         engine_result_free(&warm);
         engine_result_free(&cold);
-        assert_int_equal(stats_of(e).declines[APC_DECLINE_KVARN_SEALS], 0);
+        assert_int_equal(test_cache_stats(e).declines[APC_DECLINE_KVARN_SEALS], 0);
         test_assert_no_block_leaks(e);
         engine_free(e);
     }
@@ -602,7 +596,7 @@ static void test_warm_equals_cold_ckpt(void **state) {
         snprintf(what, sizeof what, "kvarn ckpt %s", models[i]);
         int64_t got = store_then_probe(e, p, 420, what);
         if (got < 257) fail_msg("%s: adopted only %lld tokens (no sealed group inside)", what, (long long)got);
-        assert_true(stats_of(e).ckpt_hits >= 1);
+        assert_true(test_cache_stats(e).ckpt_hits >= 1);
         engine_free(e);
         /* the default routing (block with snapshots or sliding rows kept) stays ckpt under kvarn */
         e = open_engine(m, "kvarn-k6v5-t0", 32, false, NULL);
@@ -677,7 +671,7 @@ static void test_restart_stock_and_kvarn(void **state) {
     test_generate(e, p, 300, 2, ENGINE_CACHE_ON, &r);
     engine_result_free(&r);
     apc_flush(engine_cache(e));
-    assert_true(stats_of(e).disk_writes >= 1);
+    assert_true(test_cache_stats(e).disk_writes >= 1);
     engine_free(e);
 
     e = open_logged(m, "kvarn-k6v5-t0", root, &log);
@@ -687,10 +681,10 @@ static void test_restart_stock_and_kvarn(void **state) {
     free(log);
     test_generate(e, p, 300, 2, ENGINE_CACHE_ON, &r);
     assert_int_equal(r.cached_tokens, 0);
-    assert_int_equal(stats_of(e).disk_hits, 0);
+    assert_int_equal(test_cache_stats(e).disk_hits, 0);
     engine_result_free(&r);
     apc_flush(engine_cache(e));
-    assert_true(stats_of(e).disk_writes >= 1);
+    assert_true(test_cache_stats(e).disk_writes >= 1);
     engine_free(e);
 
     e = open_logged(m, "f16", root, &log);
@@ -709,7 +703,7 @@ static void test_restart_stock_and_kvarn(void **state) {
     test_generate(e, p, 300, 2, ENGINE_CACHE_BYPASS, &cold);
     assert_warm_equals_cold(&cold, &warm, "kvarn after a restart");
     assert_int_equal(warm.cached_tokens, 299);
-    assert_true(stats_of(e).disk_hits >= 1);
+    assert_true(test_cache_stats(e).disk_hits >= 1);
     engine_result_free(&warm);
     engine_result_free(&cold);
     engine_free(e);

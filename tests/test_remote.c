@@ -296,12 +296,6 @@ static double timed_prefetch(engine *e, const int32_t *prompt, int64_t n, uint64
     return dt;
 }
 
-static apc_stats stats_of(engine *e) {
-    apc_stats s;
-    apc_get_stats(engine_cache(e), &s);
-    return s;
-}
-
 static uint64_t rng_state = 0x8f1bbcdcca62c1d6ull;
 
 typedef struct fixture {
@@ -379,7 +373,7 @@ static void test_replica_adopts_what_another_computed(void **state) {
     replica_opts o = {f->redis.url, APC_HASH_SHA256, NULL, 0, 0};
     engine *a = open_replica(f->m, &o);
     compute_on(a, f->prompt, N_PROMPT, 0);
-    apc_stats sa = stats_of(a);
+    apc_stats sa = test_cache_stats(a);
     assert_true(sa.remote_enabled);
     assert_true(sa.remote_writes >= N_PROMPT / 16 + 1); /* 37 blocks and the tail, then the reply's */
     assert_int_equal(sa.remote_errors, 0);
@@ -388,7 +382,7 @@ static void test_replica_adopts_what_another_computed(void **state) {
     int64_t cached = check(b, f->prompt, N_PROMPT, 0, "replica B from Redis");
     assert_int_equal(cached, N_PROMPT - 1);
     apc_flush(engine_cache(b));
-    apc_stats sb = stats_of(b);
+    apc_stats sb = test_cache_stats(b);
     assert_int_equal(sb.remote_hits, N_PROMPT / 16 + 1);
     assert_int_equal(sb.remote_hit_tokens, N_PROMPT);
     assert_int_equal(sb.remote_corrupt, 0);
@@ -396,7 +390,7 @@ static void test_replica_adopts_what_another_computed(void **state) {
     assert_int_equal(sb.remote_writes, 0);
     /* A resend on B is served from memory. */
     assert_int_equal(check(b, f->prompt, N_PROMPT, 0, "replica B resend"), N_PROMPT - 1);
-    assert_int_equal(stats_of(b).remote_hits, sb.remote_hits);
+    assert_int_equal(test_cache_stats(b).remote_hits, sb.remote_hits);
     /* A longer prompt on a third replica: the stored prefix, then cold. */
     engine *c = open_replica(f->m, &o);
     int32_t longer[N_PROMPT + 40];
@@ -420,7 +414,7 @@ static void test_tenants_and_formats_never_cross(void **state) {
     engine *b = open_replica(f->m, &o);
     assert_int_equal(check(b, f->prompt, N_PROMPT, bob, "another tenant"), 0);
     assert_int_equal(check(b, f->prompt, N_PROMPT, 0, "no tenant"), 0);
-    assert_int_equal(stats_of(b).remote_hits, 0);
+    assert_int_equal(test_cache_stats(b).remote_hits, 0);
     assert_int_equal(check(b, f->prompt, N_PROMPT, alice, "the same tenant"), N_PROMPT - 1);
     /* Another hash kind, another namespace: other keys altogether. */
     replica_opts ox = {f->redis.url, APC_HASH_XXH3, NULL, 0, 0};
@@ -429,8 +423,10 @@ static void test_tenants_and_formats_never_cross(void **state) {
     replica_opts on = {f->redis.url, APC_HASH_SHA256, "another-format", 0, 0};
     engine *y = open_replica(f->m, &on);
     assert_int_equal(check(y, f->prompt, N_PROMPT, alice, "another namespace"), 0);
-    assert_int_equal(stats_of(x).remote_hits + stats_of(y).remote_hits, 0);
-    assert_int_equal(stats_of(x).remote_corrupt + stats_of(y).remote_corrupt + stats_of(b).remote_corrupt, 0);
+    assert_int_equal(test_cache_stats(x).remote_hits + test_cache_stats(y).remote_hits, 0);
+    assert_int_equal(test_cache_stats(x).remote_corrupt + test_cache_stats(y).remote_corrupt +
+                         test_cache_stats(b).remote_corrupt,
+                     0);
     engine_free(a);
     engine_free(b);
     engine_free(x);
@@ -453,13 +449,13 @@ static void test_altered_values_are_counted_misses(void **state) {
     freeReplyObject(rep);
     engine *b = open_replica(f->m, &o);
     assert_int_equal(check(b, f->prompt, N_PROMPT, 0, "after SETRANGE on block 10"), 10 * 16);
-    assert_int_equal(stats_of(b).remote_corrupt, 1);
+    assert_int_equal(test_cache_stats(b).remote_corrupt, 1);
     /* The bad value was deleted, so B's own store wrote block 10 again. */
     apc_flush(engine_cache(b));
     assert_int_equal(redis_int(rc, "EXISTS %s", key), 1);
     engine *d = open_replica(f->m, &o);
     assert_int_equal(check(d, f->prompt, N_PROMPT, 0, "block 10 rewritten by B"), N_PROMPT - 1);
-    assert_int_equal(stats_of(d).remote_corrupt, 0);
+    assert_int_equal(test_cache_stats(d).remote_corrupt, 0);
     engine_free(d);
     /* A second prompt whose first value is garbage: nothing adopted. */
     int32_t other[300];
@@ -470,13 +466,13 @@ static void test_altered_values_are_counted_misses(void **state) {
     freeReplyObject(rep);
     engine *c = open_replica(f->m, &o);
     assert_int_equal(check(c, other, 300, 0, "garbage in block 0"), 0);
-    assert_int_equal(stats_of(c).remote_corrupt, 1);
+    assert_int_equal(test_cache_stats(c).remote_corrupt, 1);
     /* The token ids of block 3 of the first prompt, with the checksum left alone. */
     assert_true(find_block_key(rc, f->prompt + 3 * 16, 16, key, sizeof key));
     rep = redisCommand(rc, "SETRANGE %s %d %s", key, 88, "\x01\x00\x00\x00");
     freeReplyObject(rep);
     assert_int_equal(check(c, f->prompt, N_PROMPT, 0, "other tokens in block 3"), 3 * 16);
-    assert_int_equal(stats_of(c).remote_corrupt, 2);
+    assert_int_equal(test_cache_stats(c).remote_corrupt, 2);
     redisFree(rc);
     engine_free(a);
     engine_free(b);
@@ -500,7 +496,7 @@ static void test_holes_keep_the_verified_prefix(void **state) {
     assert_int_equal(redis_int(rc, "DEL %s", key), 1);
     engine *c = open_replica(f->m, &o);
     assert_int_equal(check(c, f->prompt, N_PROMPT, 0, "hole at block 5"), 5 * 16);
-    assert_int_equal(stats_of(b).remote_corrupt + stats_of(c).remote_corrupt, 0);
+    assert_int_equal(test_cache_stats(b).remote_corrupt + test_cache_stats(c).remote_corrupt, 0);
     redisFree(rc);
     engine_free(a);
     engine_free(b);
@@ -551,7 +547,7 @@ static void test_full_redis_evicts_and_answers_stay_right(void **state) {
         total += got;
     }
     print_message("adopted %lld of %d tokens\n", (long long)total, K * N_PROMPT);
-    assert_int_equal(stats_of(b).remote_corrupt, 0);
+    assert_int_equal(test_cache_stats(b).remote_corrupt, 0);
     engine_free(a);
     engine_free(b);
     end(f);
@@ -573,12 +569,12 @@ static void test_stopped_redis_mid_request(void **state) {
     assert_int_equal(hook_fired, 1);
     print_message("stopped mid-request: reads ended after %.3f s (deadline %d ms)\n", read_s, DEADLINE_MS);
     assert_true(read_s < DEADLINE_MS / 1000.0 + 0.25);
-    assert_true(stats_of(b).remote_timeouts >= 1);
+    assert_true(test_cache_stats(b).remote_timeouts >= 1);
     /* The request itself (its reads time out again) is right. */
     assert_int_equal(check(b, f->prompt, N_PROMPT, 0, "redis stopped"), 0);
     /* Two failures in a row: the breaker is open. */
     apc_flush(engine_cache(b));
-    assert_true(stats_of(b).remote_breaker_open);
+    assert_true(test_cache_stats(b).remote_breaker_open);
     /* With the breaker open, reads cost nothing and requests are right. */
     int32_t other[200];
     test_random_tokens(&rng_state, other, 200, f->vocab);
@@ -589,8 +585,8 @@ static void test_stopped_redis_mid_request(void **state) {
     /* The server answers again: the probe closes the breaker. */
     kill(f->redis.pid, SIGCONT);
     double t0 = ember_now();
-    while (stats_of(b).remote_breaker_open && ember_now() - t0 < 5) usleep(20 * 1000);
-    assert_false(stats_of(b).remote_breaker_open);
+    while (test_cache_stats(b).remote_breaker_open && ember_now() - t0 < 5) usleep(20 * 1000);
+    assert_false(test_cache_stats(b).remote_breaker_open);
     engine *c = open_replica(f->m, &o);
     assert_int_equal(check(c, f->prompt, N_PROMPT, 0, "after SIGCONT"), N_PROMPT - 1);
     engine_free(a);
@@ -618,7 +614,7 @@ static void test_deadline_keeps_the_verified_prefix(void **state) {
                   DEADLINE_MS);
     assert_int_equal(held, 10 * 16);
     assert_true(read_s < DEADLINE_MS / 1000.0 + 0.25);
-    apc_stats s = stats_of(b);
+    apc_stats s = test_cache_stats(b);
     assert_int_equal(s.remote_hits, 10);
     assert_true(s.remote_timeouts >= 1);
     kill(f->redis.pid, SIGCONT);
@@ -643,15 +639,15 @@ static void test_killed_redis_mid_request(void **state) {
     assert_true(read_s < DEADLINE_MS / 1000.0 + 0.25);
     assert_int_equal(check(b, f->prompt, N_PROMPT, 0, "redis killed"), 0);
     apc_flush(engine_cache(b));
-    apc_stats s = stats_of(b);
+    apc_stats s = test_cache_stats(b);
     assert_true(s.remote_errors >= 1);
     assert_true(s.remote_breaker_open);
     /* Restarted (empty): the probe closes the breaker, A's next store lands. */
     redis_start(&f->redis, NULL);
     double t0 = ember_now();
-    while ((stats_of(b).remote_breaker_open || stats_of(a).remote_breaker_open) && ember_now() - t0 < 5)
+    while ((test_cache_stats(b).remote_breaker_open || test_cache_stats(a).remote_breaker_open) && ember_now() - t0 < 5)
         usleep(20 * 1000);
-    assert_false(stats_of(b).remote_breaker_open);
+    assert_false(test_cache_stats(b).remote_breaker_open);
     int32_t other[300];
     test_random_tokens(&rng_state, other, 300, f->vocab);
     engine *a2 = open_replica(f->m, &o);
@@ -685,13 +681,13 @@ static void test_exact_snapshot_from_another_replica(void **state) {
     engine *a = open_replica(m, &o);
     assert_int_equal(apc_get_tier(engine_cache(a)), APC_TIER_EXACT);
     compute_on(a, prompt, N, 0);
-    assert_true(stats_of(a).remote_writes >= 1);
+    assert_true(test_cache_stats(a).remote_writes >= 1);
     engine *b = open_replica(m, &o);
     assert_int_equal(check(b, prompt, N, apc_salt_for_tenant("other", 5), "exact, another tenant"), 0);
-    assert_int_equal(stats_of(b).remote_hits, 0);
+    assert_int_equal(test_cache_stats(b).remote_hits, 0);
     engine *c = open_replica(m, &o);
     assert_int_equal(check(c, prompt, N, 0, "exact snapshot from Redis"), N - 1);
-    apc_stats sc = stats_of(c);
+    apc_stats sc = test_cache_stats(c);
     assert_int_equal(sc.remote_hits, 1);
     assert_int_equal(sc.remote_hit_tokens, N - 1);
     /* An altered snapshot (one byte of its state or K/V, near the end). */
@@ -717,7 +713,7 @@ static void test_exact_snapshot_from_another_replica(void **state) {
     assert_true(altered);
     engine *d = open_replica(m, &o);
     assert_int_equal(check(d, prompt, N, 0, "altered snapshot"), 0);
-    assert_int_equal(stats_of(d).remote_corrupt, 1);
+    assert_int_equal(test_cache_stats(d).remote_corrupt, 1);
     engine_free(a);
     engine_free(b);
     engine_free(c);
@@ -749,7 +745,7 @@ static void test_ckpt_skeleton_from_another_replica(void **state) {
     engine *a = open_replica(m, &o);
     assert_int_equal(apc_get_tier(engine_cache(a)), APC_TIER_CKPT);
     compute_on(a, prompt, N, 0);
-    apc_stats sa = stats_of(a);
+    apc_stats sa = test_cache_stats(a);
     assert_true(sa.ckpt_stores >= 1);
     assert_true(sa.remote_writes >= N / 16);
     /* What A's memory adopts for the longer prompt (records only, no store). */
@@ -761,14 +757,14 @@ static void test_ckpt_skeleton_from_another_replica(void **state) {
 
     engine *b = open_replica(m, &o);
     assert_int_equal(check(b, prompt, N, 0, "ckpt replay skeleton from Redis"), N - 1);
-    apc_stats sb = stats_of(b);
+    apc_stats sb = test_cache_stats(b);
     assert_true(sb.remote_hits >= 1);
     assert_int_equal(sb.remote_corrupt, 0);
     engine *c = open_replica(m, &o);
     assert_int_equal(check(c, prompt, N + MORE, 0, "ckpt skeleton, longer prompt"), mem_longer);
     engine *d = open_replica(m, &o);
     assert_int_equal(check(d, prompt, N, apc_salt_for_tenant("other", 5), "ckpt, another tenant"), 0);
-    assert_int_equal(stats_of(d).remote_hits, 0);
+    assert_int_equal(test_cache_stats(d).remote_hits, 0);
     engine_free(a);
     engine_free(b);
     engine_free(c);

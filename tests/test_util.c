@@ -195,6 +195,12 @@ engine *test_open_engine(const model *m, const engine_config *cfg) {
     return e;
 }
 
+apc_stats test_cache_stats(engine *e) {
+    apc_stats s;
+    apc_get_stats(engine_cache(e), &s);
+    return s;
+}
+
 void test_assert_no_block_leaks(engine *e) {
     kv_pool *p = engine_pool(e);
     for (int32_t b = 0; b < kv_pool_n_blocks(p); b++)

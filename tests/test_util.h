@@ -23,8 +23,8 @@
  *                             ember_binary, build_dir
  *   random inputs             test_rand, test_random_tokens
  *   models and engines        test_load_model, test_open_engine,
- *                             test_assert_no_block_leaks, test_generate,
- *                             assert_warm_equals_cold
+ *                             test_assert_no_block_leaks, test_cache_stats,
+ *                             test_generate, assert_warm_equals_cold
  * The HTTP client and server launcher are in http_client.h. */
 #ifndef EMBER_TEST_UTIL_H
 #define EMBER_TEST_UTIL_H
@@ -34,6 +34,8 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
+
+#include "apc/apc.h" /* apc_stats */
 
 /* The exit status that CTest reads as "skipped" (SKIP_RETURN_CODE). */
 #define TEST_SKIP_EXIT 77
@@ -131,6 +133,9 @@ struct engine *test_open_engine(const struct model *m, const struct engine_confi
 /* Fails the current test when any KV block of the engine's pool is still
  * referenced (call after releasing every request and cache record). */
 void test_assert_no_block_leaks(struct engine *e);
+
+/* The engine's cache counters (apc_get_stats), by value. */
+apc_stats test_cache_stats(struct engine *e);
 
 /* One greedy request of max_tokens through engine_generate with the given
  * cache mode, keeping every step's logits; fails the test on error. */
