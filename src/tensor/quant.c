@@ -1170,9 +1170,17 @@ static void build_tables(void) {
 }
 
 /* AVX512_BF16 (vdpbf16ps): cpuid leaf 7, sub-leaf 1, EAX bit 5. */
+/* Probed once: cpuid traps to the hypervisor in a VM (~15 us each here),
+ * and op_attention_precision asks on every attention call. */
 bool quant_cpu_has_avx512_bf16(void) {
-    unsigned a, b, c, d;
-    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+    static atomic_int known = -1;
+    int has = atomic_load_explicit(&known, memory_order_relaxed);
+    if (has < 0) {
+        unsigned a, b, c, d;
+        has = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+        atomic_store_explicit(&known, has, memory_order_relaxed);
+    }
+    return has;
 }
 
 /* F16C from cpuid leaf 1: clang before 15 has no "f16c" for __builtin_cpu_supports. */
