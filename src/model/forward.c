@@ -109,6 +109,8 @@ model_ctx *model_ctx_create(const model *m, kv_pool *pool, int n_threads, int ma
     c->attn = xcalloc(B * hp->n_head * hp->d_v, sizeof(float), &ok);
     c->proj = xcalloc(B * hp->n_embd, sizeof(float), &ok);
     c->kvarn = kv_format_is_kvarn(kv_pool_format(pool));
+    c->att_bf16 = kv_pool_attention(pool) == ATTENTION_BF16 && !c->kvarn &&
+                  op_attention_precision(ATTENTION_BF16, hp->d_k, hp->d_v) == ATTENTION_BF16;
     if (c->kvarn) {
         c->att_skip = xcalloc(B, 1, &ok);
         c->kvarn_phys = xcalloc(B, sizeof(int64_t), &ok);
@@ -187,30 +189,26 @@ enum { ATT_ROWS = 16, ATT_PARTS_PER_THREAD = 16, ATT_MAX_PAIRS = 256 };
  * streamed the whole K/V of its kv head from memory for every 64 queries
  * (bench_attention: 201 -> 273 GFLOP/s from 64 to 256 pairs). Bits do not
  * depend on it (batch invariance). */
-static bool att_bf16(const model_ctx *c) {
-    return kv_pool_attention(c->pool) == ATTENTION_BF16 && !c->kvarn &&
-           op_attention_precision(ATTENTION_BF16, c->m->hp.d_k, c->m->hp.d_v) == ATTENTION_BF16;
-}
-
 static long att_rows(const model_ctx *c) {
-    if (!att_bf16(c)) return ATT_ROWS;
+    if (!c->att_bf16) return ATT_ROWS;
     long rows = ATT_MAX_PAIRS / (c->m->hp.n_head / c->m->hp.n_head_kv);
     return rows > ATT_ROWS ? rows : ATT_ROWS;
 }
 
 /* Grows the attention scratch to hold n_keys keys: n_threads slices of
- * scores for ATT_ROWS rows of a GQA group (the f32 kernels' rows; bf16
- * attention keeps no scores, and a context may serve pools of both
- * precisions), and ATT_PARTS_PER_THREAD block
- * pointer tables per thread (one per part, attention_parts). */
+ * scores for att_rows rows of a GQA group (none at bf16, whose kernel
+ * keeps no scores), and ATT_PARTS_PER_THREAD block pointer tables per
+ * thread (one per part, attention_parts). */
 static int reserve_attention(model_ctx *c, int64_t n_keys, ember_error *err) {
     int32_t n_blocks = (int32_t)((n_keys + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     if (n_keys > c->att_cap) {
         int64_t cap = n_keys + 1024;
-        size_t slots = (size_t)ATT_ROWS * (size_t)(c->m->hp.n_head / c->m->hp.n_head_kv);
-        float *s = realloc(c->att_scores, (size_t)c->n_threads * slots * (size_t)cap * sizeof(float));
-        if (s == NULL) return ember_fail(err, "out of memory for attention over %lld keys", (long long)n_keys);
-        c->att_scores = s;
+        if (!c->att_bf16) {
+            size_t slots = (size_t)att_rows(c) * (size_t)(c->m->hp.n_head / c->m->hp.n_head_kv);
+            float *s = realloc(c->att_scores, (size_t)c->n_threads * slots * (size_t)cap * sizeof(float));
+            if (s == NULL) return ember_fail(err, "out of memory for attention over %lld keys", (long long)n_keys);
+            c->att_scores = s;
+        }
         c->att_cap = cap;
     }
     if (n_blocks > c->ptr_cap) {
@@ -292,7 +290,7 @@ static void task_attention(void *arg, int ith, int nth) {
     const void **k_ptrs = c->k_ptrs + (size_t)ith * c->ptr_cap;
     const void **v_ptrs = c->v_ptrs + (size_t)ith * c->ptr_cap;
     kv_row_type type = kv_format_row_type(kv_pool_format(c->pool));
-    float *scores = att_bf16(c) ? NULL : c->att_scores + (size_t)ith * c->att_cap * (size_t)unit_rows * (size_t)group;
+    float *scores = c->att_bf16 ? NULL : c->att_scores + (size_t)ith * c->att_cap * (size_t)unit_rows * (size_t)group;
     const kv_seq *built = NULL;
     int32_t n_built = 0;
     float scale = hp->q_prescale ? 1.0f : hp->attn_scale;
@@ -354,7 +352,7 @@ static int attention_parts(const model_ctx *c, int n_rows) {
     long units = (n_rows + rows_per_unit - 1) / rows_per_unit * c->m->hp.n_head_kv;
     long parts = (long)c->n_threads * ATT_PARTS_PER_THREAD;
     long fit = (long)c->n_threads * rows_per_unit / unit_rows;
-    if (parts > fit && !att_bf16(c)) parts = fit;
+    if (parts > fit && !c->att_bf16) parts = fit;
     if (parts > units) parts = units;
     return parts > (long)c->n_threads ? (int)parts : c->n_threads;
 }

@@ -155,6 +155,9 @@ struct model_ctx {
     int32_t ptr_cap;     /* blocks per thread slice */
     const void **k_ptrs; /* (n_threads, ptr_cap) encoded K rows of each block */
     const void **v_ptrs; /* (n_threads, ptr_cap) */
+    /* attention runs the bf16 kernel (the pool's precision, on heads and
+     * a format it takes): bigger units, no score scratch (forward.c) */
+    bool att_bf16;
     /* kvarn pools (forward_kvarn passes): rows that attend in this pass, and
      * the scratch that seals a group */
     bool kvarn;
