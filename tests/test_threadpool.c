@@ -7,7 +7,8 @@
  * pool's counters, and what a decode step asks of the pool: one task per
  * group of matmuls over one input (q/k/v, gate/up), attention, wo, down,
  * and the LM head, with the step's time accounted to the profile classes;
- * and the governor that has the caller work alone while workers stall. */
+ * and the governor that has the caller work alone while workers stall;
+ * and the thread slots that per-thread scratch is indexed by. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -73,6 +74,73 @@ static void test_every_part_once(void **state) {
     memset(scratch, 0, sizeof scratch);
     ember_pool_run_parts(NULL, count_part, &t, 5);
     for (int i = 0; i < 5; i++) assert_int_equal(atomic_load(&t.runs[i]), 1);
+}
+
+/* ember_pool_thread_slot: per-thread scratch with one slot per thread is
+ * private to the part running on it, however many parts a task has. Each
+ * part marks its slot busy, works a while, and frees it: a slot outside
+ * [0, size), or one already busy (two running parts sharing scratch), is
+ * counted. The caller's slot is 0, and a caller that is itself another
+ * pool's worker gets its own slot back after. */
+typedef struct slot_task {
+    atomic_int busy[8];
+    atomic_int bad;
+    atomic_int used[8];
+    int size;
+    ember_pool *inner; /* run a task on this pool from inside each part */
+} slot_task;
+
+static void slot_part(void *arg, int ith, int nth);
+
+static void slot_inner_part(void *arg, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    slot_task *t = arg;
+    int slot = ember_pool_thread_slot();
+    if (slot < 0 || slot >= t->size) atomic_fetch_add(&t->bad, 1);
+}
+
+static void slot_part(void *arg, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    slot_task *t = arg;
+    int slot = ember_pool_thread_slot();
+    if (slot < 0 || slot >= t->size) {
+        atomic_fetch_add(&t->bad, 1);
+        return;
+    }
+    atomic_fetch_add(&t->used[slot], 1);
+    if (atomic_exchange(&t->busy[slot], 1) != 0) atomic_fetch_add(&t->bad, 1);
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+    if (t->inner) { /* a one-thread pool: the part runs it as the caller, slot 0 */
+        slot_task inner = {.size = 1};
+        ember_pool_run_parts(t->inner, slot_inner_part, &inner, 3);
+        if (atomic_load(&inner.bad) != 0 || ember_pool_thread_slot() != slot) atomic_fetch_add(&t->bad, 1);
+    }
+    atomic_store(&t->busy[slot], 0);
+}
+
+static void test_thread_slots_private(void **state) {
+    (void)state;
+    for (int threads = 1; threads <= 4; threads++) {
+        ember_pool *pool = ember_pool_create(threads);
+        assert_non_null(pool);
+        int total_used_workers = 0;
+        for (int iter = 0; iter < 40; iter++) {
+            slot_task t = {.size = threads, .inner = NULL};
+            ember_pool *inner = iter % 4 == 0 ? ember_pool_create(1) : NULL;
+            t.inner = inner;
+            ember_pool_run_parts(pool, slot_part, &t, 1 + iter % 37);
+            ember_pool_free(inner);
+            assert_int_equal(atomic_load(&t.bad), 0);
+            assert_int_equal(ember_pool_thread_slot(), 0);
+            for (int s = 1; s < threads; s++) total_used_workers += atomic_load(&t.used[s]) > 0;
+        }
+        /* the workers did run parts, in their own slots */
+        if (threads > 1) assert_true(total_used_workers > 0);
+        ember_pool_free(pool);
+    }
 }
 
 /* A worker that stalls inside a part (as a descheduled one does) must not
@@ -404,6 +472,7 @@ int main(void) {
         cmocka_unit_test(test_stalled_worker_share_is_taken),
         cmocka_unit_test(test_back_to_back_tasks),
         cmocka_unit_test(test_parts_in_thread_ranges),
+        cmocka_unit_test(test_thread_slots_private),
         cmocka_unit_test(test_forward_same_bits_any_thread_count),
         cmocka_unit_test(test_stats_count_tasks),
         cmocka_unit_test(test_decode_step_tasks),

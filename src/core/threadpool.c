@@ -120,6 +120,10 @@ struct ember_pool {
     int64_t gov_start, gov_wait_ns, solo_until;
 };
 
+/* The slot of the thread running the current part (ember_pool_thread_slot):
+ * the caller's is 0 while it runs a task, worker i's is i. */
+static _Thread_local int thread_slot;
+
 typedef struct worker_arg {
     ember_pool *pool;
     int index; /* 1.. (the caller is 0) */
@@ -182,6 +186,7 @@ static void *worker_main(void *arg) {
     ember_pool *pool = wa->pool;
     int self = wa->index;
     free(wa);
+    thread_slot = self;
     unsigned seen = 0;
     for (;;) {
         unsigned gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
@@ -273,7 +278,8 @@ static bool work_alone(ember_pool *pool) {
     return alone;
 }
 
-void ember_pool_run_parts(ember_pool *pool, ember_task_fn fn, void *ctx, int n_parts) {
+/* ember_pool_run_parts, the caller in slot 0. */
+static void run_parts_as_caller(ember_pool *pool, ember_task_fn fn, void *ctx, int n_parts) {
     if (n_parts < 1) n_parts = 1;
     if (n_parts > MAX_PARTS) n_parts = MAX_PARTS;
     if (pool == NULL || pool->n_threads == 1 || n_parts == 1) {
@@ -319,6 +325,16 @@ void ember_pool_run_parts(ember_pool *pool, ember_task_fn fn, void *ctx, int n_p
     pool->stat_wait_ns += waited;
     pool->gov_wait_ns += waited;
 }
+
+/* The caller may be another pool's worker: its own slot is put back after. */
+void ember_pool_run_parts(ember_pool *pool, ember_task_fn fn, void *ctx, int n_parts) {
+    int outer_slot = thread_slot;
+    thread_slot = 0;
+    run_parts_as_caller(pool, fn, ctx, n_parts);
+    thread_slot = outer_slot;
+}
+
+int ember_pool_thread_slot(void) { return thread_slot; }
 
 void ember_pool_get_stats(const ember_pool *pool, ember_pool_stats *st) {
     *st = (ember_pool_stats){0};

@@ -36,6 +36,11 @@ void ember_pool_run(ember_pool *pool, ember_task_fn fn, void *ctx);
 /* nth = n_parts (1..65535); per-ith scratch must then have n_parts slots. */
 void ember_pool_run_parts(ember_pool *pool, ember_task_fn fn, void *ctx, int n_parts);
 int ember_pool_size(const ember_pool *pool);
+/* Inside a task: the slot in [0, ember_pool_size) of the thread running
+ * this part (the caller 0). One thread runs one part at a time, so scratch
+ * with one slot per thread, indexed by it, is private to the part however
+ * many parts the task has. */
+int ember_pool_thread_slot(void);
 
 /* What the pool did since it was created, for benchmarks: tasks handed to
  * the workers (a NULL pool, one thread or one part runs inline and is not

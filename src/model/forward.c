@@ -195,10 +195,10 @@ static long att_rows(const model_ctx *c) {
     return rows > ATT_ROWS ? rows : ATT_ROWS;
 }
 
-/* Grows the attention scratch to hold n_keys keys: n_threads slices of
- * scores for att_rows rows of a GQA group (none at bf16, whose kernel
- * keeps no scores), and ATT_PARTS_PER_THREAD block pointer tables per
- * thread (one per part, attention_parts). */
+/* Grows the attention scratch to hold n_keys keys: per thread (the part
+ * running on it takes its slot, ember_pool_thread_slot) a slice of scores
+ * for att_rows rows of a GQA group (none at bf16, whose kernel keeps no
+ * scores) and a block pointer table. */
 static int reserve_attention(model_ctx *c, int64_t n_keys, ember_error *err) {
     int32_t n_blocks = (int32_t)((n_keys + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     if (n_keys > c->att_cap) {
@@ -213,7 +213,7 @@ static int reserve_attention(model_ctx *c, int64_t n_keys, ember_error *err) {
     }
     if (n_blocks > c->ptr_cap) {
         int32_t cap = n_blocks + 64;
-        size_t tables = (size_t)c->n_threads * ATT_PARTS_PER_THREAD;
+        size_t tables = (size_t)c->n_threads;
         const void **kp = realloc(c->k_ptrs, tables * (size_t)cap * sizeof(void *));
         if (kp) c->k_ptrs = kp;
         const void **vp = realloc(c->v_ptrs, tables * (size_t)cap * sizeof(void *));
@@ -274,8 +274,8 @@ static void task_qk_prepare(void *arg, int ith, int nth) {
  * query's arithmetic is independent of the split (op_attention_paged_rows),
  * at the pool's attention precision (kv_pool_attention: decode and prefill
  * alike, so bf16 attention keeps warm == cold).
- * Part ith uses score slice ith of unit_rows * group * att_cap floats
- * (attention_parts keeps parts * unit_rows within the scratch). */
+ * A part uses the score slice and pointer tables of the thread running it
+ * (unit_rows * group * att_cap floats: unit_rows <= att_rows). */
 static void task_attention(void *arg, int ith, int nth) {
     layer_task *t = arg;
     model_ctx *c = t->c;
@@ -287,10 +287,11 @@ static void task_attention(void *arg, int ith, int nth) {
     int group = hp->n_head / hp->n_head_kv;
     long units = row_blocks * hp->n_head_kv, u0, u1;
     ember_split_range(units, 1, ith, nth, &u0, &u1);
-    const void **k_ptrs = c->k_ptrs + (size_t)ith * c->ptr_cap;
-    const void **v_ptrs = c->v_ptrs + (size_t)ith * c->ptr_cap;
+    const size_t slot = (size_t)ember_pool_thread_slot();
+    const void **k_ptrs = c->k_ptrs + slot * c->ptr_cap;
+    const void **v_ptrs = c->v_ptrs + slot * c->ptr_cap;
     kv_row_type type = kv_format_row_type(kv_pool_format(c->pool));
-    float *scores = c->att_bf16 ? NULL : c->att_scores + (size_t)ith * c->att_cap * (size_t)unit_rows * (size_t)group;
+    float *scores = c->att_bf16 ? NULL : c->att_scores + slot * c->att_cap * (size_t)unit_rows * (size_t)group;
     const kv_seq *built = NULL;
     int32_t n_built = 0;
     float scale = hp->q_prescale ? 1.0f : hp->attn_scale;
@@ -340,19 +341,15 @@ static void task_attention(void *arg, int ith, int nth) {
  * decode step has only n_head_kv units: with a worker descheduled, the
  * caller finished its half and slept until the worker ran again. Up to
  * ATT_PARTS_PER_THREAD parts per thread let the running thread take the
- * rest, as far as the score scratch allows (a part of few rows needs a
- * smaller slice: parts * unit_rows <= n_threads * att_rows). bf16
- * attention keeps no scores, so its prefill gets the parts too: with two
- * parts of a 16k prefill, the faster of this VM's two cores (~300 against
- * ~240 GFLOP/s with both busy) idled while the slower finished its half. */
+ * rest. Prefill gets them too (scratch is per thread, not per part): with
+ * two parts of a 16k prefill, the faster of this VM's two cores (~300
+ * against ~240 GFLOP/s with both busy) idled while the slower finished its
+ * half. */
 static int attention_parts(const model_ctx *c, int n_rows) {
     if (c->n_threads == 1) return 1;
     const long rows_per_unit = att_rows(c);
-    long unit_rows = n_rows < rows_per_unit ? n_rows : rows_per_unit;
     long units = (n_rows + rows_per_unit - 1) / rows_per_unit * c->m->hp.n_head_kv;
     long parts = (long)c->n_threads * ATT_PARTS_PER_THREAD;
-    long fit = (long)c->n_threads * rows_per_unit / unit_rows;
-    if (parts > fit && !c->att_bf16) parts = fit;
     if (parts > units) parts = units;
     return parts > (long)c->n_threads ? (int)parts : c->n_threads;
 }

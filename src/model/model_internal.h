@@ -151,7 +151,7 @@ struct model_ctx {
     /* attention scratch, one slice per thread */
     int n_threads;
     int64_t att_cap;     /* keys per thread slice */
-    float *att_scores;   /* (n_threads, att_cap) */
+    float *att_scores;   /* (n_threads, att_rows * group, att_cap) */
     int32_t ptr_cap;     /* blocks per thread slice */
     const void **k_ptrs; /* (n_threads, ptr_cap) encoded K rows of each block */
     const void **v_ptrs; /* (n_threads, ptr_cap) */
