@@ -3,7 +3,7 @@
  * Usage: bench_engine MODEL [--threads 2] [--reps 3] [--prefill 512,2048] [--decode 128]
  *                     [--kv f16] [--chunk 0] [--then-decode 0] [--clock wall|cpu]
  *                     [--llama-bench PATH] [--busy-core C] [--rounds 3] [--label NAME]
- *                     [--attention f32|bf16|both]
+ *                     [--attention f32|bf16|both] [--isa scalar|avx2|avx512]
  *
  * For each prefill length P: a fresh sequence forwards P tokens in one batch
  * (as llama-bench's pp test does), or in grid chunks of --chunk tokens (as
@@ -22,6 +22,9 @@
  * pool at bf16 and, for every test, alternates f32 and bf16 runs rep by
  * rep, printing a bf16 row under each f32 row with bf16/f32 in the ratio
  * column, so both precisions are measured side by side under the same load.
+ *
+ * --isa runs the kernels of that instruction set (as on a CPU that has
+ * nothing better; the CPU must have it): the AVX2 paths measured here.
  *
  * --llama-bench PATH runs that llama-bench on the same file in the same run
  * (flash attention off and on, the faster counts, as the issue's targets
@@ -51,6 +54,7 @@
 #include "core/clock.h"
 #include "model/model.h"
 #include "tensor/dtype.h"
+#include "tensor/quant.h"
 
 enum { MAX_TESTS = 8 };
 
@@ -229,6 +233,14 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--busy-core") == 0) busy_core = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--rounds") == 0) rounds = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--label") == 0) label = argv[i + 1];
+        else if (strcmp(argv[i], "--isa") == 0) {
+            const char *n = argv[i + 1];
+            quant_isa isa = !strcmp(n, "scalar") ? QUANT_ISA_SCALAR : !strcmp(n, "avx2") ? QUANT_ISA_AVX2 : QUANT_ISA_AVX512;
+            if ((strcmp(n, "scalar") && strcmp(n, "avx2") && strcmp(n, "avx512")) || !quant_set_isa(isa)) {
+                fprintf(stderr, "bench_engine: --isa %s is not scalar, avx2 or avx512, or this CPU lacks it\n", n);
+                return 2;
+            }
+        }
         else if (strcmp(argv[i], "--prefill") == 0) {
             n_prefill = 0;
             for (char *tok = strtok(argv[i + 1], ","); tok && n_prefill < MAX_TESTS - 1; tok = strtok(NULL, ","))
@@ -292,10 +304,11 @@ int main(int argc, char **argv) {
     if (probe == NULL) probe = gguf_find_tensor(f, "blk.0.ssm_in.weight");
     if (probe) wtype = dtype_info_of(probe->type)->name;
 
-    printf("model %s: %s, %d layers, n_embd %d, weights %s, KV %s, %d threads, %d reps, prefill %s%s, attention %s\n",
+    printf("model %s: %s, %d layers, n_embd %d, weights %s, KV %s, %d threads, %d reps, prefill %s%s, attention %s, isa %s\n",
            label ? label : path, hp->arch_name, hp->n_layer, hp->n_embd, wtype, kv_format_name(kv_fmt), threads, reps,
            chunk > 0 ? "in chunks" : "in one batch", cpu_clock ? ", tokens per CPU second" : "",
-           both ? "f32 and bf16 alternating" : attention_precision_name(kv_pool_attention(b.pool)));
+           both ? "f32 and bf16 alternating" : attention_precision_name(kv_pool_attention(b.pool)),
+           quant_isa_name(quant_get_isa()));
     double ref[MAX_TESTS] = {0};
     int have_ref = 0;
     if (llama_bench) {

@@ -1,7 +1,8 @@
 /* test_matmul.c - tensor_matmul is bit-identical to quant_vec_dot row by row
  * for every type, batch size (every size 1..9 of the small-batch strips and
- * their edge, 13, 16, 17 around the chunked strips' limit, then 64 and 100 for
- * tiles and panels), thread count (1, 2) and
+ * their edge, 13, 16, 17 around the chunked strips' limit, then 64, 70, 100
+ * and 131 for tiles and panels, and for AVX2's strips over token blocks of
+ * 64 with a shorter last chunk), thread count (1, 2) and
  * available ISA: the batch-invariance invariant the engine relies on. Float
  * rows also get lengths with a masked tail and several K blocks. */
 #include <stdarg.h>
@@ -33,8 +34,8 @@ static const ember_dtype tm_types[] = {DT_F32,  DT_F16,  DT_BF16, DT_Q4_0, DT_Q4
 
 static void check_type(ember_dtype type, int64_t n_in, ember_pool *pool, matmul_scratch *scratch) {
     const int64_t n_out = 37; /* ragged against every tile and strip height (4, 16, 8, 5, 3, 2) */
-    const int64_t token_counts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 64, 100};
-    const int64_t max_tokens = 100;
+    const int64_t token_counts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 64, 70, 100, 131};
+    const int64_t max_tokens = 131;
     size_t row_bytes = dtype_row_bytes(type, n_in);
     uint8_t *wdata = malloc(row_bytes * n_out);
     float *row = malloc(n_in * sizeof(float));

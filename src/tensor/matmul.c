@@ -81,8 +81,9 @@ typedef struct matmul_task {
     quant_tile_fn tile;
     int tile_rows, tile_cols;
     quant_strip_fn strip;   /* small batches: one pass over the weights, or NULL */
-    quant_strip_fn strip_rest; /* the last, shorter token chunk of a batch over 8 */
-    int strip_rows;
+    quant_strip_fn strip_rest; /* the last, shorter token chunk */
+    int strip_tokens;       /* tokens per chunk of strip */
+    int strip_rows, strip_rest_rows; /* heights of strip and strip_rest */
     int32_t *meta;          /* panel GEMM: per (token, block) {-128 * sum(qs), f32 d}; or NULL */
     uint8_t *pack;          /* panel GEMM: one packed panel per running thread, or NULL */
     size_t pack_bytes;      /* per slot */
@@ -135,6 +136,37 @@ static void dots_range(const matmul_task *t, int64_t o0, int64_t o1, int64_t t0,
 }
 
 enum { ROW_GROUP_TILES = 4 }; /* weight tiles kept hot while the tokens pass */
+
+/* Strips for batches of up to STRIP_MAX_TOKENS (decode, speculative
+ * verification): one kernel when it fits QUANT_STRIP_TOKENS, else full
+ * chunks plus a shorter last one, where both kernels have the same height
+ * (the 16-lane kernels; the others change height with the token count and
+ * stop at QUANT_STRIP_TOKENS). Beyond that the panels and tiles, which pack
+ * or reuse each weight block for more tokens, cost less; an ISA with
+ * neither (AVX2) runs larger batches over strips too, in blocks of
+ * STRIP_BLOCK_TOKENS tokens, chunks of STRIP_WIDE_TOKENS: one dot per (row,
+ * token) loaded the row's blocks and the token's again for each product
+ * and reduced every block alone. */
+enum { STRIP_MAX_TOKENS = 16, STRIP_BLOCK_TOKENS = 64, STRIP_WIDE_TOKENS = 4 };
+
+/* Rows [begin, end) over tokens [tok0, tok1) in chunks of strip_tokens,
+ * strips of height R: strip for full chunks, strip_rest for a shorter one
+ * (the same height when both occur in one pass). Each chunk passes over a
+ * strip's rows while they are in L1. */
+static void strip_pass(const matmul_task *t, int R, int64_t begin, int64_t end, int64_t tok0, int64_t tok1) {
+    const int C = t->strip_tokens;
+    const int64_t n_in = t->w->n_in, n_out = t->w->n_out;
+    const size_t meta_stride = 2 * (size_t)(n_in / 32);
+    for (int64_t o = begin; o < end; o += R) {
+        const uint8_t *wrow = (const uint8_t *)t->w->data + (size_t)o * t->w->row_bytes;
+        int rows = end - o < R ? (int)(end - o) : R;
+        for (int64_t tok = tok0; tok < tok1; tok += C) {
+            quant_strip_fn fn = tok1 - tok < C ? t->strip_rest : t->strip;
+            fn(n_in, wrow, t->w->row_bytes, rows, t->act + (size_t)tok * t->act_row_bytes, t->act_row_bytes,
+               t->meta ? t->meta + (size_t)tok * meta_stride : NULL, t->y + tok * n_out + o, (size_t)n_out);
+        }
+    }
+}
 
 static long compute_granule(const matmul_task *t) {
     return t->strip ? t->strip_rows : t->pack ? PANEL_ROWS : t->tile ? t->tile_rows : 4;
@@ -189,18 +221,19 @@ static void compute_task(void *ctx, int ith, int nth) {
     ember_split_range((long)n_out, compute_granule(t), ith, nth, &begin, &end);
     if (begin >= end) return;
     if (t->strip) {
-        /* Token chunks of QUANT_STRIP_TOKENS pass over a strip's rows while
-         * they are in L1 (one weight pass from memory for the batch). */
-        const int R = t->strip_rows, C = QUANT_STRIP_TOKENS;
-        const size_t meta_stride = 2 * (size_t)(n_in / 32);
-        for (int64_t o = begin; o < end; o += R) {
-            const uint8_t *wrow = (const uint8_t *)t->w->data + (size_t)o * t->w->row_bytes;
-            int rows = end - o < R ? (int)(end - o) : R;
-            for (int64_t tok = 0; tok < t->n_tokens; tok += C) {
-                quant_strip_fn fn = t->n_tokens - tok < C ? t->strip_rest : t->strip;
-                fn(n_in, wrow, t->w->row_bytes, rows, t->act + (size_t)tok * t->act_row_bytes, t->act_row_bytes,
-                   t->meta ? t->meta + (size_t)tok * meta_stride : NULL, t->y + tok * n_out + o, (size_t)n_out);
-            }
+        if (t->n_tokens <= STRIP_MAX_TOKENS) { /* one pass over the weights from memory */
+            strip_pass(t, t->strip_rows, begin, end, 0, t->n_tokens);
+            return;
+        }
+        /* Blocks of tokens whose activations stay in L2 while the part's rows
+         * pass; the chunk past the last full one has its own height. */
+        int64_t full_end = t->n_tokens / t->strip_tokens * t->strip_tokens;
+        for (int64_t t0 = 0; t0 < t->n_tokens; t0 += STRIP_BLOCK_TOKENS) {
+            int64_t t1 = t0 + STRIP_BLOCK_TOKENS < t->n_tokens ? t0 + STRIP_BLOCK_TOKENS : t->n_tokens;
+            int64_t f1 = t1 < full_end ? t1 : full_end;
+            if (t0 < f1) strip_pass(t, t->strip_rows, begin, end, t0, f1);
+            if (f1 < t1 && t->strip_rest == NULL) dots_range(t, begin, end, f1 > t0 ? f1 : t0, t1);
+            else if (f1 < t1) strip_pass(t, t->strip_rest_rows, begin, end, f1 > t0 ? f1 : t0, t1);
         }
         return;
     }
@@ -234,28 +267,27 @@ static void compute_task(void *ctx, int ith, int nth) {
     if (full_rows_end < end) dots_range(t, full_rows_end, end, 0, t->n_tokens);
 }
 
-/* Strips for batches of up to STRIP_MAX_TOKENS: one kernel when it fits
- * QUANT_STRIP_TOKENS, else full chunks plus a shorter last one, where both
- * kernels have the same height (the 16-lane kernels; the others change
- * height with the token count and stop at QUANT_STRIP_TOKENS). Beyond that
- * the panels (or tiles), which pack or reuse each weight block for more
- * tokens, cost less. */
-enum { STRIP_MAX_TOKENS = 16 };
-
 static void choose_strips(matmul_task *t) {
     t->strip = t->strip_rest = NULL;
-    if (t->n_tokens > STRIP_MAX_TOKENS) return;
+    t->strip_tokens = QUANT_STRIP_TOKENS;
     if (t->n_tokens <= QUANT_STRIP_TOKENS) {
         t->strip = t->strip_rest = quant_strip_kernel(t->w->type, (int)t->n_tokens, &t->strip_rows);
+        t->strip_rest_rows = t->strip_rows;
         return;
     }
-    int rows = 0, rest_rows = 0, rest = (int)(t->n_tokens % QUANT_STRIP_TOKENS);
-    quant_strip_fn full = quant_strip_kernel(t->w->type, QUANT_STRIP_TOKENS, &rows);
+    bool wide = t->n_tokens > STRIP_MAX_TOKENS;
+    if (wide && (t->tile != NULL || quant_get_isa() == QUANT_ISA_AVX512)) return;
+    int C = wide ? STRIP_WIDE_TOKENS : QUANT_STRIP_TOKENS;
+    int rows = 0, rest_rows = 0, rest = (int)(t->n_tokens % C);
+    quant_strip_fn full = quant_strip_kernel(t->w->type, C, &rows);
     quant_strip_fn last = rest ? quant_strip_kernel(t->w->type, rest, &rest_rows) : full;
-    if (full == NULL || last == NULL || (rest && rest_rows != rows)) return;
+    /* wide: a last chunk without a strip (a lone float token) takes dots */
+    if (full == NULL || (!wide && (last == NULL || (rest && rest_rows != rows)))) return;
     t->strip = full;
     t->strip_rest = last;
+    t->strip_tokens = C;
     t->strip_rows = rows;
+    t->strip_rest_rows = rest ? rest_rows : rows;
 }
 
 /* Everything before the compute task: kernels, scratch, and (when
