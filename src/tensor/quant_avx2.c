@@ -256,17 +256,23 @@ ALWAYS_INLINE void store_pairs(const int R, const int C, int rows, __m256 acc, f
             for (int c = 0; c < C; c++) y[c * ys + r] = out[r * C + c];
 }
 
+/* meta (matmul.c): per (token, block) {-128 * sum(qs), d as f32}, the
+ * activation scales already converted; NULL: read them from the blocks. */
 ALWAYS_INLINE void strip_q8_0(const int R, const int C, int64_t n, const void *w, size_t ws, int rows,
-                              const void *a, size_t as, float *yout, size_t ys) {
+                              const void *a, size_t as, const int32_t *meta, float *yout, size_t ys) {
     const uint8_t *wr[8], *act = a;
     rows_of(R, w, ws, rows, wr);
     const __m256i ones = _mm256_set1_epi16(1);
+    const size_t meta_stride = 2 * (size_t)(n / 32);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / 32; i++) {
         __m256i t[8];
         float dw[8], da[8];
         UNROLL
-        for (int c = 0; c < C; c++) da[c] = load_f16(act + c * as + i * 34);
+        for (int c = 0; c < C; c++) {
+            if (meta) memcpy(&da[c], meta + c * meta_stride + 2 * i + 1, sizeof(float));
+            else da[c] = load_f16(act + c * as + i * 34);
+        }
         UNROLL
         for (int r = 0; r < R; r++) {
             const uint8_t *b = wr[r] + i * 34;
@@ -286,26 +292,41 @@ ALWAYS_INLINE void strip_q8_0(const int R, const int C, int64_t n, const void *w
 }
 
 ALWAYS_INLINE void strip_q4_0(const int R, const int C, int64_t n, const void *w, size_t ws, int rows,
-                              const void *a, size_t as, float *yout, size_t ys) {
+                              const void *a, size_t as, const int32_t *meta, float *yout, size_t ys) {
     const uint8_t *wr[8], *act = a;
     rows_of(R, w, ws, rows, wr);
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8);
     const __m256i tok = tok_index(C);
+    const size_t meta_stride = 2 * (size_t)(n / 32);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / 32; i++) {
         __m256i t[8], off[8];
         float dw[8], da[8];
-        /* 8 * sum(a) per token, reduced with the pairs' tree and spread to pairs */
-        UNROLL
-        for (int c = 0; c < 8; c++) {
-            off[c] = _mm256_setzero_si256();
-            if (c < C) {
-                const uint8_t *b = act + c * as + i * 34;
-                da[c] = load_f16(b);
-                off[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, _mm256_loadu_si256((const __m256i *)(b + 2))), ones);
+        /* 8 * sum(a) per token, spread to pairs: from meta (-128 * sum,
+         * so 8 * sum = -(m >> 4) exactly), or reduced with the pairs' tree */
+        __m256i offs;
+        if (meta) {
+            int32_t o8[8];
+            UNROLL
+            for (int c = 0; c < C; c++) {
+                const int32_t *m = meta + c * meta_stride + 2 * i;
+                o8[c] = -(m[0] >> 4);
+                memcpy(&da[c], m + 1, sizeof(float));
             }
+            offs = _mm256_setr_epi32(o8[0 % C], o8[1 % C], o8[2 % C], o8[3 % C], o8[4 % C], o8[5 % C], o8[6 % C],
+                                     o8[7 % C]);
+        } else {
+            UNROLL
+            for (int c = 0; c < 8; c++) {
+                off[c] = _mm256_setzero_si256();
+                if (c < C) {
+                    const uint8_t *b = act + c * as + i * 34;
+                    da[c] = load_f16(b);
+                    off[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, _mm256_loadu_si256((const __m256i *)(b + 2))), ones);
+                }
+            }
+            offs = _mm256_permutevar8x32_epi32(reduce8(off), tok);
         }
-        __m256i offs = _mm256_permutevar8x32_epi32(reduce8(off), tok);
         UNROLL
         for (int r = 0; r < R; r++) {
             const uint8_t *b = wr[r] + i * 18;
@@ -329,7 +350,8 @@ ALWAYS_INLINE void strip_q4_0(const int R, const int C, int64_t n, const void *w
 /* Q4_K: per row the 6-bit scales and mins once, then every token; the mins
  * term (msum) of each pair goes through a second tree. */
 ALWAYS_INLINE void strip_q4_K(const int R, const int C, int64_t n, const void *w, size_t ws, int rows,
-                              const void *a, size_t as, float *yout, size_t ys) {
+                              const void *a, size_t as, const int32_t *meta, float *yout, size_t ys) {
+    (void)meta; /* Q8_K activations carry no meta */
     const uint8_t *wr[8], *act = a;
     rows_of(R, w, ws, rows, wr);
     const __m256i m4 = _mm256_set1_epi8(15);
@@ -381,7 +403,8 @@ ALWAYS_INLINE void strip_q4_K(const int R, const int C, int64_t n, const void *w
 }
 
 ALWAYS_INLINE void strip_q6_K(const int R, const int C, int64_t n, const void *w, size_t ws, int rows,
-                              const void *a, size_t as, float *yout, size_t ys) {
+                              const void *a, size_t as, const int32_t *meta, float *yout, size_t ys) {
+    (void)meta; /* Q8_K activations carry no meta */
     const uint8_t *wr[8], *act = a;
     rows_of(R, w, ws, rows, wr);
     const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
@@ -473,7 +496,9 @@ ALWAYS_INLINE void strip_q6_K(const int R, const int C, int64_t n, const void *w
             }                                                                                      \
     }                                                                                              \
     ALWAYS_INLINE void strip_##NAME(const int R, const int C, int64_t n, const void *w, size_t ws, \
-                                    int rows, const void *a, size_t as, float *y, size_t ys) {     \
+                                    int rows, const void *a, size_t as, const int32_t *meta,       \
+                                    float *y, size_t ys) {                                         \
+        (void)meta;                                                                                \
         const uint8_t *wr[8];                                                                      \
         rows_of(R, w, ws, rows, wr);                                                               \
         const size_t fs = as / sizeof(float);                                                      \
@@ -496,8 +521,7 @@ FLOAT_STRIP(bf16, LOAD_BF16)
 #define STRIP_FN(NAME, H, C)                                                                       \
     static void strip_##NAME##_##C(int64_t n, const void *w, size_t ws, int rows, const void *a,   \
                                    size_t as, const int32_t *meta, float *y, size_t ys) {          \
-        (void)meta;                                                                                \
-        strip_##NAME(H(C), C, n, w, ws, rows, a, as, y, ys);                                       \
+        strip_##NAME(H(C), C, n, w, ws, rows, a, as, meta, y, ys);                                 \
     }
 #define STRIPS(NAME, H)                                                                            \
     STRIP_FN(NAME, H, 1) STRIP_FN(NAME, H, 2) STRIP_FN(NAME, H, 3) STRIP_FN(NAME, H, 4)            \
