@@ -1160,7 +1160,7 @@ static void build_tables(void) {
         quant_iq4_scalar_kernels(iq4_scalar);
         for (int ty = 0; ty < DT_COUNT; ty++)
             if (!t->dots[ty]) t->dots[ty] = iq4_scalar[ty];
-        if (isa == QUANT_ISA_AVX2) quant_iq4_avx2_kernels(t->dots);
+        if (isa == QUANT_ISA_AVX2) quant_iq4_avx2_kernels(t->dots, t->strips, t->strip_rows);
         if (isa == QUANT_ISA_AVX512)
             quant_iq4_avx512_kernels(t->dots, t->tiles, t->tile_rows, t->tile_cols);
         if (ti == TABLE_AVX512_BF16) quant_avx512bf16_kernels(t->dots, t->tiles, t->strips, t->strip_rows, t->acts);

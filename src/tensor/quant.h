@@ -162,7 +162,8 @@ typedef void (*quant_tile_fn)(int64_t n, const void *w, size_t w_stride, const v
 /* A small-batch strip computes y[c * y_stride + r] = quant_vec_dot(type, n,
  * w + r*w_stride, a + c*a_stride) for r < rows (at most the strip's height),
  * c < its token count, bit for bit, loading each weight block once for all
- * tokens (matmul.c uses strips for batches of 1..QUANT_STRIP_TOKENS). meta:
+ * tokens (matmul.c uses strips for batches of 1..QUANT_STRIP_TOKENS, and
+ * in chunks for larger ones where the ISA has no tiles). meta:
  * for weights dotted with Q8_0 activations, per token (2 * n/32 int32 each,
  * tokens contiguous) and block {-128 * sum(qs), f32 bits of d}, as
  * matmul_avx512_panels takes it; other types ignore it. */

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "tensor/quant.h"
+#include "tensor/quant_avx2_strip.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -202,62 +203,8 @@ void quant_avx2_kernels(quant_dot_fn dots[DT_COUNT]) {
 
 /* ------------------------------------------------ small-batch strips */
 
-/* R weight rows x C tokens (quant.h: quant_strip_fn), each weight block
- * loaded once for the C tokens. Pair p = r * C + c (at most 8: the 8 lanes
- * and 16 registers of AVX2) keeps the dot's integer lanes; the 8 pair
- * vectors are reduced together by one transpose-and-add tree instead of 8
- * horizontal sums, and the fold runs on 8 lanes with quant_fold's
- * operations (cvt, dw * da, fma): the same exact integers and bits as the
- * dots above. Rows past `rows` repeat the last row and are not stored. */
-
-#define UNROLL _Pragma("GCC unroll 16")
-
-/* 8 vectors of 8 lanes -> one vector of their 8 sums, in order. */
-ALWAYS_INLINE __m256i reduce8(const __m256i t[8]) {
-    __m256i u[4], w[2];
-    UNROLL
-    for (int k = 0; k < 4; k++)
-        u[k] = _mm256_add_epi32(_mm256_unpacklo_epi32(t[2 * k], t[2 * k + 1]),
-                                _mm256_unpackhi_epi32(t[2 * k], t[2 * k + 1]));
-    UNROLL
-    for (int k = 0; k < 2; k++)
-        w[k] = _mm256_add_epi32(_mm256_unpacklo_epi64(u[2 * k], u[2 * k + 1]),
-                                _mm256_unpackhi_epi64(u[2 * k], u[2 * k + 1]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(w[0], w[1], 0x20),
-                            _mm256_permute2x128_si256(w[0], w[1], 0x31));
-}
-
-/* Lane p of a per-row (per-token) value: v[p / C] (v[p % C]); lanes past the strip repeat a row. */
-#define ROW_OF(p) ((p) / C < R ? (p) / C : R - 1)
-ALWAYS_INLINE __m256 by_row(const int R, const int C, const float *v) {
-    return _mm256_setr_ps(v[ROW_OF(0)], v[ROW_OF(1)], v[ROW_OF(2)], v[ROW_OF(3)], v[ROW_OF(4)], v[ROW_OF(5)],
-                          v[ROW_OF(6)], v[ROW_OF(7)]);
-}
-#undef ROW_OF
-ALWAYS_INLINE __m256 by_tok(const int C, const float *v) {
-    return _mm256_setr_ps(v[0 % C], v[1 % C], v[2 % C], v[3 % C], v[4 % C], v[5 % C], v[6 % C], v[7 % C]);
-}
-ALWAYS_INLINE __m256i tok_index(const int C) {
-    return _mm256_setr_epi32(0 % C, 1 % C, 2 % C, 3 % C, 4 % C, 5 % C, 6 % C, 7 % C);
-}
-
-ALWAYS_INLINE void rows_of(const int R, const void *w, size_t ws, int rows, const uint8_t *wr[8]) {
-    UNROLL
-    for (int r = 0; r < R; r++) wr[r] = (const uint8_t *)w + (size_t)(r < rows ? r : rows - 1) * ws;
-}
-
-ALWAYS_INLINE void store_pairs(const int R, const int C, int rows, __m256 acc, float *y, size_t ys) {
-    float out[8];
-    _mm256_storeu_ps(out, acc);
-    UNROLL
-    for (int r = 0; r < R; r++)
-        if (r < rows)
-            UNROLL
-            for (int c = 0; c < C; c++) y[c * ys + r] = out[r * C + c];
-}
-
-/* meta (matmul.c): per (token, block) {-128 * sum(qs), d as f32}, the
- * activation scales already converted; NULL: read them from the blocks. */
+/* meta (quant.h): per (token, block) {-128 * sum(qs), d as f32}, the
+ * activation scales already converted. */
 ALWAYS_INLINE void strip_q8_0(const int R, const int C, int64_t n, const void *w, size_t ws, int rows,
                               const void *a, size_t as, const int32_t *meta, float *yout, size_t ys) {
     const uint8_t *wr[8], *act = a;
@@ -269,10 +216,7 @@ ALWAYS_INLINE void strip_q8_0(const int R, const int C, int64_t n, const void *w
         __m256i t[8];
         float dw[8], da[8];
         UNROLL
-        for (int c = 0; c < C; c++) {
-            if (meta) memcpy(&da[c], meta + c * meta_stride + 2 * i + 1, sizeof(float));
-            else da[c] = load_f16(act + c * as + i * 34);
-        }
+        for (int c = 0; c < C; c++) memcpy(&da[c], meta + c * meta_stride + 2 * i + 1, sizeof(float));
         UNROLL
         for (int r = 0; r < R; r++) {
             const uint8_t *b = wr[r] + i * 34;
@@ -295,38 +239,23 @@ ALWAYS_INLINE void strip_q4_0(const int R, const int C, int64_t n, const void *w
                               const void *a, size_t as, const int32_t *meta, float *yout, size_t ys) {
     const uint8_t *wr[8], *act = a;
     rows_of(R, w, ws, rows, wr);
-    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8);
-    const __m256i tok = tok_index(C);
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
     const size_t meta_stride = 2 * (size_t)(n / 32);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / 32; i++) {
-        __m256i t[8], off[8];
+        __m256i t[8];
         float dw[8], da[8];
-        /* 8 * sum(a) per token, spread to pairs: from meta (-128 * sum,
-         * so 8 * sum = -(m >> 4) exactly), or reduced with the pairs' tree */
-        __m256i offs;
-        if (meta) {
-            int32_t o8[8];
-            UNROLL
-            for (int c = 0; c < C; c++) {
-                const int32_t *m = meta + c * meta_stride + 2 * i;
-                o8[c] = -(m[0] >> 4);
-                memcpy(&da[c], m + 1, sizeof(float));
-            }
-            offs = _mm256_setr_epi32(o8[0 % C], o8[1 % C], o8[2 % C], o8[3 % C], o8[4 % C], o8[5 % C], o8[6 % C],
-                                     o8[7 % C]);
-        } else {
-            UNROLL
-            for (int c = 0; c < 8; c++) {
-                off[c] = _mm256_setzero_si256();
-                if (c < C) {
-                    const uint8_t *b = act + c * as + i * 34;
-                    da[c] = load_f16(b);
-                    off[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, _mm256_loadu_si256((const __m256i *)(b + 2))), ones);
-                }
-            }
-            offs = _mm256_permutevar8x32_epi32(reduce8(off), tok);
+        /* 8 * sum(a) per token, spread to pairs: meta holds -128 * sum,
+         * so 8 * sum = -(m >> 4) exactly */
+        int32_t o8[8];
+        UNROLL
+        for (int c = 0; c < C; c++) {
+            const int32_t *m = meta + c * meta_stride + 2 * i;
+            o8[c] = -(m[0] >> 4);
+            memcpy(&da[c], m + 1, sizeof(float));
         }
+        __m256i offs = _mm256_setr_epi32(o8[0 % C], o8[1 % C], o8[2 % C], o8[3 % C], o8[4 % C], o8[5 % C],
+                                         o8[6 % C], o8[7 % C]);
         UNROLL
         for (int r = 0; r < R; r++) {
             const uint8_t *b = wr[r] + i * 18;
@@ -513,28 +442,6 @@ ALWAYS_INLINE void strip_q6_K(const int R, const int C, int64_t n, const void *w
 FLOAT_STRIP(f32, LOAD_F32)
 FLOAT_STRIP(f16, LOAD_F16)
 FLOAT_STRIP(bf16, LOAD_BF16)
-
-/* Heights: 8 pairs for the integer types, 4 for the float ones (per pass). */
-#define INT_H(C) ((C) == 1 ? 8 : (C) == 2 ? 4 : (C) <= 4 ? 2 : 1)
-#define FLT_H(C) ((C) == 1 ? 4 : (C) == 2 ? 2 : 1)
-
-#define STRIP_FN(NAME, H, C)                                                                       \
-    static void strip_##NAME##_##C(int64_t n, const void *w, size_t ws, int rows, const void *a,   \
-                                   size_t as, const int32_t *meta, float *y, size_t ys) {          \
-        strip_##NAME(H(C), C, n, w, ws, rows, a, as, meta, y, ys);                                 \
-    }
-#define STRIPS(NAME, H)                                                                            \
-    STRIP_FN(NAME, H, 1) STRIP_FN(NAME, H, 2) STRIP_FN(NAME, H, 3) STRIP_FN(NAME, H, 4)            \
-    STRIP_FN(NAME, H, 5) STRIP_FN(NAME, H, 6) STRIP_FN(NAME, H, 7) STRIP_FN(NAME, H, 8)            \
-    static void set_strips_##NAME(quant_strip_fn *fns, int *heights) {                             \
-        const quant_strip_fn f[QUANT_STRIP_TOKENS] = {strip_##NAME##_1, strip_##NAME##_2, strip_##NAME##_3, \
-                                                      strip_##NAME##_4, strip_##NAME##_5, strip_##NAME##_6, \
-                                                      strip_##NAME##_7, strip_##NAME##_8};         \
-        for (int c = 1; c <= QUANT_STRIP_TOKENS; c++) {                                            \
-            fns[c] = f[c - 1];                                                                     \
-            heights[c] = H(c);                                                                     \
-        }                                                                                          \
-    }
 
 STRIPS(q8_0, INT_H)
 STRIPS(q4_0, INT_H)

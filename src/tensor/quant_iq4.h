@@ -50,7 +50,8 @@ void quant_iq4_quantize(ember_dtype type, const float *src, void *dst, int64_t n
 /* Kernel tables: each fills its entries for DT_IQ4_NL and DT_IQ4_XS. The
  * AVX-512 tiles are registered only for the 4 x 4 shape they are built for. */
 void quant_iq4_scalar_kernels(quant_dot_fn dots[DT_COUNT]);
-void quant_iq4_avx2_kernels(quant_dot_fn dots[DT_COUNT]);
+void quant_iq4_avx2_kernels(quant_dot_fn dots[DT_COUNT], quant_strip_fn strips[DT_COUNT][QUANT_STRIP_TOKENS + 1],
+                            int heights[DT_COUNT][QUANT_STRIP_TOKENS + 1]);
 void quant_iq4_avx512_kernels(quant_dot_fn dots[DT_COUNT], quant_tile_fn tiles[DT_COUNT],
                               int tile_rows, int tile_cols);
 
