@@ -85,12 +85,17 @@ serve-soak: build
 #     BENCH_BUSY_DECODE size the runs).
 # BENCH_IQ4_ROWS: the IQ4_NL / IQ4_XS rows (a llama.cpp that knows the
 # i-quants gives ratios for the llama-3.2-1b ones).
+# BENCH_AVX2_ROWS: ember on its AVX2 kernels (bench_engine --isa avx2), as a
+# CPU without AVX-512 runs it; ember only (a llama-bench built for this CPU
+# would run AVX-512). BENCH_AVX2=0 skips them.
 BENCH_MODELS = build/bench-models
 LLAMA_BENCH ?=
 LLAMA_PERPLEXITY ?=
 BENCH_ROWS ?= qwen3-0.6b:q8_0 qwen3-0.6b:q4_k qwen3-0.6b:f16 qwen3-0.6b:bf16 \
   llama-3.2-1b:q8_0 llama-3.2-1b:q4_k llama-3.2-1b:f16 llama-3.2-1b:bf16
 BENCH_IQ4_ROWS ?= qwen3-0.6b:iq4_nl qwen3-0.6b:iq4_xs llama-3.2-1b:iq4_nl llama-3.2-1b:iq4_xs
+BENCH_AVX2 ?= 1
+BENCH_AVX2_ROWS ?= qwen3-0.6b:q8_0 qwen3-0.6b:q4_k qwen3-0.6b:f16 qwen3-0.6b:iq4_xs
 BENCH_REPS ?= 3
 BENCH_PREFILL ?= 512,2048
 BENCH_DECODE ?= 128
@@ -105,7 +110,8 @@ BENCH_BUSY_DECODE ?= 32
 bench_model = $(BENCH_MODELS)/$(subst :,-,$(1)).gguf
 bench: build
 	mkdir -p $(BENCH_MODELS)
-	for row in $(BENCH_ROWS) $(BENCH_IQ4_ROWS) $(if $(filter 1,$(BENCH_LONG)),$(BENCH_LONG_ROW)) $(BENCH_BUSY_ROW); do \
+	for row in $(BENCH_ROWS) $(BENCH_IQ4_ROWS) $(if $(filter 1,$(BENCH_AVX2)),$(BENCH_AVX2_ROWS)) \
+	    $(if $(filter 1,$(BENCH_LONG)),$(BENCH_LONG_ROW)) $(BENCH_BUSY_ROW); do \
 	  f=$(BENCH_MODELS)/$$(echo $$row | tr : -).gguf; \
 	  [ -f $$f ] || ./build/ember mkmodel --preset $${row%%:*} --type $${row##*:} --seed 1 --out $$f || exit 1; \
 	done
@@ -113,6 +119,12 @@ bench: build
 	  ./build/bench_engine $(BENCH_MODELS)/$$(echo $$row | tr : -).gguf --label $$row --threads 2 --reps $(BENCH_REPS) \
 	    --prefill $(BENCH_PREFILL) --decode $(BENCH_DECODE) --llama-bench "$(LLAMA_BENCH)" || exit 1; \
 	done
+	if [ "$(BENCH_AVX2)" = 1 ] && grep -qw avx2 /proc/cpuinfo; then \
+	  for row in $(BENCH_AVX2_ROWS); do \
+	    ./build/bench_engine $(BENCH_MODELS)/$$(echo $$row | tr : -).gguf --label "$$row avx2" --threads 2 --reps $(BENCH_REPS) \
+	      --prefill $(BENCH_PREFILL) --decode $(BENCH_DECODE) --isa avx2 || exit 1; \
+	  done; \
+	fi
 	if [ "$(BENCH_LONG)" = 1 ]; then \
 	  ./build/bench_engine $(call bench_model,$(BENCH_LONG_ROW)) --label "$(BENCH_LONG_ROW) long prefill" --threads 2 --reps 1 \
 	    --prefill $(BENCH_LONG_PREFILL) --decode 16 --attention both --llama-bench "$(LLAMA_BENCH)" || exit 1; \
