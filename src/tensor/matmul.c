@@ -160,6 +160,10 @@ static void strip_pass(const matmul_task *t, int R, int64_t begin, int64_t end, 
     for (int64_t o = begin; o < end; o += R) {
         const uint8_t *wrow = (const uint8_t *)t->w->data + (size_t)o * t->w->row_bytes;
         int rows = end - o < R ? (int)(end - o) : R;
+        if (o + R < end) {
+            size_t ahead = (size_t)(end - o - R < R ? end - o - R : R) * t->w->row_bytes;
+            for (size_t b = 0; b < ahead; b += 64) __builtin_prefetch(wrow + (size_t)R * t->w->row_bytes + b, 0, 2);
+        }
         for (int64_t tok = tok0; tok < tok1; tok += C) {
             quant_strip_fn fn = tok1 - tok < C ? t->strip_rest : t->strip;
             fn(n_in, wrow, t->w->row_bytes, rows, t->act + (size_t)tok * t->act_row_bytes, t->act_row_bytes,

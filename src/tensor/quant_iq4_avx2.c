@@ -138,6 +138,7 @@ ALWAYS_INLINE void strip_iq4_xs(const int R, const int C, int64_t n, const void 
         for (int c = 0; c < C; c++) da[c] = ((const block_q8_K *)(act + c * as) + i)->d;
         UNROLL
         for (int r = 0; r < R; r++) dw[r] = load_f16(&((const block_iq4_xs *)wr[r] + i)->d);
+        UNROLL
         for (int sb = 0; sb < 8; sb++) {
             __m256i av[8];
             UNROLL
