@@ -22,7 +22,9 @@
  *    for full tiles, the ragged edges the plain dot; tiles are grouped so a
  *    few weight rows stay in L1 while all token tiles pass over them. A
  *    panel is packed into one of pool-size scratch slots, the lowest free
- *    one, so a thread keeps refilling a slot its cache already holds.
+ *    one, so a thread keeps refilling a slot its cache already holds. An
+ *    ISA with neither panels nor tiles (AVX2) runs larger batches on its
+ *    strips too, in blocks of tokens that stay in L2 (strip_pass).
  *  3. Bit-identity: quant.h's determinism model makes a tile and a single
  *    dot perform the same integer work and the same float fold per
  *    (row, token), so y never depends on n_tokens, the batch or nth. */
