@@ -85,6 +85,7 @@ typedef struct matmul_task {
     quant_strip_fn strip;   /* small batches: one pass over the weights, or NULL */
     quant_strip_fn strip_rest; /* the last, shorter token chunk */
     int strip_tokens;       /* tokens per chunk of strip */
+    bool strip_blocks;      /* no batch kernels (AVX2): blocks of STRIP_BLOCK_TOKENS, own heights */
     int strip_rows, strip_rest_rows; /* heights of strip and strip_rest */
     int32_t *meta;          /* panel GEMM: per (token, block) {-128 * sum(qs), f32 d}; or NULL */
     uint8_t *pack;          /* panel GEMM: one packed panel per running thread, or NULL */
@@ -145,7 +146,7 @@ enum { ROW_GROUP_TILES = 4 }; /* weight tiles kept hot while the tokens pass */
  * (the 16-lane kernels; the others change height with the token count and
  * stop at QUANT_STRIP_TOKENS). Beyond that the panels and tiles, which pack
  * or reuse each weight block for more tokens, cost less; an ISA with
- * neither (AVX2) runs larger batches over strips too, in blocks of
+ * neither (AVX2) runs every batch over QUANT_STRIP_TOKENS on strips, in blocks of
  * STRIP_BLOCK_TOKENS tokens, chunks of STRIP_WIDE_TOKENS: one dot per (row,
  * token) loaded the row's blocks and the token's again for each product
  * and reduced every block alone. */
@@ -227,7 +228,7 @@ static void compute_task(void *ctx, int ith, int nth) {
     ember_split_range((long)n_out, compute_granule(t), ith, nth, &begin, &end);
     if (begin >= end) return;
     if (t->strip) {
-        if (t->n_tokens <= STRIP_MAX_TOKENS) { /* one pass over the weights from memory */
+        if (!t->strip_blocks) { /* one pass over the weights from memory */
             strip_pass(t, t->strip_rows, begin, end, 0, t->n_tokens);
             return;
         }
@@ -276,13 +277,19 @@ static void compute_task(void *ctx, int ith, int nth) {
 static void choose_strips(matmul_task *t) {
     t->strip = t->strip_rest = NULL;
     t->strip_tokens = QUANT_STRIP_TOKENS;
+    t->strip_blocks = false;
     if (t->n_tokens <= QUANT_STRIP_TOKENS) {
         t->strip = t->strip_rest = quant_strip_kernel(t->w->type, (int)t->n_tokens, &t->strip_rows);
         t->strip_rest_rows = t->strip_rows;
         return;
     }
-    bool wide = t->n_tokens > STRIP_MAX_TOKENS;
-    if (wide && (t->tile != NULL || quant_get_isa() == QUANT_ISA_AVX512)) return;
+    /* Where the ISA has no tiles or panels (AVX2), anything over
+     * QUANT_STRIP_TOKENS goes in blocks, whose last chunk has its own
+     * height (the chunked single pass needs equal heights, which AVX2's
+     * strips never have). */
+    bool batch_kernels = t->tile != NULL || quant_get_isa() == QUANT_ISA_AVX512;
+    if (t->n_tokens > STRIP_MAX_TOKENS && batch_kernels) return;
+    bool wide = !batch_kernels;
     int C = wide ? STRIP_WIDE_TOKENS : QUANT_STRIP_TOKENS;
     int rows = 0, rest_rows = 0, rest = (int)(t->n_tokens % C);
     quant_strip_fn full = quant_strip_kernel(t->w->type, C, &rows);
@@ -291,6 +298,7 @@ static void choose_strips(matmul_task *t) {
     if (full == NULL || (!wide && (last == NULL || (rest && rest_rows != rows)))) return;
     t->strip = full;
     t->strip_rest = last;
+    t->strip_blocks = wide;
     t->strip_tokens = C;
     t->strip_rows = rows;
     t->strip_rest_rows = rest ? rest_rows : rows;
