@@ -234,10 +234,9 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--rounds") == 0) rounds = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--label") == 0) label = argv[i + 1];
         else if (strcmp(argv[i], "--isa") == 0) {
-            const char *n = argv[i + 1];
-            quant_isa isa = !strcmp(n, "scalar") ? QUANT_ISA_SCALAR : !strcmp(n, "avx2") ? QUANT_ISA_AVX2 : QUANT_ISA_AVX512;
-            if ((strcmp(n, "scalar") && strcmp(n, "avx2") && strcmp(n, "avx512")) || !quant_set_isa(isa)) {
-                fprintf(stderr, "bench_engine: --isa %s is not scalar, avx2 or avx512, or this CPU lacks it\n", n);
+            quant_isa isa;
+            if (!quant_isa_parse(argv[i + 1], &isa) || !quant_set_isa(isa)) {
+                fprintf(stderr, "bench_engine: --isa %s is not scalar, avx2 or avx512, or this CPU lacks it\n", argv[i + 1]);
                 return 2;
             }
         }

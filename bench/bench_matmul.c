@@ -126,9 +126,8 @@ static void bench_batch(ember_pool *pool, ember_dtype type) {
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--batch")) {
         int threads = argc > 2 ? atoi(argv[2]) : 2;
-        if (argc > 3 && !quant_set_isa(!strcmp(argv[3], "scalar") ? QUANT_ISA_SCALAR
-                                       : !strcmp(argv[3], "avx2") ? QUANT_ISA_AVX2
-                                                                  : QUANT_ISA_AVX512))
+        quant_isa isa;
+        if (argc > 3 && !(quant_isa_parse(argv[3], &isa) && quant_set_isa(isa)))
             fprintf(stderr, "ISA %s not available\n", argv[3]);
         printf("threads %d, isa %s\n", threads, quant_isa_name(quant_get_isa()));
         ember_pool *pool = ember_pool_create(threads);
@@ -140,12 +139,9 @@ int main(int argc, char **argv) {
         return 0;
     }
     int threads = argc > 1 ? atoi(argv[1]) : 2;
-    if (argc > 2) {
-        quant_isa isa = !strcmp(argv[2], "scalar") ? QUANT_ISA_SCALAR
-                        : !strcmp(argv[2], "avx2") ? QUANT_ISA_AVX2
-                                                   : QUANT_ISA_AVX512;
-        if (!quant_set_isa(isa)) fprintf(stderr, "ISA %s not available\n", argv[2]);
-    }
+    quant_isa isa;
+    if (argc > 2 && !(quant_isa_parse(argv[2], &isa) && quant_set_isa(isa)))
+        fprintf(stderr, "ISA %s not available\n", argv[2]);
     printf("threads %d, isa %s\n", threads, quant_isa_name(quant_get_isa()));
     ember_pool *pool = ember_pool_create(threads);
     const ember_dtype types[] = {DT_Q8_0, DT_Q4_K, DT_Q6_K, DT_F16, DT_BF16, DT_Q4_0, DT_IQ4_NL, DT_IQ4_XS};

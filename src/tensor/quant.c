@@ -1254,6 +1254,14 @@ const char *quant_isa_name(quant_isa isa) {
     return "?";
 }
 
+bool quant_isa_parse(const char *name, quant_isa *isa) {
+    if (!strcmp(name, "scalar")) *isa = QUANT_ISA_SCALAR;
+    else if (!strcmp(name, "avx2")) *isa = QUANT_ISA_AVX2;
+    else if (!strcmp(name, "avx512") || !strcmp(name, quant_isa_name(QUANT_ISA_AVX512))) *isa = QUANT_ISA_AVX512;
+    else return false;
+    return true;
+}
+
 quant_dot_fn quant_dot_kernel(ember_dtype type) {
     if ((unsigned)type >= DT_COUNT) return NULL;
     return table_in_use()->dots[type];

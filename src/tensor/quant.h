@@ -43,6 +43,9 @@ quant_isa quant_best_isa(void);            /* what this CPU supports */
 quant_isa quant_get_isa(void);             /* what is in use */
 bool quant_set_isa(quant_isa isa);         /* false if the CPU lacks it */
 const char *quant_isa_name(quant_isa isa);
+/* "scalar", "avx2", "avx512" (or quant_isa_name's "avx512-vnni") into *isa;
+ * false for any other name. */
+bool quant_isa_parse(const char *name, quant_isa *isa);
 /* The activation format the dot of `type` takes with the ISA in use. */
 ember_dtype quant_dot_act(ember_dtype type);
 /* BF16 weights on vdpbf16ps when the ISA in use is AVX-512: on by default
