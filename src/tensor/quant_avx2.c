@@ -210,13 +210,12 @@ ALWAYS_INLINE void strip_q8_0(const int R, const int C, int64_t n, const void *w
     const uint8_t *wr[8], *act = a;
     rows_of(R, w, ws, rows, wr);
     const __m256i ones = _mm256_set1_epi16(1);
-    const size_t meta_stride = 2 * (size_t)(n / 32);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / 32; i++) {
         __m256i t[8];
         float dw[8], da[8];
         UNROLL
-        for (int c = 0; c < C; c++) memcpy(&da[c], meta + c * meta_stride + 2 * i + 1, sizeof(float));
+        for (int c = 0; c < C; c++) da[c] = meta_d(meta_of(meta, n, c, i));
         UNROLL
         for (int r = 0; r < R; r++) {
             const uint8_t *b = wr[r] + i * 34;
@@ -240,7 +239,6 @@ ALWAYS_INLINE void strip_q4_0(const int R, const int C, int64_t n, const void *w
     const uint8_t *wr[8], *act = a;
     rows_of(R, w, ws, rows, wr);
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(15);
-    const size_t meta_stride = 2 * (size_t)(n / 32);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / 32; i++) {
         __m256i t[8];
@@ -250,9 +248,9 @@ ALWAYS_INLINE void strip_q4_0(const int R, const int C, int64_t n, const void *w
         int32_t o8[8];
         UNROLL
         for (int c = 0; c < C; c++) {
-            const int32_t *m = meta + c * meta_stride + 2 * i;
+            const int32_t *m = meta_of(meta, n, c, i);
             o8[c] = -(m[0] >> 4);
-            memcpy(&da[c], m + 1, sizeof(float));
+            da[c] = meta_d(m);
         }
         __m256i offs = _mm256_setr_epi32(o8[0 % C], o8[1 % C], o8[2 % C], o8[3 % C], o8[4 % C], o8[5 % C],
                                          o8[6 % C], o8[7 % C]);

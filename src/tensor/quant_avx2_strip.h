@@ -14,6 +14,7 @@
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "tensor/quant.h"
 
@@ -56,6 +57,17 @@ ALWAYS_INLINE __m256 by_row(const int R, const int C, const float *v) {
 ALWAYS_INLINE __m256 by_tok(const int C, const float *v) {
     return _mm256_setr_ps(v[0 % C], v[1 % C], v[2 % C], v[3 % C], v[4 % C], v[5 % C], v[6 % C], v[7 % C]);
 }
+/* Token c's meta of block i (quant.h: per token 2 * n/32 int32, per block
+ * {-128 * sum(qs), f32 bits of d}) for a strip over n inputs; its scale d. */
+ALWAYS_INLINE const int32_t *meta_of(const int32_t *meta, int64_t n, int c, int64_t i) {
+    return meta + (size_t)c * 2 * (size_t)(n / 32) + 2 * i;
+}
+ALWAYS_INLINE float meta_d(const int32_t *m) {
+    float d;
+    memcpy(&d, m + 1, sizeof d);
+    return d;
+}
+
 ALWAYS_INLINE void rows_of(const int R, const void *w, size_t ws, int rows, const uint8_t *wr[8]) {
     UNROLL
     for (int r = 0; r < R; r++) wr[r] = (const uint8_t *)w + (size_t)(r < rows ? r : rows - 1) * ws;

@@ -93,7 +93,6 @@ ALWAYS_INLINE void strip_iq4_nl(const int R, const int C, int64_t n, const void 
     const uint8_t *wr[8], *act = a;
     rows_of(R, w, ws, rows, wr);
     const __m256i table = table_256(), ones = _mm256_set1_epi16(1);
-    const size_t meta_stride = 2 * (size_t)(n / 32);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / 32; i++) {
         __m256i t[8], av[8], aabs[8];
@@ -101,7 +100,7 @@ ALWAYS_INLINE void strip_iq4_nl(const int R, const int C, int64_t n, const void 
         UNROLL
         for (int c = 0; c < C; c++) {
             const block_q8_0 *y = (const block_q8_0 *)(act + c * as) + i;
-            memcpy(&da[c], meta + c * meta_stride + 2 * i + 1, sizeof(float));
+            da[c] = meta_d(meta_of(meta, n, c, i));
             av[c] = _mm256_loadu_si256((const __m256i *)y->qs);
             aabs[c] = _mm256_abs_epi8(av[c]);
         }
