@@ -14,10 +14,13 @@
  *
  * Usage: bench_attention [--keys 16384] [--chunk 512] [--rows 32] [--reps 5]
  *                        [--kv f16|f32|q8_0] [--precision f32|bf16|both]
- *                        [--window W] [--huge 0|1] [--pad BYTES]
+ *                        [--window W] [--huge 0|1] [--pad BYTES] [--tiles 0|1]
  * --window W: a sliding window of W keys. --huge 1 asks for huge pages
  * (MADV_HUGEPAGE) on the blocks' arena; --pad adds BYTES between blocks
- * (with huge pages, blocks 1.75 MiB apart all fall on the same cache sets). */
+ * (with huge pages, blocks 1.75 MiB apart all fall on the same cache sets).
+ * --tiles 1: at bf16, the K/V tiles of every kv head are built once per
+ * chunk (op_attention_bf16_tiles_build, as forward.c does for long
+ * batches) and the calls run on them; the build is inside the timing. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +45,7 @@ static float frand(uint64_t *s) {
 
 int main(int argc, char **argv) {
     long keys = 16384, chunk = 512, rows = 32;
-    int reps = 5, huge = 0;
+    int reps = 5, huge = 0, use_tiles = 0;
     long pad = 0, window = 0;
     const char *kv = "f16", *prec_name = "both";
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -55,6 +58,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--huge")) huge = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--pad")) pad = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--window")) window = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--tiles")) use_tiles = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "bench_attention: unknown option %s\n", argv[i]);
             return 2;
@@ -108,8 +112,15 @@ int main(int argc, char **argv) {
     for (long r = 0; r < chunk; r++)
         flops += (double)N_HEAD * 4.0 * D * (double)(window > 0 && pos[r] + 1 > window ? window : pos[r] + 1);
     int group = N_HEAD / N_HEAD_KV;
-    printf("attention: %ld query rows ending at key %ld, %s rows, units of %ld rows, %d reps, 1 thread\n", chunk, keys,
-           kv, rows, reps);
+    printf("attention: %ld query rows ending at key %ld, %s rows, units of %ld rows, %d reps, 1 thread%s\n", chunk,
+           keys, kv, rows, reps, use_tiles ? ", bf16 tiles built once per chunk" : "");
+    size_t head_bytes = op_attention_bf16_tiles_bytes(keys, D);
+    void *tile_mem = use_tiles ? aligned_alloc(64, head_bytes * N_HEAD_KV) : NULL;
+    if (use_tiles && !tile_mem) {
+        fprintf(stderr, "bench_attention: out of memory for tiles\n");
+        return 1;
+    }
+    attention_bf16_tiles tiles = {tile_mem, head_bytes, keys};
     for (int p = 0; p < 2; p++) {
         attention_precision prec = p ? ATTENTION_BF16 : ATTENTION_F32;
         if (strcmp(prec_name, "both") && strcmp(prec_name, attention_precision_name(prec))) continue;
@@ -121,12 +132,17 @@ int main(int argc, char **argv) {
         double *t = malloc((size_t)reps * sizeof(double));
         for (int rep = 0; rep < reps; rep++) {
             double t0 = ember_now();
+            if (use_tiles && prec == ATTENTION_BF16)
+                for (int kvh = 0; kvh < N_HEAD_KV; kvh++)
+                    op_attention_bf16_tiles_build((uint8_t *)tile_mem + (size_t)kvh * head_bytes, k_blocks, v_blocks, type,
+                                                  N_HEAD_KV, D, kvh, keys, 0, (keys + 63) / 64);
             for (int kvh = 0; kvh < N_HEAD_KV; kvh++)
                 for (long r0 = 0; r0 < chunk; r0 += rows) {
                     int n = (int)(chunk - r0 < rows ? chunk - r0 : rows);
                     op_attention_paged_rows_prec(out + r0 * N_HEAD * D, N_HEAD * D, q + r0 * N_HEAD * D, N_HEAD * D,
                                                  k_blocks, v_blocks, type, pos + r0, n, N_HEAD, N_HEAD_KV, D, D,
-                                                 0.0883883f, window, kvh * group, (kvh + 1) * group, scratch, prec);
+                                                 0.0883883f, window, kvh * group, (kvh + 1) * group, scratch, prec,
+                                                 use_tiles ? &tiles : NULL);
                 }
             t[rep] = ember_now() - t0;
         }
@@ -140,6 +156,6 @@ int main(int argc, char **argv) {
                (unsigned long long)digest);
         free(t);
     }
-    free(arena), free(k_blocks), free(v_blocks), free(row), free(q), free(out), free(scratch), free(pos);
+    free(arena), free(k_blocks), free(v_blocks), free(row), free(q), free(out), free(scratch), free(pos), free(tile_mem);
     return 0;
 }

@@ -416,6 +416,9 @@ void apc_disk_namespace(const apc_disk_config *cfg, const apc_layout *lay, apc_h
     if (lay->attention != ATTENTION_F32) {
         XXH3_128bits_update(st, "attention", 9);
         FEED_U64(lay->attention);
+        /* the kernel's version (the first fed none): files of another
+         * version's arithmetic are not this server's rows */
+        if (lay->attention == ATTENTION_BF16) FEED_U64(ATTENTION_BF16_VERSION);
     }
 #undef FEED_U64
     XXH128_hash_t h = XXH3_128bits_digest(st);

@@ -142,7 +142,7 @@ void model_ctx_free(model_ctx *c) {
     free(c->x); free(c->xn); free(c->q); free(c->k); free(c->v); free(c->attn); free(c->proj);
     free(c->gate); free(c->up); free(c->router); free(c->sel_expert); free(c->sel_weight);
     free(c->exp_rows); free(c->exp_slot); free(c->exp_in); free(c->exp_out);
-    free(c->att_scores); free(c->k_ptrs); free(c->v_ptrs);
+    free(c->att_scores); free(c->k_ptrs); free(c->v_ptrs); free(c->att_tiles);
     free(c->att_skip); free(c->kvarn_phys); free(c->kvarn_scratch);
     free(c->qg); free(c->proj2); free(c->mtp_cat); free(c->r_in); free(c->r_conv); free(c->r_y); free(c->r_z); free(c->r_ba);
     free(c->grp_rows); free(c->grp_start); free(c->grp_state);
@@ -331,7 +331,8 @@ static void task_attention(void *arg, int ith, int nth) {
                 op_attention_paged_rows_prec(c->attn + r * out_stride, out_stride, c->q + r * q_stride, q_stride,
                                              k_ptrs, v_ptrs, type, t->b->pos + r, (int)(re - r), hp->n_head,
                                              hp->n_head_kv, hp->d_k, hp->d_v, scale, t->L->window, g * group,
-                                             (g + 1) * group, scores, kv_pool_attention(c->pool));
+                                             (g + 1) * group, scores, kv_pool_attention(c->pool),
+                                             c->tiles.base ? &c->tiles : NULL);
             r = re;
         }
     }
@@ -356,6 +357,66 @@ static int attention_parts(const model_ctx *c, int n_rows) {
 
 static void run_attention(model_ctx *c, layer_task *lt) {
     ember_pool_run_parts(c->threads, task_attention, lt, attention_parts(c, lt->b->n_tokens));
+}
+
+/* The most bytes of prebuilt bf16 tiles (32k keys of 8 kv heads of 128). */
+#define ATT_TILES_MAX_BYTES ((size_t)128 << 20)
+
+/* Builds parts of c->tiles: units are (kv head, 64-key block), head-major. */
+static void task_bf16_tiles(void *arg, int ith, int nth) {
+    layer_task *t = arg;
+    model_ctx *c = t->c;
+    const model_hparams *hp = &c->m->hp;
+    int64_t n_keys = c->tiles.n_keys, blocks = (n_keys + 63) / 64, u0, u1;
+    ember_split_range(blocks * hp->n_head_kv, 1, ith, nth, &u0, &u1);
+    kv_row_type type = kv_format_row_type(kv_pool_format(c->pool));
+    /* the caller's pointer tables, filled by prepare_bf16_tiles */
+    while (u0 < u1) {
+        int h = (int)(u0 / blocks);
+        int64_t b0 = u0 % blocks, b1 = b0 + (u1 - u0) < blocks ? b0 + (u1 - u0) : blocks;
+        op_attention_bf16_tiles_build(c->att_tiles + (size_t)h * c->tiles.head_bytes, (const void *const *)c->k_ptrs,
+                                      (const void *const *)c->v_ptrs, type, hp->n_head_kv, hp->d_k, h, n_keys, b0, b1);
+        u0 += b1 - b0;
+    }
+}
+
+/* At bf16, a batch of one sequence long enough that each kv head's keys
+ * are read by several units (att_rows rows each) gets the layer's tiles
+ * built once, in parallel, before its attention: at 16k keys and chunks of
+ * 512 rows each unit rebuilt every tile from rows scattered over the pool,
+ * 4 times per kv head per chunk. Bits do not change (ops.h). Layers with
+ * a sliding window, batches of several sequences and tiles over
+ * ATT_TILES_MAX_BYTES build per unit as before. */
+static void prepare_bf16_tiles(model_ctx *c, layer_task *lt) {
+    const model_hparams *hp = &c->m->hp;
+    const model_batch *b = lt->b;
+    c->tiles.base = NULL;
+    if (!c->att_bf16 || lt->L->window > 0 || b->n_tokens <= att_rows(c)) return;
+    int64_t n_keys = 0;
+    for (int r = 0; r < b->n_tokens; r++) {
+        if (b->seqs[r] != b->seqs[0]) return;
+        if (b->pos[r] + 1 > n_keys) n_keys = b->pos[r] + 1;
+    }
+    size_t head_bytes = op_attention_bf16_tiles_bytes(n_keys, hp->d_k), bytes = head_bytes * (size_t)hp->n_head_kv;
+    if (bytes > ATT_TILES_MAX_BYTES) return;
+    if (bytes > c->att_tiles_cap) {
+        /* 64-byte aligned: the kernel loads the tiles as aligned vectors */
+        void *p = NULL;
+        if (posix_memalign(&p, 64, bytes) != 0) return; /* no memory: build per unit */
+        free(c->att_tiles);
+        c->att_tiles = p;
+        c->att_tiles_cap = bytes;
+    }
+    const kv_seq *seq = b->seqs[0];
+    int32_t need = (int32_t)((n_keys + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
+    for (int32_t i = 0; i < need; i++) {
+        c->k_ptrs[i] = kv_block_k(c->pool, seq->blocks[i], lt->layer);
+        c->v_ptrs[i] = kv_block_v(c->pool, seq->blocks[i], lt->layer);
+    }
+    c->tiles = (attention_bf16_tiles){c->att_tiles, head_bytes, n_keys};
+    int64_t units = (n_keys + 63) / 64 * hp->n_head_kv;
+    int parts = c->n_threads * ATT_PARTS_PER_THREAD;
+    ember_pool_run_parts(c->threads, task_bf16_tiles, lt, units < parts ? (int)units : parts);
 }
 
 typedef struct rows_task {
@@ -558,7 +619,11 @@ static int fwd_attention(model_ctx *c, const model_batch *b, const layer_weights
     run_rows(c, task_qk_prepare, &lt, n);
     prof_mark(c, MODEL_PROF_QK_PREP);
     if (c->kvarn) kvarn_attention(c, b, &lt);
-    else run_attention(c, &lt);
+    else {
+        prepare_bf16_tiles(c, &lt);
+        run_attention(c, &lt);
+        c->tiles.base = NULL;
+    }
     if (L->q_gated) run_rows(c, task_attn_gate, &lt, n);
     prof_mark(c, MODEL_PROF_ATTN);
     int rc = matmul(c, &L->wo, c->attn, n, out, err);

@@ -158,6 +158,11 @@ struct model_ctx {
     /* attention runs the bf16 kernel (the pool's precision, on heads and
      * a format it takes): bigger units, no score scratch (forward.c) */
     bool att_bf16;
+    /* bf16 prefill of a long batch: the layer's K/V tiles, built once per
+     * layer (prepare_bf16_tiles) instead of once per unit of rows */
+    uint8_t *att_tiles;          /* (n_head_kv, op_attention_bf16_tiles_bytes) */
+    size_t att_tiles_cap;        /* bytes */
+    attention_bf16_tiles tiles;  /* what task_attention passes; base NULL: none */
     /* kvarn pools (forward_kvarn passes): rows that attend in this pass, and
      * the scratch that seals a group */
     bool kvarn;

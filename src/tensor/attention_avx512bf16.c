@@ -4,16 +4,19 @@
  * Why: vdpbf16ps multiplies 32 bf16 pairs into 16 f32 lanes per
  * instruction, twice the products of an f32 FMA, and at long context the
  * q.k and p.v products are most of a prefill's work (docs/attention.md).
- * What is rounded: the query and the softmax weights to bf16 (round to
- * nearest even, as vcvtne2ps2bf16 does), and K and V rows to bf16 as their
- * tiles are decoded; the products are exact in f32 and accumulate in f32;
- * the softmax (max, exp, sum, 1/sum) is f32, computed online: keys are
- * taken in blocks of 64 at multiples of 64, and per block each query's
- * scores (kept in registers, never a row of all its scores) update its
- * running max m, scaling its partial output and sum by exp(m_old - m) when m grows;
- * its weights e = exp(s - m) are rounded to bf16 for the values, the sum
- * adds them as rounded (so the weights used sum to one), and the output is
- * divided by the sum at the end.
+ * What is rounded: the query (times scale * log2(e), so that scores come
+ * out in log2 units) and the softmax weights to bf16 (round to nearest
+ * even, as vcvtne2ps2bf16 does), and K and V rows to bf16 as their tiles
+ * are decoded; the products are exact in f32 and accumulate in f32; the
+ * softmax is f32, computed online: keys are taken in blocks of 64 at
+ * multiples of 64, and per block each query's scores (kept in registers,
+ * never a row of all its scores) are weighed against its reference m, which
+ * moves up to the block's max only when a score passes m + 8 (or at its
+ * first block), scaling its partial output and sum by 2^(m_old - m); its
+ * weights e = 2^(s - m) (a degree-4 polynomial) are rounded to bf16 for the
+ * values, the sum adds them as rounded (so the weights used sum to one),
+ * and the output is divided by the sum at the end. ATTENTION_BF16_VERSION
+ * (ops.h) numbers this arithmetic.
  *
  * Layouts (why the tiles are transposed):
  *  - scores: a K tile of 32 keys is stored as two groups of D/2 vectors
@@ -32,7 +35,9 @@
  * The tiles are built once per block and call and serve every query of
  * the call (GQA heads x prefill rows: forward.c gives bf16 calls up to 256
  * queries), which pays for the transposes and reads each K/V row from
- * memory once per 256 queries; f16 rows (the served format) go straight
+ * memory once per 256 queries; a long prefill batch has them built once
+ * per layer instead (attention_bf16_tiles_build_avx512bf16) and every call
+ * reads them from there; f16 rows (the served format) go straight
  * from f16 to bf16 pairs, other formats through f32 rows. Per block the
  * queries go 4 at a time (4 queries x 64 keys of scores, then 4 queries x
  * 64 output lanes, are 16 accumulators), and the rows of the block after
@@ -131,25 +136,62 @@ ALWAYS_INLINE void prefetch_rows(const int D, const attention_head_args *a, int6
     }
 }
 
+/* Vectors of one 64-key block's tiles for heads of D values, as the
+ * kernel keeps them: two K tiles (D vectors each), then the V tile (VT/2
+ * pairs of MAX_D/16 vectors, D/16 of them used). */
+#define TILE_VECS(D) (2 * (D) + (VT / 2) * (MAX_D / 16))
+_Static_assert(TILE_VECS(128) * 64 == ATTENTION_BF16_TILE_BYTES(128) && TILE_VECS(64) * 64 == ATTENTION_BF16_TILE_BYTES(64),
+               "attention_impl.h's tile size is the kernel's");
+
+/* Prefetches group gi's share (of groups) of the n_vecs vectors at t. */
+ALWAYS_INLINE void prefetch_tiles(const __m512i *t, int n_vecs, bool needed, int gi, int groups) {
+    if (!needed) return;
+    for (int v = gi * n_vecs / groups; v < (gi + 1) * n_vecs / groups; v++) _mm_prefetch((const char *)(t + v), _MM_HINT_T1);
+}
+
 /* What the scores of one block leave for its values, per query. */
 typedef struct block_weights {
     uint32_t pq[VT / 2]; /* the weights e as bf16 pairs (e[2u], e[2u + 1]) */
-    float alpha;         /* out's rescale when m grew (grew) */
+    float alpha;         /* out's rescale when m moved (grew) */
     bool grew;
     int full, straddle;  /* pairs wholly visible; the pair whose second key is past the last (-1: none) */
 } block_weights;
 
+/* 2^x for x <= 0 (the weights, in log2 units): 2^round(x) times a degree-4
+ * polynomial of the rest in [-0.5, 0.5], relative error 2.7e-6, far below
+ * the 2^-9 of the bf16 the weights are rounded to. */
+ALWAYS_INLINE __m512 exp2_weight(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f)); /* 2^-200 is 0 after scalef; keeps -inf from a NaN */
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(9.560519829e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.591712147e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402498126e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931219697e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.999991655e-1f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* How far a score may rise above a query's reference m before m moves:
+ * weights stay <= 2^REBASE_LOG2, far inside f32's and bf16's range. */
+#define REBASE_LOG2 8.0f
+
 /* Scores and the online softmax step of one block of VT keys [b0, b0 + VT)
- * for NQ queries, in registers: the dots of each query (bf16 pairs qb[i])
- * with the block's 64 keys (transposed K tile ktp: keys 16g..16g+15 in
- * ktp[g * D/2 ..]) times its scale; the block's max over the query's
- * visible keys; when it raises m, the rescale alpha = exp(m_old - m) of l
- * (here) and of out (block_values); the weights e = exp(s - m) rounded to
- * bf16 pairs, and l += their sum as rounded. Each query's arithmetic is its
- * own, whatever the other queries of the group. */
+ * for NQ queries, in registers. The dots of each query (bf16 pairs qb[i],
+ * already times scale * log2(e), so scores are in log2 units) with the
+ * block's 64 keys (transposed K tile ktp: keys 16g..16g+15 in
+ * ktp[g * D/2 ..]). m is the query's reference, not its running max: it
+ * moves (to the block's max over the query's visible keys) only when the
+ * query has none yet or a visible score exceeds m + REBASE_LOG2, which
+ * after the first blocks is rare, so the common block needs no horizontal
+ * max; when it moves, alpha = 2^(m_old - m) rescales the sum (here) and out
+ * (block_values). The weights e = 2^(s - m) are rounded to bf16 pairs, and
+ * the sum lanes lsum add them as rounded (a vdpbf16ps by ones), reduced
+ * once at the end. Each query's arithmetic is its own, whatever the other
+ * queries of the group. */
 ALWAYS_INLINE void block_scores(const int D, const int NQ, const attention_head_args *a, const __m512i *ktp,
-                                const uint32_t (*qb)[MAX_D / 2], float *m, float *l, block_weights *w, int64_t b0,
-                                int64_t first) {
+                                const uint32_t (*qb)[MAX_D / 2], float *m, __m512 *lsum, block_weights *w,
+                                int64_t b0, int64_t first) {
     __m512 acc[QB][VT / 16];
 #pragma GCC unroll 4
     for (int i = 0; i < NQ; i++)
@@ -166,6 +208,7 @@ ALWAYS_INLINE void block_scores(const int D, const int NQ, const attention_head_
             for (int g = 0; g < VT / 16; g++) acc[i][g] = dp(acc[i][g], k[g], q);
         }
     }
+    const __m512i ones = _mm512_set1_epi32(0x3F803F80); /* the bf16 pair (1, 1) */
 #pragma GCC unroll 4
     for (int i = 0; i < NQ; i++) {
         /* keys [lo, end) of the block are this query's own */
@@ -174,37 +217,36 @@ ALWAYS_INLINE void block_scores(const int D, const int NQ, const attention_head_
         w[i].full = seen / 2;
         w[i].straddle = seen % 2 ? seen / 2 : -1;
         w[i].grew = false;
-        if (end <= lo) continue; /* none: pq unread, m, l and out as they are */
+        if (end <= lo) continue; /* none: pq unread, m, lsum and out as they are */
         uint64_t vis = (seen == 64 ? ~0ull : (1ull << seen) - 1) & ~((1ull << (lo - b0)) - 1);
-        __m512 s[VT / 16], bm = _mm512_set1_ps(-INFINITY), scale = _mm512_set1_ps(a[i].scale);
+        __m512 limit = _mm512_set1_ps(m[i] + REBASE_LOG2);
+        __mmask16 over = 0;
 #pragma GCC unroll 4
-        for (int c = 0; c < VT / 16; c++) {
-            s[c] = _mm512_mul_ps(acc[i][c], scale);
-            /* vmaxps keeps the running max over a NaN score */
-            bm = _mm512_mask_max_ps(bm, (__mmask16)(vis >> (16 * c)), s[c], bm);
-        }
-        float bmax = _mm512_reduce_max_ps(bm);
-        if (bmax > m[i]) {
+        for (int c = 0; c < VT / 16; c++)
+            over |= _mm512_mask_cmp_ps_mask((__mmask16)(vis >> (16 * c)), acc[i][c], limit, _CMP_GT_OQ);
+        if (over) { /* (m = -inf: any score is over) */
+            __m512 bm = _mm512_set1_ps(-INFINITY);
+#pragma GCC unroll 4
+            for (int c = 0; c < VT / 16; c++) /* vmaxps keeps the running max over a NaN score */
+                bm = _mm512_mask_max_ps(bm, (__mmask16)(vis >> (16 * c)), acc[i][c], bm);
+            float bmax = _mm512_reduce_max_ps(bm);
             if (m[i] != -INFINITY) {
-                w[i].alpha = _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(m[i] - bmax)));
-                l[i] *= w[i].alpha;
+                w[i].alpha = _mm512_cvtss_f32(exp2_weight(_mm512_set1_ps(m[i] - bmax)));
+                lsum[i] = _mm512_mul_ps(lsum[i], _mm512_set1_ps(w[i].alpha));
                 w[i].grew = true;
             }
             m[i] = bmax;
         }
-        /* l sums the weights as rounded, so they sum to one */
-        __m512 vm = _mm512_set1_ps(m[i]), sum = _mm512_setzero_ps(), e[VT / 16];
+        __m512 vm = _mm512_set1_ps(m[i]), e[VT / 16];
 #pragma GCC unroll 4
         for (int c = 0; c < VT / 16; c++)
-            e[c] = _mm512_maskz_mov_ps((__mmask16)(vis >> (16 * c)), exp_ps(_mm512_sub_ps(s[c], vm)));
+            e[c] = _mm512_maskz_mov_ps((__mmask16)(vis >> (16 * c)), exp2_weight(_mm512_sub_ps(acc[i][c], vm)));
 #pragma GCC unroll 2
         for (int c = 0; c < VT / 32; c++) {
             __m512i pairs = bf16_pairs(e[2 * c], e[2 * c + 1]);
             _mm512_storeu_si512(w[i].pq + 16 * c, pairs);
-            sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)));
-            sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32((int)0xFFFF0000u))));
+            lsum[i] = dp(lsum[i], pairs, ones);
         }
-        l[i] += _mm512_reduce_add_ps(sum);
     }
 }
 
@@ -270,16 +312,16 @@ ALWAYS_INLINE void block_values(const int D, const int NQ, const __m512i (*vtp)[
 
 #define BLOCK_FNS(D, N)                                                                                        \
     static void scores_##D##_##N(const attention_head_args *a, const __m512i *ktp,                             \
-                                 const uint32_t (*qb)[MAX_D / 2], float *m, float *l, block_weights *w,        \
+                                 const uint32_t (*qb)[MAX_D / 2], float *m, __m512 *lsum, block_weights *w,   \
                                  int64_t b0, int64_t first) {                                                  \
-        block_scores(D, N, a, ktp, qb, m, l, w, b0, first);                                                    \
+        block_scores(D, N, a, ktp, qb, m, lsum, w, b0, first);                                                    \
     }                                                                                                          \
     static void values_##D##_##N(const __m512i (*vtp)[MAX_D / 16], const block_weights *w, float (*out)[MAX_D], \
                                  int64_t b0, int64_t first) {                                                  \
         block_values(D, N, vtp, w, out, b0, first);                                                            \
     }
 typedef void (*scores_fn)(const attention_head_args *, const __m512i *, const uint32_t (*)[MAX_D / 2], float *,
-                          float *, block_weights *, int64_t, int64_t);
+                          __m512 *, block_weights *, int64_t, int64_t);
 typedef void (*values_fn)(const __m512i (*)[MAX_D / 16], const block_weights *, float (*)[MAX_D], int64_t, int64_t);
 BLOCK_FNS(128, 1) BLOCK_FNS(128, 2) BLOCK_FNS(128, 3) BLOCK_FNS(128, 4)
 BLOCK_FNS(64, 1) BLOCK_FNS(64, 2) BLOCK_FNS(64, 3) BLOCK_FNS(64, 4)
@@ -371,13 +413,17 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
      * sum. */
     uint32_t qb[MAX_Q][MAX_D / 2] __attribute__((aligned(64)));
     float out[MAX_Q][MAX_D] __attribute__((aligned(64)));
-    float m[MAX_Q], l[MAX_Q];
+    float m[MAX_Q];
+    __m512 lsum[MAX_Q];
     for (int i = 0; i < n; i++) {
+        /* scale * log2(e) folded into the query before it is rounded:
+         * scores come out in log2 units, ready for exp2_weight */
+        __m512 c2 = _mm512_set1_ps(a[i].scale * 1.44269504088896341f);
         for (int c = 0; c < D / 32; c++)
-            _mm512_store_si512(&qb[i][16 * c],
-                               bf16_pairs(_mm512_loadu_ps(a[i].q + 32 * c), _mm512_loadu_ps(a[i].q + 32 * c + 16)));
+            _mm512_store_si512(&qb[i][16 * c], bf16_pairs(_mm512_mul_ps(_mm512_loadu_ps(a[i].q + 32 * c), c2),
+                                                          _mm512_mul_ps(_mm512_loadu_ps(a[i].q + 32 * c + 16), c2)));
         m[i] = -INFINITY;
-        l[i] = 0;
+        lsum[i] = _mm512_setzero_ps();
         memset(out[i], 0, (size_t)D * sizeof(float));
     }
     float rows[VT][MAX_D] __attribute__((aligned(64)));
@@ -386,29 +432,44 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
     block_weights w[MAX_Q];
     bool any[MAX_Q / QB];
     const int groups = (n + QB - 1) / QB;
+    /* Prebuilt tiles hold real rows up to their own n_keys where this call
+     * would zero those past hi: the same bits, since no query weighs a key
+     * past its last (masked scores, skipped or half-masked value pairs).
+     * Rows before a sliding window's first would not be: built here then. */
+    const __m512i *prebuilt = first == 0 && a[0].bf16_tiles && hi <= a[0].bf16_tiled_keys ? a[0].bf16_tiles : NULL;
     for (int64_t b0 = first - first % VT; b0 < hi; b0 += VT) {
-        build_k_tile(D, &a[0], b0, first, hi, rows, ktp);
-        build_k_tile(D, &a[0], b0 + KT, first, hi, rows, ktp + D);
-        build_v_tile(D, &a[0], b0, first, hi, rows, vtp);
+        const __m512i *kt = ktp, (*vt)[MAX_D / 16] = (const __m512i (*)[MAX_D / 16])vtp;
+        if (prebuilt) {
+            kt = prebuilt + (b0 / VT) * TILE_VECS(D);
+            vt = (const __m512i (*)[MAX_D / 16])(kt + 2 * D);
+        } else {
+            build_k_tile(D, &a[0], b0, first, hi, rows, ktp);
+            build_k_tile(D, &a[0], b0 + KT, first, hi, rows, ktp + D);
+            build_v_tile(D, &a[0], b0, first, hi, rows, vtp);
+        }
         const int64_t lo = b0 > first ? b0 : first;
         for (int gi = 0; gi < groups; gi++) {
             int s0 = gi * QB, nq = n - s0 < QB ? n - s0 : QB;
-            /* The rows of the block after next, a share per group of
-             * queries: a burst of 512 prefetches stalled on the miss buffers. */
-            prefetch_rows(D, &a[0], b0 + 2 * VT + (int64_t)gi * VT / groups, b0 + 2 * VT + (int64_t)(gi + 1) * VT / groups,
-                          hi);
+            /* The rows (or tiles) of the block after next, a share per
+             * group of queries: a burst of 512 prefetches stalled on the
+             * miss buffers. */
+            if (prebuilt)
+                prefetch_tiles(prebuilt + ((b0 + 2 * VT) / VT) * TILE_VECS(D), TILE_VECS(D), b0 + 2 * VT < hi, gi, groups);
+            else
+                prefetch_rows(D, &a[0], b0 + 2 * VT + (int64_t)gi * VT / groups,
+                              b0 + 2 * VT + (int64_t)(gi + 1) * VT / groups, hi);
             any[gi] = false; /* a query of the group sees a key of the block */
             for (int i = s0; i < s0 + nq; i++) any[gi] |= a[i].n_keys > lo;
             if (any[gi])
-                scores[nq](a + s0, ktp, (const uint32_t (*)[MAX_D / 2])qb + s0, m + s0, l + s0, w + s0, b0, first);
+                scores[nq](a + s0, kt, (const uint32_t (*)[MAX_D / 2])qb + s0, m + s0, lsum + s0, w + s0, b0, first);
         }
         for (int gi = 0; gi < groups; gi++) {
             int s0 = gi * QB, nq = n - s0 < QB ? n - s0 : QB;
-            if (any[gi]) values[nq]((const __m512i (*)[MAX_D / 16])vtp, w + s0, out + s0, b0, first);
+            if (any[gi]) values[nq](vt, w + s0, out + s0, b0, first);
         }
     }
     for (int i = 0; i < n; i++) {
-        __m512 inv = _mm512_set1_ps(1.0f / l[i]);
+        __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(lsum[i]));
         for (int c = 0; c < D / 16; c++)
             _mm512_storeu_ps(a[i].out + 16 * c, _mm512_mul_ps(_mm512_load_ps(out[i] + 16 * c), inv));
     }
@@ -431,4 +492,22 @@ void attention_heads_avx512bf16(const attention_head_args *a, int n) {
             for (int k = 0; k < m; k++) attention_head_avx512(a + i + k);
         i += m;
     }
+}
+
+static void tiles_build(const int D, void *tiles, const attention_head_args *a, int64_t block_begin, int64_t block_end) {
+    float rows[VT][MAX_D] __attribute__((aligned(64)));
+    for (int64_t b = block_begin; b < block_end; b++) {
+        __m512i *kt = (__m512i *)tiles + b * TILE_VECS(D);
+        build_k_tile(D, a, b * VT, 0, a->n_keys, rows, kt);
+        build_k_tile(D, a, b * VT + KT, 0, a->n_keys, rows, kt + D);
+        build_v_tile(D, a, b * VT, 0, a->n_keys, rows, (__m512i (*)[MAX_D / 16])(kt + 2 * D));
+    }
+}
+
+void attention_bf16_tiles_build_avx512bf16(void *tiles, const attention_head_args *a, int64_t block_begin,
+                                           int64_t block_end) {
+    if (a->d_k == 128)
+        tiles_build(128, tiles, a, block_begin, block_end);
+    else
+        tiles_build(64, tiles, a, block_begin, block_end);
 }

@@ -31,6 +31,11 @@ typedef struct attention_head_args {
     kv_row_type k_type, v_type; /* storage formats of K and V rows (kv_row_key_type) */
     float scale;
     float *scores;            /* (n_keys - first) scratch */
+    /* bf16 kernel only: this kv head's prebuilt tiles for keys
+     * [0, bf16_tiled_keys) (attention_bf16_tiles_build_avx512bf16), or NULL:
+     * the kernel builds its own */
+    const void *bf16_tiles;
+    int64_t bf16_tiled_keys;
 } attention_head_args;
 
 /* The encoded row of key (or value) j. */
@@ -44,7 +49,8 @@ static inline const uint8_t *attention_row(const void *const *blocks, size_t str
 static inline bool attention_same_kv(const attention_head_args *a, const attention_head_args *b) {
     return a->d_k == b->d_k && a->d_v == b->d_v && a->k_blocks == b->k_blocks && a->v_blocks == b->v_blocks &&
            a->k_offset == b->k_offset && a->v_offset == b->v_offset && a->k_stride == b->k_stride &&
-           a->v_stride == b->v_stride && a->k_type == b->k_type && a->v_type == b->v_type && a->first == b->first;
+           a->v_stride == b->v_stride && a->k_type == b->k_type && a->v_type == b->v_type && a->first == b->first &&
+           a->bf16_tiles == b->bf16_tiles;
 }
 
 /* Where value `offset` of a row starts, in bytes (offset on a q8_0 block
@@ -71,5 +77,16 @@ void attention_heads_avx2(const attention_head_args *a, int n);
  * or 128 values (d_k = d_v); bf16 products, so other bits than the f32
  * kernels, but a query's bits still depend on its own inputs alone. */
 void attention_heads_avx512bf16(const attention_head_args *a, int n);
+/* Bytes of the bf16 kernel's tiles of one 64-key block, heads of d values:
+ * two K tiles of d vectors, a V tile of 32 pairs x 8 vectors, 64 bytes each. */
+#define ATTENTION_BF16_TILE_BYTES(d) ((size_t)(2 * (d) + 32 * 8) * 64)
+
+/* The bf16 kernel's K and V tiles of 64-key blocks [block_begin, block_end)
+ * of the kv head a describes (k_blocks, strides, offsets, types, d_k = d_v
+ * of 64 or 128), for keys [0, a->n_keys) (rows from there on zero), into
+ * tiles: ATTENTION_BF16_TILE_BYTES(d) bytes per block, block b at
+ * b * that. The same values the kernel builds per call. */
+void attention_bf16_tiles_build_avx512bf16(void *tiles, const attention_head_args *a, int64_t block_begin,
+                                           int64_t block_end);
 
 #endif

@@ -195,14 +195,32 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
                              int n_rows, int n_head, int n_head_kv, int d_k, int d_v, float scale,
                              int64_t window, int head_begin, int head_end, float *scratch) {
     op_attention_paged_rows_prec(out, out_stride, q, q_stride, k_blocks, v_blocks, type, query_pos, n_rows, n_head,
-                                 n_head_kv, d_k, d_v, scale, window, head_begin, head_end, scratch, ATTENTION_F32);
+                                 n_head_kv, d_k, d_v, scale, window, head_begin, head_end, scratch, ATTENTION_F32,
+                                 NULL);
+}
+
+size_t op_attention_bf16_tiles_bytes(int64_t n_keys, int d) {
+    return (size_t)((n_keys + 63) / 64) * ATTENTION_BF16_TILE_BYTES(d);
+}
+
+bool op_attention_bf16_tiles_build(void *head_tiles, const void *const *k_blocks, const void *const *v_blocks,
+                                   kv_row_type type, int n_head_kv, int d, int kv_head, int64_t n_keys,
+                                   int64_t block_begin, int64_t block_end) {
+    if (op_attention_precision(ATTENTION_BF16, d, d) != ATTENTION_BF16) return false;
+    kv_row_type k_type = kv_row_key_type(type);
+    attention_head_args a = {.k_blocks = k_blocks, .v_blocks = v_blocks, .first = 0, .n_keys = n_keys,
+                             .k_stride = kv_row_bytes(k_type, n_head_kv * d), .v_stride = kv_row_bytes(type, n_head_kv * d),
+                             .k_offset = kv_head * d, .v_offset = kv_head * d, .d_k = d, .d_v = d,
+                             .k_type = k_type, .v_type = type};
+    attention_bf16_tiles_build_avx512bf16(head_tiles, &a, block_begin, block_end);
+    return true;
 }
 
 void op_attention_paged_rows_prec(float *out, size_t out_stride, const float *q, size_t q_stride,
                                   const void *const *k_blocks, const void *const *v_blocks, kv_row_type type,
                                   const int64_t *query_pos, int n_rows, int n_head, int n_head_kv, int d_k, int d_v,
                                   float scale, int64_t window, int head_begin, int head_end, float *scratch,
-                                  attention_precision prec) {
+                                  attention_precision prec, const attention_bf16_tiles *tiles) {
     /* a caller that skipped op_attention_precision still gets a kernel that exists here */
     if (prec == ATTENTION_BF16 && op_attention_precision(prec, d_k, d_v) != ATTENTION_BF16) prec = ATTENTION_F32;
     enum { MAX_PAIRS = 256, QK_FLOATS = 8192 };
@@ -236,6 +254,10 @@ void op_attention_paged_rows_prec(float *out, size_t out_stride, const float *q,
                                             kv_row_bytes(k_type, n_head_kv * d_k), kv_row_bytes(type, n_head_kv * d_v),
                                             kvh * d_k, kvh * d_v, d_k, d_v, k_type, type, scale,
                                             prec == ATTENTION_BF16 ? NULL : scratch + (size_t)n * (size_t)max_keys};
+            if (prec == ATTENTION_BF16 && tiles) {
+                args[n].bf16_tiles = (const uint8_t *)tiles->base + (size_t)kvh * tiles->head_bytes;
+                args[n].bf16_tiled_keys = tiles->n_keys;
+            }
             n++;
         }
     }

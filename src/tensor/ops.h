@@ -54,6 +54,14 @@ typedef enum attention_precision {
     ATTENTION_BF16 = 1,
 } attention_precision;
 
+/* The arithmetic of the bf16 kernel, numbered: a cache written under one
+ * version holds rows another version would not compute (each layer's K/V
+ * come from the previous layer's attention), so the version enters the
+ * cache namespaces of bf16 pools (apc_disk_namespace). 2: scores in log2
+ * units with scale * log2(e) folded into the query, weights 2^(s - m) by a
+ * degree-4 polynomial, m moved only when a score passes it by 8. */
+enum { ATTENTION_BF16_VERSION = 2 };
+
 /* The precision attention runs at when `want` is asked for heads of
  * (d_k, d_v) values: bf16 only where the ISA in use is AVX-512 and the CPU
  * has AVX512_BF16, and for heads of 64 or 128 values (d_k = d_v); else
@@ -97,14 +105,39 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
                              const int64_t *query_pos,
                              int n_rows, int n_head, int n_head_kv, int d_k, int d_v, float scale,
                              int64_t window, int head_begin, int head_end, float *scratch);
+/* The bf16 kernel's K/V tiles (K transposed into key lanes, V into pairs
+ * of keys, all bf16), built once for a long prefill instead of once per
+ * call: a 16k-key prefill chunk makes 4 calls per kv head, each of which
+ * would rebuild and reread every tile. kv head h's tiles lie at base + h *
+ * head_bytes and cover keys [0, n_keys). A call given tiles computes the
+ * same bits as without (op_attention_paged_rows_prec): it uses them where
+ * the window starts at key 0 and its keys are covered, else builds its own. */
+typedef struct attention_bf16_tiles {
+    const void *base;
+    size_t head_bytes;
+    int64_t n_keys;
+} attention_bf16_tiles;
+
 /* op_attention_paged_rows at a precision (an op_attention_precision
  * result; ATTENTION_F32 is op_attention_paged_rows itself). At bf16 the
  * softmax runs online, block by block, and scratch is not used (may be
- * NULL). */
+ * NULL); tiles (bf16 only, may be NULL) are prebuilt tiles of these
+ * blocks. */
 void op_attention_paged_rows_prec(float *out, size_t out_stride, const float *q, size_t q_stride,
                                   const void *const *k_blocks, const void *const *v_blocks, kv_row_type type,
                                   const int64_t *query_pos, int n_rows, int n_head, int n_head_kv, int d_k, int d_v,
                                   float scale, int64_t window, int head_begin, int head_end, float *scratch,
-                                  attention_precision prec);
+                                  attention_precision prec, const attention_bf16_tiles *tiles);
+/* Bytes of one kv head's bf16 tiles for keys [0, n_keys) (64-key blocks). */
+size_t op_attention_bf16_tiles_bytes(int64_t n_keys, int d);
+/* Builds kv head kv_head's tiles of 64-key blocks [block_begin, block_end)
+ * for keys [0, n_keys) into head_tiles (that head's
+ * op_attention_bf16_tiles_bytes(n_keys, d) bytes; rows of the blocks
+ * given as to op_attention_paged_rows). Blocks are independent, so threads
+ * may build disjoint ranges. False (nothing built) where attention cannot
+ * run at bf16 for heads of d values (op_attention_precision). */
+bool op_attention_bf16_tiles_build(void *head_tiles, const void *const *k_blocks, const void *const *v_blocks,
+                                   kv_row_type type, int n_head_kv, int d, int kv_head, int64_t n_keys,
+                                   int64_t block_begin, int64_t block_end);
 
 #endif
