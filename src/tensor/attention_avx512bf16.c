@@ -330,10 +330,20 @@ static const scores_fn scores_fns_64[QB + 1] = {NULL, scores_64_1, scores_64_2, 
 static const values_fn values_fns_128[QB + 1] = {NULL, values_128_1, values_128_2, values_128_3, values_128_4};
 static const values_fn values_fns_64[QB + 1] = {NULL, values_64_1, values_64_2, values_64_3, values_64_4};
 
+/* A tile vector: streamed (non-temporal) where tiles are built for later
+ * calls into a buffer of megabytes, which would otherwise read every line
+ * it writes. */
+ALWAYS_INLINE void store_tile(__m512i *dst, __m512i x, const bool stream) {
+    if (stream)
+        _mm512_stream_si512(dst, x);
+    else
+        _mm512_store_si512(dst, x);
+}
+
 /* The K tile of keys [t0, t0 + KT), transposed into ktp (zero rows outside
  * [first, hi)). */
 ALWAYS_INLINE void build_k_tile(const int D, const attention_head_args *a, int64_t t0, int64_t first, int64_t hi,
-                                float (*rows)[MAX_D], __m512i *ktp) {
+                                float (*rows)[MAX_D], __m512i *ktp, const bool stream) {
     const size_t k_head = value_byte(a->k_type, a->k_offset);
     const bool direct = a->k_type == KV_ROW_F16 && t0 >= first && t0 + KT <= hi;
     for (int k = 0; k < KT; k++) {
@@ -357,14 +367,14 @@ ALWAYS_INLINE void build_k_tile(const int D, const attention_head_args *a, int64
             }
             transpose16(r);
 #pragma GCC unroll 16
-            for (int x = 0; x < 16; x++) _mm512_store_si512(ktp + g * (D / 2) + 16 * c + x, r[x]);
+            for (int x = 0; x < 16; x++) store_tile(ktp + g * (D / 2) + 16 * c + x, r[x], stream);
         }
 }
 
 /* The V tile of keys [v0, v0 + VT) as pairs of consecutive rows (zero rows
  * outside [first, hi)). */
 ALWAYS_INLINE void build_v_tile(const int D, const attention_head_args *a, int64_t v0, int64_t first, int64_t hi,
-                                float (*rows)[MAX_D], __m512i (*vtp)[MAX_D / 16]) {
+                                float (*rows)[MAX_D], __m512i (*vtp)[MAX_D / 16], const bool stream) {
     static const uint16_t interleave[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
                                             8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
     const __m512i perm = _mm512_loadu_si512(interleave);
@@ -380,13 +390,13 @@ ALWAYS_INLINE void build_v_tile(const int D, const attention_head_args *a, int64
 #pragma GCC unroll 8
             for (int c = 0; c < D / 16; c++) {
                 __m512i x = bf16_pairs(_mm512_cvtph_ps(_mm256_loadu_si256(h0 + c)), _mm512_cvtph_ps(_mm256_loadu_si256(h1 + c)));
-                _mm512_store_si512(&vtp[u][c], _mm512_permutexvar_epi16(perm, x));
+                store_tile(&vtp[u][c], _mm512_permutexvar_epi16(perm, x), stream);
             }
         } else {
 #pragma GCC unroll 8
             for (int c = 0; c < D / 16; c++) {
                 __m512i x = bf16_pairs(_mm512_load_ps(rows[2 * u] + 16 * c), _mm512_load_ps(rows[2 * u + 1] + 16 * c));
-                _mm512_store_si512(&vtp[u][c], _mm512_permutexvar_epi16(perm, x));
+                store_tile(&vtp[u][c], _mm512_permutexvar_epi16(perm, x), stream);
             }
         }
     }
@@ -443,9 +453,9 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
             kt = prebuilt + (b0 / VT) * TILE_VECS(D);
             vt = (const __m512i (*)[MAX_D / 16])(kt + 2 * D);
         } else {
-            build_k_tile(D, &a[0], b0, first, hi, rows, ktp);
-            build_k_tile(D, &a[0], b0 + KT, first, hi, rows, ktp + D);
-            build_v_tile(D, &a[0], b0, first, hi, rows, vtp);
+            build_k_tile(D, &a[0], b0, first, hi, rows, ktp, false);
+            build_k_tile(D, &a[0], b0 + KT, first, hi, rows, ktp + D, false);
+            build_v_tile(D, &a[0], b0, first, hi, rows, vtp, false);
         }
         const int64_t lo = b0 > first ? b0 : first;
         for (int gi = 0; gi < groups; gi++) {
@@ -498,10 +508,12 @@ static void tiles_build(const int D, void *tiles, const attention_head_args *a, 
     float rows[VT][MAX_D] __attribute__((aligned(64)));
     for (int64_t b = block_begin; b < block_end; b++) {
         __m512i *kt = (__m512i *)tiles + b * TILE_VECS(D);
-        build_k_tile(D, a, b * VT, 0, a->n_keys, rows, kt);
-        build_k_tile(D, a, b * VT + KT, 0, a->n_keys, rows, kt + D);
-        build_v_tile(D, a, b * VT, 0, a->n_keys, rows, (__m512i (*)[MAX_D / 16])(kt + 2 * D));
+        if (b + 2 < block_end) prefetch_rows(D, a, (b + 2) * VT, (b + 3) * VT, a->n_keys);
+        build_k_tile(D, a, b * VT, 0, a->n_keys, rows, kt, true);
+        build_k_tile(D, a, b * VT + KT, 0, a->n_keys, rows, kt + D, true);
+        build_v_tile(D, a, b * VT, 0, a->n_keys, rows, (__m512i (*)[MAX_D / 16])(kt + 2 * D), true);
     }
+    _mm_sfence(); /* the streamed tiles reach memory before another thread reads them */
 }
 
 void attention_bf16_tiles_build_avx512bf16(void *tiles, const attention_head_args *a, int64_t block_begin,
