@@ -231,6 +231,7 @@ typedef struct layer_task {
     const model_batch *b;
     const layer_weights *L;
     int layer;
+    attention_bf16_tiles tiles; /* task_attention: the layer's prebuilt bf16 tiles (prepare_bf16_tiles); base NULL: none */
 } layer_task;
 
 /* Biases, per-head q/k norm, rope, and the store of k/v into the KV blocks. */
@@ -332,7 +333,7 @@ static void task_attention(void *arg, int ith, int nth) {
                                              k_ptrs, v_ptrs, type, t->b->pos + r, (int)(re - r), hp->n_head,
                                              hp->n_head_kv, hp->d_k, hp->d_v, scale, t->L->window, g * group,
                                              (g + 1) * group, scores, kv_pool_attention(c->pool),
-                                             c->tiles.base ? &c->tiles : NULL);
+                                             t->tiles.base ? &t->tiles : NULL);
             r = re;
         }
     }
@@ -362,19 +363,19 @@ static void run_attention(model_ctx *c, layer_task *lt) {
 /* The most bytes of prebuilt bf16 tiles (32k keys of 8 kv heads of 128). */
 #define ATT_TILES_MAX_BYTES ((size_t)128 << 20)
 
-/* Builds parts of c->tiles: units are (kv head, 64-key block), head-major. */
+/* Builds parts of t->tiles: units are (kv head, 64-key block), head-major. */
 static void task_bf16_tiles(void *arg, int ith, int nth) {
     layer_task *t = arg;
     model_ctx *c = t->c;
     const model_hparams *hp = &c->m->hp;
-    int64_t n_keys = c->tiles.n_keys, blocks = (n_keys + 63) / 64, u0, u1;
+    int64_t n_keys = t->tiles.n_keys, blocks = (n_keys + 63) / 64, u0, u1;
     ember_split_range(blocks * hp->n_head_kv, 1, ith, nth, &u0, &u1);
     kv_row_type type = kv_format_row_type(kv_pool_format(c->pool));
     /* the caller's pointer tables, filled by prepare_bf16_tiles */
     while (u0 < u1) {
         int h = (int)(u0 / blocks);
         int64_t b0 = u0 % blocks, b1 = b0 + (u1 - u0) < blocks ? b0 + (u1 - u0) : blocks;
-        op_attention_bf16_tiles_build(c->att_tiles + (size_t)h * c->tiles.head_bytes, (const void *const *)c->k_ptrs,
+        op_attention_bf16_tiles_build(c->att_tiles + (size_t)h * t->tiles.head_bytes, (const void *const *)c->k_ptrs,
                                       (const void *const *)c->v_ptrs, type, hp->n_head_kv, hp->d_k, h, n_keys, b0, b1);
         u0 += b1 - b0;
     }
@@ -382,7 +383,7 @@ static void task_bf16_tiles(void *arg, int ith, int nth) {
 
 /* At bf16, a batch of one sequence long enough that each kv head's keys
  * are read by several units (att_rows rows each) gets the layer's tiles
- * built once, in parallel, before its attention: at 16k keys and chunks of
+ * built once, in parallel, before its attention (into lt->tiles): at 16k keys and chunks of
  * 512 rows each unit rebuilt every tile from rows scattered over the pool,
  * 4 times per kv head per chunk. Bits do not change (ops.h). Layers with
  * a sliding window, batches of several sequences and tiles over
@@ -390,7 +391,6 @@ static void task_bf16_tiles(void *arg, int ith, int nth) {
 static void prepare_bf16_tiles(model_ctx *c, layer_task *lt) {
     const model_hparams *hp = &c->m->hp;
     const model_batch *b = lt->b;
-    c->tiles.base = NULL;
     if (!c->att_bf16 || lt->L->window > 0 || b->n_tokens <= att_rows(c)) return;
     int64_t n_keys = 0;
     for (int r = 0; r < b->n_tokens; r++) {
@@ -413,7 +413,7 @@ static void prepare_bf16_tiles(model_ctx *c, layer_task *lt) {
         c->k_ptrs[i] = kv_block_k(c->pool, seq->blocks[i], lt->layer);
         c->v_ptrs[i] = kv_block_v(c->pool, seq->blocks[i], lt->layer);
     }
-    c->tiles = (attention_bf16_tiles){c->att_tiles, head_bytes, n_keys};
+    lt->tiles = (attention_bf16_tiles){c->att_tiles, head_bytes, n_keys};
     int64_t units = (n_keys + 63) / 64 * hp->n_head_kv;
     int parts = c->n_threads * ATT_PARTS_PER_THREAD;
     ember_pool_run_parts(c->threads, task_bf16_tiles, lt, units < parts ? (int)units : parts);
@@ -622,7 +622,6 @@ static int fwd_attention(model_ctx *c, const model_batch *b, const layer_weights
     else {
         prepare_bf16_tiles(c, &lt);
         run_attention(c, &lt);
-        c->tiles.base = NULL;
     }
     if (L->q_gated) run_rows(c, task_attn_gate, &lt, n);
     prof_mark(c, MODEL_PROF_ATTN);

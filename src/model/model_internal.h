@@ -162,7 +162,6 @@ struct model_ctx {
      * layer (prepare_bf16_tiles) instead of once per unit of rows */
     uint8_t *att_tiles;          /* (n_head_kv, op_attention_bf16_tiles_bytes) */
     size_t att_tiles_cap;        /* bytes */
-    attention_bf16_tiles tiles;  /* what task_attention passes; base NULL: none */
     /* kvarn pools (forward_kvarn passes): rows that attend in this pass, and
      * the scratch that seals a group */
     bool kvarn;

@@ -144,8 +144,7 @@ _Static_assert(TILE_VECS(128) * 64 == ATTENTION_BF16_TILE_BYTES(128) && TILE_VEC
                "attention_impl.h's tile size is the kernel's");
 
 /* Prefetches group gi's share (of groups) of the n_vecs vectors at t. */
-ALWAYS_INLINE void prefetch_tiles(const __m512i *t, int n_vecs, bool needed, int gi, int groups) {
-    if (!needed) return;
+ALWAYS_INLINE void prefetch_tiles(const __m512i *t, int n_vecs, int gi, int groups) {
     for (int v = gi * n_vecs / groups; v < (gi + 1) * n_vecs / groups; v++) _mm_prefetch((const char *)(t + v), _MM_HINT_T1);
 }
 
@@ -463,9 +462,9 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
             /* The rows (or tiles) of the block after next, a share per
              * group of queries: a burst of 512 prefetches stalled on the
              * miss buffers. */
-            if (prebuilt)
-                prefetch_tiles(prebuilt + ((b0 + 2 * VT) / VT) * TILE_VECS(D), TILE_VECS(D), b0 + 2 * VT < hi, gi, groups);
-            else
+            if (prebuilt) {
+                if (b0 + 2 * VT < hi) prefetch_tiles(prebuilt + (b0 / VT + 2) * TILE_VECS(D), TILE_VECS(D), gi, groups);
+            } else
                 prefetch_rows(D, &a[0], b0 + 2 * VT + (int64_t)gi * VT / groups,
                               b0 + 2 * VT + (int64_t)(gi + 1) * VT / groups, hi);
             any[gi] = false; /* a query of the group sees a key of the block */
