@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "tensor/quant.h"
+#include "tensor/quant_strip_table.h"
 
 #ifndef ALWAYS_INLINE
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -92,17 +93,6 @@ ALWAYS_INLINE void store_pairs(const int R, const int C, int rows, __m256 acc, f
                                    size_t as, const int32_t *meta, float *y, size_t ys) {          \
         strip_##NAME(H(C), C, n, w, ws, rows, a, as, meta, y, ys);                                 \
     }
-#define STRIPS(NAME, H)                                                                            \
-    STRIP_FN(NAME, H, 1) STRIP_FN(NAME, H, 2) STRIP_FN(NAME, H, 3) STRIP_FN(NAME, H, 4)            \
-    STRIP_FN(NAME, H, 5) STRIP_FN(NAME, H, 6) STRIP_FN(NAME, H, 7) STRIP_FN(NAME, H, 8)            \
-    static void set_strips_##NAME(quant_strip_fn *fns, int *heights) {                             \
-        const quant_strip_fn f[QUANT_STRIP_TOKENS] = {strip_##NAME##_1, strip_##NAME##_2, strip_##NAME##_3, \
-                                                      strip_##NAME##_4, strip_##NAME##_5, strip_##NAME##_6, \
-                                                      strip_##NAME##_7, strip_##NAME##_8};         \
-        for (int c = 1; c <= QUANT_STRIP_TOKENS; c++) {                                            \
-            fns[c] = f[c - 1];                                                                     \
-            heights[c] = H(c);                                                                     \
-        }                                                                                          \
-    }
+#define STRIPS(NAME, H) QUANT_STRIPS_OF(NAME, H, STRIP_FN)
 
 #endif

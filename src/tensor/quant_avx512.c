@@ -28,6 +28,7 @@
 
 #include "tensor/quant.h"
 #include "tensor/quant_avx512_reduce.h"
+#include "tensor/quant_strip_table.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 /* Small fixed loops must be fully unrolled so that tile arrays live in registers. */
@@ -1249,31 +1250,19 @@ ALWAYS_INLINE void lanes_q4_K(const int C, int64_t n, const void *w, size_t ws, 
                                    size_t as, const int32_t *meta, float *y, size_t ys) {          \
         lanes_##NAME(C, n, w, ws, rows, a, as, meta, y, ys);                                       \
     }
-#define STRIPS(NAME, H) STRIPS_OF(NAME, H, STRIP_FN)
-#define STRIPS_OF(NAME, H, FN)                                                                     \
-    FN(NAME, H, 1) FN(NAME, H, 2) FN(NAME, H, 3) FN(NAME, H, 4)                                    \
-    FN(NAME, H, 5) FN(NAME, H, 6) FN(NAME, H, 7) FN(NAME, H, 8)                                    \
-    static void set_strips_##NAME(quant_strip_fn *fns, int *heights) {                             \
-        const quant_strip_fn f[QUANT_STRIP_TOKENS] = {strip_##NAME##_1, strip_##NAME##_2, strip_##NAME##_3, \
-                                                      strip_##NAME##_4, strip_##NAME##_5, strip_##NAME##_6, \
-                                                      strip_##NAME##_7, strip_##NAME##_8};         \
-        for (int c = 1; c <= QUANT_STRIP_TOKENS; c++) {                                            \
-            fns[c] = f[c - 1];                                                                     \
-            heights[c] = H(c);                                                                     \
-        }                                                                                          \
-    }
+#define STRIPS(NAME, H) QUANT_STRIPS_OF(NAME, H, STRIP_FN)
 
 #define LANE_H(C) 16
-STRIPS_OF(q4_0, LANE_H, LANE_FN)
+QUANT_STRIPS_OF(q4_0, LANE_H, LANE_FN)
 STRIPS(q4_1, QUANT_H)
-STRIPS_OF(q5_0, LANE_H, LANE_FN)
+QUANT_STRIPS_OF(q5_0, LANE_H, LANE_FN)
 STRIPS(q5_1, QUANT_H)
-STRIPS_OF(q8_0, LANE_H, LANE_FN)
+QUANT_STRIPS_OF(q8_0, LANE_H, LANE_FN)
 STRIPS(q2_K, QUANT_H)
 STRIPS(q3_K, QUANT_H)
-STRIPS_OF(q4_K, LANE_H, LANE_FN)
+QUANT_STRIPS_OF(q4_K, LANE_H, LANE_FN)
 STRIPS(q5_K, QUANT_H)
-STRIPS_OF(q6_K, LANE_H, LANE_FN)
+QUANT_STRIPS_OF(q6_K, LANE_H, LANE_FN)
 STRIPS(f32, FLOAT_H)
 STRIPS(f16, FLOAT_H)
 STRIPS(bf16, FLOAT_H)
