@@ -1,4 +1,4 @@
-/* bench_attention.c - one layer's prefill attention at length, f32 and bf16.
+/* bench_attention.c - one layer's prefill attention at length, f32, bf16 and int8.
  *
  * The 16k prefill target of issue 15 is bound by attention's rate
  * (docs/attention.md); the engine bench takes minutes per 16k run and mixes
@@ -13,12 +13,13 @@
  * thread.
  *
  * Usage: bench_attention [--keys 16384] [--chunk 512] [--rows 32] [--reps 5]
- *                        [--kv f16|f32|q8_0] [--precision f32|bf16|both]
+ *                        [--kv f16|f32|q8_0] [--precision f32|bf16|int8|both|all]
+ * --precision both: f32 and bf16 (as before int8 existed); all: the three.
  *                        [--window W] [--huge 0|1] [--pad BYTES] [--tiles 0|1]
  * --window W: a sliding window of W keys. --huge 1 asks for huge pages
  * (MADV_HUGEPAGE) on the blocks' arena; --pad adds BYTES between blocks
  * (with huge pages, blocks 1.75 MiB apart all fall on the same cache sets).
- * --tiles 1: at bf16, the K/V tiles of every kv head are built once per
+ * --tiles 1: at bf16 and int8, the K/V tiles of every kv head are built once per
  * chunk (op_attention_bf16_tiles_build, as forward.c does for long
  * batches) and the calls run on them; the build is inside the timing. */
 #include <stdint.h>
@@ -113,17 +114,22 @@ int main(int argc, char **argv) {
         flops += (double)N_HEAD * 4.0 * D * (double)(window > 0 && pos[r] + 1 > window ? window : pos[r] + 1);
     int group = N_HEAD / N_HEAD_KV;
     printf("attention: %ld query rows ending at key %ld, %s rows, units of %ld rows, %d reps, 1 thread%s\n", chunk,
-           keys, kv, rows, reps, use_tiles ? ", bf16 tiles built once per chunk" : "");
-    size_t head_bytes = op_attention_bf16_tiles_bytes(keys, D);
-    void *tile_mem = use_tiles ? aligned_alloc(64, head_bytes * N_HEAD_KV) : NULL;
+           keys, kv, rows, reps, use_tiles ? ", bf16/int8 tiles built once per chunk" : "");
+    /* the larger (bf16) size serves both precisions */
+    size_t tile_bytes = op_attention_bf16_tiles_bytes(ATTENTION_BF16, keys, D);
+    void *tile_mem = use_tiles ? aligned_alloc(64, tile_bytes * N_HEAD_KV) : NULL;
     if (use_tiles && !tile_mem) {
         fprintf(stderr, "bench_attention: out of memory for tiles\n");
         return 1;
     }
-    attention_bf16_tiles tiles = {tile_mem, head_bytes, keys};
-    for (int p = 0; p < 2; p++) {
-        attention_precision prec = p ? ATTENTION_BF16 : ATTENTION_F32;
-        if (strcmp(prec_name, "both") && strcmp(prec_name, attention_precision_name(prec))) continue;
+    const attention_precision precs[] = {ATTENTION_F32, ATTENTION_BF16, ATTENTION_INT8};
+    for (int p = 0; p < 3; p++) {
+        attention_precision prec = precs[p];
+        if (strcmp(prec_name, "all") && strcmp(prec_name, attention_precision_name(prec)) &&
+            !(strcmp(prec_name, "both") == 0 && prec != ATTENTION_INT8))
+            continue;
+        size_t head_bytes = op_attention_bf16_tiles_bytes(prec, keys, D);
+        attention_bf16_tiles tiles = {tile_mem, head_bytes, keys};
         if (op_attention_precision(prec, D, D) != prec) {
             printf("%s: not on this CPU (%s)\n", attention_precision_name(prec),
                    op_attention_precision_fallback(prec, D, D));
@@ -132,10 +138,10 @@ int main(int argc, char **argv) {
         double *t = malloc((size_t)reps * sizeof(double)), build_best = 0;
         for (int rep = 0; rep < reps; rep++) {
             double t0 = ember_now();
-            if (use_tiles && prec == ATTENTION_BF16)
+            if (use_tiles && prec != ATTENTION_F32)
                 for (int kvh = 0; kvh < N_HEAD_KV; kvh++)
-                    op_attention_bf16_tiles_build((uint8_t *)tile_mem + (size_t)kvh * head_bytes, k_blocks, v_blocks, type,
-                                                  N_HEAD_KV, D, kvh, keys, 0, (keys + 63) / 64);
+                    op_attention_bf16_tiles_build(prec, (uint8_t *)tile_mem + (size_t)kvh * head_bytes, k_blocks,
+                                                  v_blocks, type, N_HEAD_KV, D, kvh, keys, 0, (keys + 63) / 64);
             double build = ember_now() - t0;
             if (rep == 0 || build < build_best) build_best = build;
             for (int kvh = 0; kvh < N_HEAD_KV; kvh++)
@@ -144,7 +150,7 @@ int main(int argc, char **argv) {
                     op_attention_paged_rows_prec(out + r0 * N_HEAD * D, N_HEAD * D, q + r0 * N_HEAD * D, N_HEAD * D,
                                                  k_blocks, v_blocks, type, pos + r0, n, N_HEAD, N_HEAD_KV, D, D,
                                                  0.0883883f, window, kvh * group, (kvh + 1) * group, scratch, prec,
-                                                 use_tiles ? &tiles : NULL);
+                                                 use_tiles && prec != ATTENTION_F32 ? &tiles : NULL);
                 }
             t[rep] = ember_now() - t0;
         }
@@ -156,7 +162,7 @@ int main(int argc, char **argv) {
         printf("%-4s  best %7.1f GFLOP/s  median %7.1f GFLOP/s  (%.1f ms per layer-chunk)  output %016llx",
                attention_precision_name(prec), flops / t[0] * 1e-9, flops / t[reps / 2] * 1e-9, t[0] * 1e3,
                (unsigned long long)digest);
-        if (use_tiles && prec == ATTENTION_BF16) printf("  (tiles built in %.1f ms at best)", build_best * 1e3);
+        if (use_tiles && prec != ATTENTION_F32) printf("  (tiles built in %.1f ms at best)", build_best * 1e3);
         printf("\n");
         free(t);
     }

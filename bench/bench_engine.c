@@ -3,7 +3,7 @@
  * Usage: bench_engine MODEL [--threads 2] [--reps 3] [--prefill 512,2048] [--decode 128]
  *                     [--kv f16] [--chunk 0] [--then-decode 0] [--clock wall|cpu]
  *                     [--llama-bench PATH] [--busy-core C] [--rounds 3] [--label NAME]
- *                     [--attention f32|bf16|both] [--isa scalar|avx2|avx512] [--warmup 0]
+ *                     [--attention f32|bf16|int8|both] [--isa scalar|avx2|avx512] [--warmup 0]
  *
  * For each prefill length P: a fresh sequence forwards P tokens in one batch
  * (as llama-bench's pp test does), or in grid chunks of --chunk tokens (as
@@ -17,8 +17,8 @@
  * shared one (with more threads it also counts the pool's spinning). Each
  * figure is the median of --reps runs with the spread (min..max).
  *
- * --attention bf16 runs attention at the bf16 precision (ops.h; falls back
- * to f32 where the CPU or model cannot, and says so); `both` keeps a second
+ * --attention bf16 (or int8) runs attention at that precision (ops.h; falls
+ * back to f32 where the CPU or model cannot, and says so); `both` keeps a second
  * pool at bf16 and, for every test, alternates f32 and bf16 runs rep by
  * rep, printing a bf16 row under each f32 row with bf16/f32 in the ratio
  * column, so both precisions are measured side by side under the same load.
@@ -207,7 +207,7 @@ int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: bench_engine MODEL [--threads N] [--reps R] [--prefill 512,2048] [--decode 128]\n"
                         "                    [--llama-bench PATH] [--busy-core C] [--rounds R] [--label NAME]\n"
-                        "                    [--attention f32|bf16|both] [--warmup N]\n");
+                        "                    [--attention f32|bf16|int8|both] [--warmup N]\n");
         return 2;
     }
     const char *path = argv[1], *llama_bench = NULL, *label = NULL;
@@ -230,7 +230,7 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--attention") == 0) {
             both = strcmp(argv[i + 1], "both") == 0;
             if (!both && !attention_precision_parse(argv[i + 1], &attention)) {
-                fprintf(stderr, "bench_engine: --attention %s is not f32, bf16 or both\n", argv[i + 1]);
+                fprintf(stderr, "bench_engine: --attention %s is not f32, bf16, int8 or both\n", argv[i + 1]);
                 return 2;
             }
         }
@@ -278,7 +278,7 @@ int main(int argc, char **argv) {
     const char *why = NULL;
     cfg.attention = model_attention_precision(b.m, kv_fmt, both ? ATTENTION_BF16 : attention, &why);
     if (why) {
-        printf("attention: bf16 asked for, f32 runs: %s\n", why);
+        printf("attention: %s asked for, f32 runs: %s\n", both ? "bf16" : attention_precision_name(attention), why);
         both = false;
     }
     int max_batch = chunk > 0 && chunk < max_p ? chunk : max_p;

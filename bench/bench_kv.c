@@ -15,7 +15,7 @@
  * formats run side by side on the same chunk so only two chunks of logits
  * are alive at once (a 151936-word vocabulary makes them large).
  *
- * A format with "@bf16" (f16@bf16, f32@bf16) runs that pool with bf16
+ * A format with "@bf16" (f16@bf16, f32@bf16), or "@int8", runs that pool with that
  * attention (ops.h attention_precision), scored against the same f32
  * reference: what the bf16 products cost, beside what the formats cost.
  *
@@ -383,7 +383,7 @@ int main(int argc, char **argv) {
         if (at) {
             *at = 0;
             if (!attention_precision_parse(at + 1, &prec)) {
-                fprintf(stderr, "bench_kv: unknown attention precision '%s' (f32, bf16)\n", at + 1);
+                fprintf(stderr, "bench_kv: unknown attention precision '%s' (f32, bf16, int8)\n", at + 1);
                 return 2;
             }
         }
@@ -498,7 +498,9 @@ int main(int argc, char **argv) {
         else snprintf(att, sizeof att, "-");
         char name[48];
         snprintf(name, sizeof name, "%s%s", kv_format_name(runs[f].fmt),
-                 runs[f].attention == ATTENTION_BF16 ? " bf16-att" : "");
+                 runs[f].attention == ATTENTION_BF16   ? " bf16-att"
+                 : runs[f].attention == ATTENTION_INT8 ? " int8-att"
+                                                       : "");
         printf("%-18s %12s %10s %12.4f %12zu %12zu %14.0f %14s %12s\n", name, kl, top,
                exp(runs[f].nll / (double)(runs[f].n_nll ? runs[f].n_nll : 1)), bpt, sealed,
                (double)(1u << 30) / (double)bpt, speed, att);

@@ -1,5 +1,7 @@
-/* test_attention_precision.c - the opt-in bf16 attention precision through
- * the engine (server.attention_precision; kernels in test_ops).
+/* test_attention_precision.c - the opt-in bf16 and int8 attention
+ * precisions through the engine (server.attention_precision; kernels in
+ * test_ops). int8 (bf16 with q.k on bytes) is held to everything bf16 is
+ * below: warm == cold, prebuilt tiles, the 3% bound, its own namespace.
  *
  * On an `ember mkmodel` qwen3 with heads of 128 values (preset heads128,
  * q8_0 weights, f16 KV) where the CPU has AVX512_BF16:
@@ -20,7 +22,7 @@
  * Without AVX512_BF16 the engine falls back to f32 and says why
  * (engine_attention_fallback), which is what is checked there. And the
  * setting: server.attention_precision, default f32, from the environment,
- * a flag and a file, anything but f32|bf16 refused naming the key. */
+ * a flag and a file, anything but f32|bf16|int8 refused naming the key. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,11 +126,12 @@ static void test_fallback_says_why(void **state) {
     model_free(m);
 }
 
-static void test_warm_equals_cold_bf16(void **state) {
-    (void)state;
-    model *m = bf16_model_or_skip();
+static void check_warm_equals_cold(model *m, attention_precision prec) {
+    const char *name = attention_precision_name(prec);
+    char what[64];
     int V = model_get_hparams(m)->n_vocab;
-    engine *e = open_engine(m, ATTENTION_BF16, APC_FORCE_BLOCK, NULL);
+    engine *e = open_engine(m, prec, APC_FORCE_BLOCK, NULL);
+    assert_int_equal(engine_attention_precision(e), prec);
     int32_t p[200];
     test_random_tokens(&rng_state, p, 200, V);
     engine_result stored, warm, cold;
@@ -136,8 +139,10 @@ static void test_warm_equals_cold_bf16(void **state) {
     test_generate(e, p, 200, 6, ENGINE_CACHE_LOOKUP, &warm);
     test_generate(e, p, 200, 6, ENGINE_CACHE_BYPASS, &cold);
     assert_true(warm.cached_tokens >= 192);
-    assert_warm_equals_cold(&cold, &warm, "bf16 attention, block tier");
-    assert_warm_equals_cold(&cold, &stored, "bf16 attention, the storing run");
+    snprintf(what, sizeof what, "%s attention, block tier", name);
+    assert_warm_equals_cold(&cold, &warm, what);
+    snprintf(what, sizeof what, "%s attention, the storing run", name);
+    assert_warm_equals_cold(&cold, &stored, what);
     /* against f32 attention: other logits, close */
     engine *f = open_engine(m, ATTENTION_F32, APC_FORCE_BLOCK, NULL);
     engine_result ref;
@@ -149,7 +154,7 @@ static void test_warm_equals_cold_bf16(void **state) {
         if (d > max_diff) max_diff = d;
         if (fabs((double)ref.logits[i]) > max_abs) max_abs = fabs((double)ref.logits[i]);
     }
-    print_message("bf16 vs f32 attention: max |logit diff| %.3g over %d steps (max |logit| %.3g)\n", max_diff,
+    print_message("%s vs f32 attention: max |logit diff| %.3g over %d steps (max |logit| %.3g)\n", name, max_diff,
                   cold.n_tokens, max_abs);
     assert_true(max_diff > 0);
     assert_true(max_diff < 0.03 * max_abs);
@@ -161,6 +166,13 @@ static void test_warm_equals_cold_bf16(void **state) {
     engine_result_free(&cold);
     test_assert_no_block_leaks(e);
     engine_free(e);
+}
+
+static void test_warm_equals_cold_bf16(void **state) {
+    (void)state;
+    model *m = bf16_model_or_skip();
+    check_warm_equals_cold(m, ATTENTION_BF16);
+    check_warm_equals_cold(m, ATTENTION_INT8);
     model_free(m);
 }
 
@@ -173,19 +185,25 @@ static void test_prebuilt_tiles_same_bits(void **state) {
     model *m = bf16_model_or_skip();
     int32_t p[200];
     test_random_tokens(&rng_state, p, 200, model_get_hparams(m)->n_vocab);
-    engine_config cfg = base_config(NULL);
-    cfg.attention = ATTENTION_BF16;
-    cfg.prefill_step = 256;
-    engine *whole = test_open_engine(m, &cfg);
-    engine *chunked = open_engine(m, ATTENTION_BF16, APC_FORCE_NONE, NULL);
-    engine_result a, b;
-    test_generate(whole, p, 200, 6, ENGINE_CACHE_BYPASS, &a);
-    test_generate(chunked, p, 200, 6, ENGINE_CACHE_BYPASS, &b);
-    assert_warm_equals_cold(&b, &a, "bf16 attention, one 200-row batch on prebuilt tiles against 32-row chunks");
-    engine_result_free(&a);
-    engine_result_free(&b);
-    engine_free(whole);
-    engine_free(chunked);
+    const attention_precision precs[] = {ATTENTION_BF16, ATTENTION_INT8};
+    for (int i = 0; i < 2; i++) {
+        engine_config cfg = base_config(NULL);
+        cfg.attention = precs[i];
+        cfg.prefill_step = 256;
+        engine *whole = test_open_engine(m, &cfg);
+        engine *chunked = open_engine(m, precs[i], APC_FORCE_NONE, NULL);
+        engine_result a, b;
+        test_generate(whole, p, 200, 6, ENGINE_CACHE_BYPASS, &a);
+        test_generate(chunked, p, 200, 6, ENGINE_CACHE_BYPASS, &b);
+        char what[96];
+        snprintf(what, sizeof what, "%s attention, one 200-row batch on prebuilt tiles against 32-row chunks",
+                 attention_precision_name(precs[i]));
+        assert_warm_equals_cold(&b, &a, what);
+        engine_result_free(&a);
+        engine_result_free(&b);
+        engine_free(whole);
+        engine_free(chunked);
+    }
     model_free(m);
 }
 
@@ -223,6 +241,18 @@ static void test_disk_keeps_precisions_apart(void **state) {
     if (strstr(log, "written under attention precision bf16") == NULL) fail_msg("no precision line in: %s", log);
     free(log);
     assert_string_equal(test_cache_stats(e).disk_namespace, ns_plain);
+    test_generate(e, p, 96, 2, ENGINE_CACHE_LOOKUP, &warm);
+    assert_int_equal(warm.cached_tokens, 0);
+    assert_int_equal(test_cache_stats(e).disk_hits, 0);
+    engine_result_free(&warm);
+    engine_free(e);
+
+    /* int8: a namespace of its own too; the bf16 files are not adopted */
+    e = open_logged(m, ATTENTION_INT8, root, &log);
+    if (strstr(log, "written under attention precision bf16") == NULL) fail_msg("no precision line in: %s", log);
+    free(log);
+    assert_string_not_equal(test_cache_stats(e).disk_namespace, ns_plain);
+    assert_string_not_equal(test_cache_stats(e).disk_namespace, ns_bf16);
     test_generate(e, p, 96, 2, ENGINE_CACHE_LOOKUP, &warm);
     assert_int_equal(warm.cached_tokens, 0);
     assert_int_equal(test_cache_stats(e).disk_hits, 0);
@@ -272,6 +302,9 @@ static void test_setting(void **state) {
     assert_int_equal(serve_config_load_string(&c, yaml, strlen(yaml), "t.yaml", &err), 0);
     serve_config_engine(&c, &ec);
     assert_int_equal(ec.attention, ATTENTION_BF16);
+    assert_int_equal(serve_settings_apply_flag(&c, row, "int8", false, &err), 0);
+    serve_config_engine(&c, &ec);
+    assert_int_equal(ec.attention, ATTENTION_INT8);
 }
 
 int main(void) {

@@ -292,7 +292,7 @@ static void test_q8_0_attention_close_to_exact(void **state) {
     quant_set_isa(saved);
 }
 
-/* ---- ATTENTION_BF16 ----
+/* ---- ATTENTION_BF16 and ATTENTION_INT8 ----
  * Where the CPU has AVX512_BF16: (1) a (row, head)'s bits do not depend on
  * the call it is in - rows 256 (row, head) pairs at a time, each row alone (as decode runs it)
  * and rows in chunks of 7 one head at a time give memcmp-equal outputs, in
@@ -335,22 +335,53 @@ static float exp2_weight_ref(float x) {
     return ldexpf(p, (int)n);
 }
 
+/* x (d floats) as the int8 kernel quantizes a query or key head:
+ * round(x * (127 / max|x|)) to nearest even, saturated; returns the step
+ * max|x| / 127 (0 for a zero head). */
+static float int8_quantize_ref(const float *x, int d, int *bytes) {
+    float amax = 0;
+    for (int i = 0; i < d; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    if (!(amax > 0)) {
+        for (int i = 0; i < d; i++) bytes[i] = 0;
+        return 0;
+    }
+    float inv = 127.0f / amax;
+    for (int i = 0; i < d; i++) {
+        float r = nearbyintf(x[i] * inv);
+        bytes[i] = r > 127 ? 127 : r < -128 ? -128 : (int)r;
+    }
+    return amax / 127.0f;
+}
+
 /* Double attention of one (row, head) on bf16-rounded operands, with the
  * kernel's online softmax: the query times scale * log2(e) before it is
- * rounded (scores in log2 units); keys in blocks of 64 at multiples of 64,
+ * rounded (scores in log2 units); at int8 the scores are instead the
+ * kernel's own f32 arithmetic (exact int32 dot of the quantized query and
+ * key, times the key's step, times the query's); keys in blocks of 64 at multiples of 64,
  * each block's reference m_b moving to the block's max only when a score
  * passes m_b + 8 (or at the first block); each key's weight 2^(s - m_b)
  * (exp2_weight_ref) rounded to bf16, scaled to the last reference, over the sum of those
  * weights. */
 static void bf16_reference(double *out, const float *q, const enc_blocks *kb, const enc_blocks *vb, int k_off,
-                           int width, int d, int64_t first, int64_t n_keys, int *rebases) {
+                           int width, int d, int64_t first, int64_t n_keys, attention_precision prec, int *rebases) {
     int64_t n = n_keys - first;
     double *s = malloc((size_t)n * sizeof(double)), *mb = malloc((size_t)n * sizeof(double)), m = -INFINITY, sum = 0;
     float c2 = (1.0f / sqrtf((float)d)) * 1.44269504088896341f;
+    float q_scaled[128];
+    int q8[128], k8[128];
+    for (int i = 0; i < d; i++) q_scaled[i] = q[i] * c2;
+    float q_step = int8_quantize_ref(q_scaled, d, q8);
     for (int64_t j = first; j < n_keys; j++) {
         const float *k = kb->dec[j / 16] + (size_t)(j % 16) * width + k_off;
+        if (prec == ATTENTION_INT8) {
+            float k_step = int8_quantize_ref(k, d, k8);
+            int32_t dot = 0;
+            for (int i = 0; i < d; i++) dot += q8[i] * k8[i];
+            s[j - first] = (float)dot * k_step * q_step;
+            continue;
+        }
         double dot = 0;
-        for (int i = 0; i < d; i++) dot += (double)bf16_round(q[i] * c2) * bf16_round(k[i]);
+        for (int i = 0; i < d; i++) dot += (double)bf16_round(q_scaled[i]) * bf16_round(k[i]);
         s[j - first] = dot;
     }
     for (int64_t b0 = first - first % 64; b0 < n_keys; b0 += 64) {
@@ -371,8 +402,10 @@ static void bf16_reference(double *out, const float *q, const enc_blocks *kb, co
     free(mb);
 }
 
-static void check_bf16_attention(kv_row_type type, int n_head, int n_head_kv, int d, int n_keys, int n_rows,
-                                 int64_t window, float q_gain, float *max_vs_f32, double *max_vs_ref, int *rebases) {
+static void check_bf16_attention(attention_precision prec, kv_row_type type, int n_head, int n_head_kv, int d,
+                                 int n_keys, int n_rows, int64_t window, float q_gain, float *max_vs_f32,
+                                 double *max_vs_ref, int *rebases) {
+    const char *pname = attention_precision_name(prec);
     uint64_t seed = (uint64_t)(n_head * 31 + d * 5 + n_keys + type);
     int n_blocks = (n_keys + 15) / 16, width = n_head_kv * d, q_width = n_head * d, group = n_head / n_head_kv;
     kv_row_type k_type = kv_row_key_type(type);
@@ -387,46 +420,46 @@ static void check_bf16_attention(kv_row_type type, int n_head, int n_head_kv, in
     float *chunked = calloc(n_out, sizeof(float)), *f32 = calloc(n_out, sizeof(float));
     float *scratch = malloc((size_t)64 * (n_keys + 1) * sizeof(float));
     /* up to 256 (row, head) pairs per call, as forward.c gives the bf16 kernel */
-    bf16_rows(all, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 256 / group, group, scratch, ATTENTION_BF16, NULL);
-    bf16_rows(alone, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 1, n_head, scratch, ATTENTION_BF16, NULL);
-    bf16_rows(chunked, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 7, 1, scratch, ATTENTION_BF16, NULL);
+    bf16_rows(all, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 256 / group, group, scratch, prec, NULL);
+    bf16_rows(alone, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 1, n_head, scratch, prec, NULL);
+    bf16_rows(chunked, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 7, 1, scratch, prec, NULL);
     bf16_rows(f32, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 64 / group, group, scratch, ATTENTION_F32, NULL);
     if (memcmp(all, alone, n_out * sizeof(float)) != 0 || memcmp(all, chunked, n_out * sizeof(float)) != 0)
-        fail_msg("bf16 %s attention depends on the batch: heads %d/%d, d %d, keys %d, rows %d, window %lld",
-                 kv_row_type_name(type), n_head, n_head_kv, d, n_keys, n_rows, (long long)window);
+        fail_msg("%s %s attention depends on the batch: heads %d/%d, d %d, keys %d, rows %d, window %lld",
+                 pname, kv_row_type_name(type), n_head, n_head_kv, d, n_keys, n_rows, (long long)window);
     /* Prebuilt tiles of all n_keys keys, built in two ranges per head (as
      * threads split them): the same bits, in calls whose last key is short
      * of n_keys (the tiles then hold rows the call would have zeroed) and
      * under a window (rows whose window starts past key 0 build their own). */
-    size_t head_bytes = op_attention_bf16_tiles_bytes(n_keys, d);
+    size_t head_bytes = op_attention_bf16_tiles_bytes(prec, n_keys, d);
     void *tile_mem = aligned_alloc(64, head_bytes * (size_t)n_head_kv);
     int64_t tile_blocks = (n_keys + 63) / 64;
     for (int h = 0; h < n_head_kv; h++) {
-        assert_true(op_attention_bf16_tiles_build((uint8_t *)tile_mem + (size_t)h * head_bytes, (const void *const *)kb.enc,
+        assert_true(op_attention_bf16_tiles_build(prec, (uint8_t *)tile_mem + (size_t)h * head_bytes, (const void *const *)kb.enc,
                                                   (const void *const *)vb.enc, type, n_head_kv, d, h, n_keys, 0, tile_blocks / 2));
-        assert_true(op_attention_bf16_tiles_build((uint8_t *)tile_mem + (size_t)h * head_bytes, (const void *const *)kb.enc,
+        assert_true(op_attention_bf16_tiles_build(prec, (uint8_t *)tile_mem + (size_t)h * head_bytes, (const void *const *)kb.enc,
                                                   (const void *const *)vb.enc, type, n_head_kv, d, h, n_keys, tile_blocks / 2,
                                                   tile_blocks));
     }
     attention_bf16_tiles tiles = {tile_mem, head_bytes, n_keys};
     float *tiled = calloc(n_out, sizeof(float)), *tiled_chunked = calloc(n_out, sizeof(float));
-    bf16_rows(tiled, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 256 / group, group, scratch, ATTENTION_BF16, &tiles);
-    bf16_rows(tiled_chunked, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 7, 1, scratch, ATTENTION_BF16, &tiles);
+    bf16_rows(tiled, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 256 / group, group, scratch, prec, &tiles);
+    bf16_rows(tiled_chunked, q, &kb, &vb, type, pos, n_rows, n_head, n_head_kv, d, window, 7, 1, scratch, prec, &tiles);
     if (memcmp(all, tiled, n_out * sizeof(float)) != 0 || memcmp(all, tiled_chunked, n_out * sizeof(float)) != 0)
-        fail_msg("bf16 %s attention on prebuilt tiles differs: heads %d/%d, d %d, keys %d, rows %d, window %lld",
-                 kv_row_type_name(type), n_head, n_head_kv, d, n_keys, n_rows, (long long)window);
+        fail_msg("%s %s attention on prebuilt tiles differs: heads %d/%d, d %d, keys %d, rows %d, window %lld",
+                 pname, kv_row_type_name(type), n_head, n_head_kv, d, n_keys, n_rows, (long long)window);
     free(tile_mem); free(tiled); free(tiled_chunked);
     double *ref = malloc((size_t)d * sizeof(double));
     for (int r = 0; r < n_rows; r++)
         for (int h = 0; h < n_head; h++) {
             int64_t first = window > 0 && pos[r] - window + 1 > 0 ? pos[r] - window + 1 : 0;
             size_t o = (size_t)r * q_width + (size_t)h * d;
-            bf16_reference(ref, q_dec + o, &kb, &vb, (h / group) * d, width, d, first, pos[r] + 1, rebases);
+            bf16_reference(ref, q_dec + o, &kb, &vb, (h / group) * d, width, d, first, pos[r] + 1, prec, rebases);
             for (int i = 0; i < d; i++) {
                 if (!(fabs(all[o + i] - ref[i]) <= 1e-4 + 1e-3 * fabs(ref[i])))
-                    fail_msg("bf16 %s attention, heads %d/%d d %d keys %d: row %d head %d lane %d is %.9g, bf16 "
-                             "reference %.9g", kv_row_type_name(type), n_head, n_head_kv, d, n_keys, r, h, i,
-                             (double)all[o + i], ref[i]);
+                    fail_msg("%s %s attention, heads %d/%d d %d keys %d: row %d head %d lane %d is %.9g, %s "
+                             "reference %.9g", pname, kv_row_type_name(type), n_head, n_head_kv, d, n_keys, r, h, i,
+                             (double)all[o + i], pname, ref[i]);
                 if (fabs(all[o + i] - ref[i]) > *max_vs_ref) *max_vs_ref = fabs(all[o + i] - ref[i]);
                 float diff = fabsf(all[o + i] - f32[o + i]);
                 if (diff > *max_vs_f32) *max_vs_f32 = diff;
@@ -454,25 +487,32 @@ static void test_bf16_attention(void **state) {
         skip(); /* no AVX512_BF16 here */
     }
     const kv_row_type types[] = {KV_ROW_F32, KV_ROW_F16, KV_ROW_Q8_0};
-    float max_vs_f32 = 0, peaked_vs_f32 = 0;
-    double max_vs_ref = 0;
-    int rebases = 0, peaked_rebases = 0;
-    for (int t = 0; t < 3; t++) {
-        check_bf16_attention(types[t], 16, 8, 128, 300, 40, 0, 1, &max_vs_f32, &max_vs_ref, &rebases); /* qwen3-0.6b heads */
-        check_bf16_attention(types[t], 4, 2, 64, 80, 17, 0, 1, &max_vs_f32, &max_vs_ref, &rebases);
-        check_bf16_attention(types[t], 4, 1, 64, 150, 37, 29, 1, &max_vs_f32, &max_vs_ref, &rebases); /* sliding window: odd firsts */
-        check_bf16_attention(types[t], 16, 8, 128, 1, 1, 0, 1, &max_vs_f32, &max_vs_ref, &rebases);
-        check_bf16_attention(types[t], 2, 1, 128, 33, 33, 0, 1, &max_vs_f32, &max_vs_ref, &rebases); /* every row of a short prompt */
-        /* Queries 24x larger: scores spread over tens of log2 units, so a
-         * later block's max passes the reference + 8 and m moves (the
-         * rescale of sum and out), which the scores above never do. */
-        check_bf16_attention(types[t], 4, 2, 128, 600, 24, 0, 24, &peaked_vs_f32, &max_vs_ref, &peaked_rebases);
+    const attention_precision precs[] = {ATTENTION_BF16, ATTENTION_INT8};
+    for (int p = 0; p < 2; p++) {
+        attention_precision prec = precs[p];
+        assert_int_equal(op_attention_precision(prec, 128, 128), prec);
+        float max_vs_f32 = 0, peaked_vs_f32 = 0;
+        double max_vs_ref = 0;
+        int rebases = 0, peaked_rebases = 0;
+        for (int t = 0; t < 3; t++) {
+            check_bf16_attention(prec, types[t], 16, 8, 128, 300, 40, 0, 1, &max_vs_f32, &max_vs_ref, &rebases); /* qwen3-0.6b heads */
+            check_bf16_attention(prec, types[t], 4, 2, 64, 80, 17, 0, 1, &max_vs_f32, &max_vs_ref, &rebases);
+            check_bf16_attention(prec, types[t], 4, 1, 64, 150, 37, 29, 1, &max_vs_f32, &max_vs_ref, &rebases); /* sliding window: odd firsts */
+            check_bf16_attention(prec, types[t], 16, 8, 128, 1, 1, 0, 1, &max_vs_f32, &max_vs_ref, &rebases);
+            check_bf16_attention(prec, types[t], 2, 1, 128, 33, 33, 0, 1, &max_vs_f32, &max_vs_ref, &rebases); /* every row of a short prompt */
+            /* Queries 24x larger: scores spread over tens of log2 units, so a
+             * later block's max passes the reference + 8 and m moves (the
+             * rescale of sum and out), which the scores above never do. */
+            check_bf16_attention(prec, types[t], 4, 2, 128, 600, 24, 0, 24, &peaked_vs_f32, &max_vs_ref, &peaked_rebases);
+        }
+        print_message("%s attention: max |%s - f32| = %.3g, max |%s - %s reference| = %.3g, reference moved %d "
+                      "times in the peaked runs\n", attention_precision_name(prec), attention_precision_name(prec),
+                      (double)max_vs_f32, attention_precision_name(prec), attention_precision_name(prec), max_vs_ref,
+                      peaked_rebases);
+        assert_true(max_vs_f32 > 0);
+        assert_true(max_vs_f32 < (prec == ATTENTION_INT8 ? 2e-2f : 1e-2f));
+        assert_true(peaked_rebases > 0);
     }
-    print_message("bf16 attention: max |bf16 - f32| = %.3g, max |bf16 - bf16 reference| = %.3g, reference moved %d "
-                  "times in the peaked runs\n", (double)max_vs_f32, max_vs_ref, peaked_rebases);
-    assert_true(max_vs_f32 > 0);
-    assert_true(max_vs_f32 < 1e-2f);
-    assert_true(peaked_rebases > 0);
 }
 
 static void test_rmsnorm_and_rope(void **state) {

@@ -419,6 +419,10 @@ void apc_disk_namespace(const apc_disk_config *cfg, const apc_layout *lay, apc_h
         /* the kernel's version (the first fed none): files of another
          * version's arithmetic are not this server's rows */
         if (lay->attention == ATTENTION_BF16) FEED_U64(ATTENTION_BF16_VERSION);
+        if (lay->attention == ATTENTION_INT8) { /* its weights and values are the bf16 kernel's */
+            FEED_U64(ATTENTION_INT8_VERSION);
+            FEED_U64(ATTENTION_BF16_VERSION);
+        }
     }
 #undef FEED_U64
     XXH128_hash_t h = XXH3_128bits_digest(st);
@@ -484,16 +488,20 @@ void apc_disk_note_other_formats(const apc_disk_config *cfg, const apc_layout *l
                       cfg->path, files, kv_format_name(other), layout_note, kv_format_name(own));
         }
     }
-    /* the same format under the other attention precision */
-    apc_layout probe = *lay;
-    probe.attention = lay->attention == ATTENTION_F32 ? ATTENTION_BF16 : ATTENTION_F32;
-    long files = namespace_files(cfg, &probe, hash);
-    if (files > 0)
-        ember_log(EMBER_LOG_INFO,
-                  "APC disk: %s holds %ld cache files of this model written under attention precision %s; this "
-                  "server runs %s attention, stores in a namespace of its own and adopts none of them",
-                  cfg->path, files, attention_precision_name((attention_precision)probe.attention),
-                  attention_precision_name((attention_precision)lay->attention));
+    /* the same format under the other attention precisions */
+    static const attention_precision precisions[] = {ATTENTION_F32, ATTENTION_BF16, ATTENTION_INT8};
+    for (size_t i = 0; i < sizeof precisions / sizeof precisions[0]; i++) {
+        if (precisions[i] == (attention_precision)lay->attention) continue;
+        apc_layout probe = *lay;
+        probe.attention = precisions[i];
+        long files = namespace_files(cfg, &probe, hash);
+        if (files > 0)
+            ember_log(EMBER_LOG_INFO,
+                      "APC disk: %s holds %ld cache files of this model written under attention precision %s; this "
+                      "server runs %s attention, stores in a namespace of its own and adopts none of them",
+                      cfg->path, files, attention_precision_name(precisions[i]),
+                      attention_precision_name((attention_precision)lay->attention));
+    }
 }
 
 /* Reads and checks one file's header; fills h (keys malloc'd). */

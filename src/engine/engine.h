@@ -57,8 +57,8 @@ typedef struct engine_config {
     int32_t num_blocks;   /* KV pool size; 0: default (see engine_default_blocks) */
     int n_ctx;            /* largest sequence; 0: the model's training context */
     kv_format kv_format;  /* how the pool stores K/V rows; zero: f32 */
-    /* attention's products (ops.h); zero: f32. bf16 where the CPU and the
-     * model allow it (model_attention_precision), else f32 and
+    /* attention's products (ops.h); zero: f32. bf16 or int8 where the CPU
+     * and the model allow it (model_attention_precision), else f32 and
      * engine_attention_fallback says why. */
     attention_precision attention;
     apc_config cache;

@@ -109,8 +109,7 @@ model_ctx *model_ctx_create(const model *m, kv_pool *pool, int n_threads, int ma
     c->attn = xcalloc(B * hp->n_head * hp->d_v, sizeof(float), &ok);
     c->proj = xcalloc(B * hp->n_embd, sizeof(float), &ok);
     c->kvarn = kv_format_is_kvarn(kv_pool_format(pool));
-    c->att_bf16 = kv_pool_attention(pool) == ATTENTION_BF16 && !c->kvarn &&
-                  op_attention_precision(ATTENTION_BF16, hp->d_k, hp->d_v) == ATTENTION_BF16;
+    c->att_online = c->kvarn ? ATTENTION_F32 : op_attention_precision(kv_pool_attention(pool), hp->d_k, hp->d_v);
     if (c->kvarn) {
         c->att_skip = xcalloc(B, 1, &ok);
         c->kvarn_phys = xcalloc(B, sizeof(int64_t), &ok);
@@ -190,7 +189,7 @@ enum { ATT_ROWS = 16, ATT_PARTS_PER_THREAD = 16, ATT_MAX_PAIRS = 256 };
  * (bench_attention: 201 -> 273 GFLOP/s from 64 to 256 pairs). Bits do not
  * depend on it (batch invariance). */
 static long att_rows(const model_ctx *c) {
-    if (!c->att_bf16) return ATT_ROWS;
+    if (c->att_online == ATTENTION_F32) return ATT_ROWS;
     long rows = ATT_MAX_PAIRS / (c->m->hp.n_head / c->m->hp.n_head_kv);
     return rows > ATT_ROWS ? rows : ATT_ROWS;
 }
@@ -203,7 +202,7 @@ static int reserve_attention(model_ctx *c, int64_t n_keys, ember_error *err) {
     int32_t n_blocks = (int32_t)((n_keys + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
     if (n_keys > c->att_cap) {
         int64_t cap = n_keys + 1024;
-        if (!c->att_bf16) {
+        if (c->att_online == ATTENTION_F32) {
             size_t slots = (size_t)att_rows(c) * (size_t)(c->m->hp.n_head / c->m->hp.n_head_kv);
             float *s = realloc(c->att_scores, (size_t)c->n_threads * slots * (size_t)cap * sizeof(float));
             if (s == NULL) return ember_fail(err, "out of memory for attention over %lld keys", (long long)n_keys);
@@ -292,7 +291,7 @@ static void task_attention(void *arg, int ith, int nth) {
     const void **k_ptrs = c->k_ptrs + slot * c->ptr_cap;
     const void **v_ptrs = c->v_ptrs + slot * c->ptr_cap;
     kv_row_type type = kv_format_row_type(kv_pool_format(c->pool));
-    float *scores = c->att_bf16 ? NULL : c->att_scores + slot * c->att_cap * (size_t)unit_rows * (size_t)group;
+    float *scores = c->att_online != ATTENTION_F32 ? NULL : c->att_scores + slot * c->att_cap * (size_t)unit_rows * (size_t)group;
     const kv_seq *built = NULL;
     int32_t n_built = 0;
     float scale = hp->q_prescale ? 1.0f : hp->attn_scale;
@@ -375,13 +374,13 @@ static void task_bf16_tiles(void *arg, int ith, int nth) {
     while (u0 < u1) {
         int h = (int)(u0 / blocks);
         int64_t b0 = u0 % blocks, b1 = b0 + (u1 - u0) < blocks ? b0 + (u1 - u0) : blocks;
-        op_attention_bf16_tiles_build(c->att_tiles + (size_t)h * t->tiles.head_bytes, (const void *const *)c->k_ptrs,
+        op_attention_bf16_tiles_build(c->att_online, c->att_tiles + (size_t)h * t->tiles.head_bytes, (const void *const *)c->k_ptrs,
                                       (const void *const *)c->v_ptrs, type, hp->n_head_kv, hp->d_k, h, n_keys, b0, b1);
         u0 += b1 - b0;
     }
 }
 
-/* At bf16, a batch of one sequence long enough that each kv head's keys
+/* At bf16 and int8, a batch of one sequence long enough that each kv head's keys
  * are read by several units (att_rows rows each) gets the layer's tiles
  * built once, in parallel, before its attention (into lt->tiles): at 16k keys and chunks of
  * 512 rows each unit rebuilt every tile from rows scattered over the pool,
@@ -391,13 +390,13 @@ static void task_bf16_tiles(void *arg, int ith, int nth) {
 static void prepare_bf16_tiles(model_ctx *c, layer_task *lt) {
     const model_hparams *hp = &c->m->hp;
     const model_batch *b = lt->b;
-    if (!c->att_bf16 || lt->L->window > 0 || b->n_tokens <= att_rows(c)) return;
+    if (c->att_online == ATTENTION_F32 || lt->L->window > 0 || b->n_tokens <= att_rows(c)) return;
     int64_t n_keys = 0;
     for (int r = 0; r < b->n_tokens; r++) {
         if (b->seqs[r] != b->seqs[0]) return;
         if (b->pos[r] + 1 > n_keys) n_keys = b->pos[r] + 1;
     }
-    size_t head_bytes = op_attention_bf16_tiles_bytes(n_keys, hp->d_k), bytes = head_bytes * (size_t)hp->n_head_kv;
+    size_t head_bytes = op_attention_bf16_tiles_bytes(c->att_online, n_keys, hp->d_k), bytes = head_bytes * (size_t)hp->n_head_kv;
     if (bytes > ATT_TILES_MAX_BYTES) return;
     if (bytes > c->att_tiles_cap) {
         /* 64-byte aligned: the kernel loads the tiles as aligned vectors */

@@ -117,10 +117,10 @@ const gguf_file *model_get_gguf(const model *m);
 /* The pool layout of this model (format f32; set cfg->format for another). */
 void model_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg);
 /* The attention precision this model runs at on a pool of `format` when
- * `want` is asked (ops.h): bf16 only where op_attention_precision allows it
- * for the model's heads and the pool is not kvarn (its attention has no
- * bf16 kernel); else f32, with *why (when not NULL) saying why the request
- * for bf16 fell back (a static string; NULL when nothing fell back). Put
+ * `want` is asked (ops.h): bf16 or int8 only where op_attention_precision
+ * allows it for the model's heads and the pool is not kvarn (its attention
+ * has no such kernel); else f32, with *why (when not NULL) saying why the
+ * request fell back (a static string; NULL when nothing fell back). Put
  * the result in kv_pool_config.attention: every context on that pool runs
  * at it. */
 attention_precision model_attention_precision(const model *m, kv_format format, attention_precision want,

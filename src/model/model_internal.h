@@ -155,11 +155,12 @@ struct model_ctx {
     int32_t ptr_cap;     /* blocks per thread slice */
     const void **k_ptrs; /* (n_threads, ptr_cap) encoded K rows of each block */
     const void **v_ptrs; /* (n_threads, ptr_cap) */
-    /* attention runs the bf16 kernel (the pool's precision, on heads and
-     * a format it takes): bigger units, no score scratch (forward.c) */
-    bool att_bf16;
-    /* bf16 prefill of a long batch: the layer's K/V tiles, built once per
-     * layer (prepare_bf16_tiles) instead of once per unit of rows */
+    /* attention runs the bf16 kernel, at ATTENTION_BF16 or ATTENTION_INT8
+     * (the pool's precision, on heads and a format it takes; else
+     * ATTENTION_F32): bigger units, no score scratch (forward.c) */
+    attention_precision att_online;
+    /* bf16/int8 prefill of a long batch: the layer's K/V tiles, built once
+     * per layer (prepare_bf16_tiles) instead of once per unit of rows */
     uint8_t *att_tiles;          /* (n_head_kv, op_attention_bf16_tiles_bytes) */
     size_t att_tiles_cap;        /* bytes */
     /* kvarn pools (forward_kvarn passes): rows that attend in this pass, and

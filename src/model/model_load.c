@@ -591,8 +591,9 @@ void model_kv_config(const model *m, int32_t n_blocks, kv_pool_config *cfg) {
 attention_precision model_attention_precision(const model *m, kv_format format, attention_precision want,
                                               const char **why) {
     const char *fallback = op_attention_precision_fallback(want, m->hp.d_k, m->hp.d_v);
-    if (fallback == NULL && want == ATTENTION_BF16 && kv_format_is_kvarn(format))
-        fallback = "kvarn pools have no bf16 attention kernel";
+    if (fallback == NULL && want != ATTENTION_F32 && kv_format_is_kvarn(format))
+        fallback = want == ATTENTION_INT8 ? "kvarn pools have no int8 attention kernel"
+                                          : "kvarn pools have no bf16 attention kernel";
     if (why) *why = fallback;
-    return want == ATTENTION_BF16 && fallback == NULL ? ATTENTION_BF16 : ATTENTION_F32;
+    return fallback == NULL ? want : ATTENTION_F32;
 }

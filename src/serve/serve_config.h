@@ -45,7 +45,7 @@ typedef struct serve_config {
     int n_ctx;                /* 0: min(training context, 4096) */
     int n_threads;            /* 0: all CPUs */
     int prefill_step;         /* grid chunk, default 512 */
-    char attention_precision[8]; /* "f32" | "bf16" (ops.h attention_precision) */
+    char attention_precision[8]; /* "f32" | "bf16" | "int8" (ops.h attention_precision) */
     int max_running;          /* sequences decoded together, default 32 */
     int queue_size;           /* waiting requests before 503, default 64 */
     int fresh_wait_ms;        /* freshness gate hold ceiling, default 500; 0: off (reference §14.1) */

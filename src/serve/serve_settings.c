@@ -70,12 +70,15 @@ static const serve_setting table[] = {
      "prefill chunk in tokens: the grid of absolute positions and the largest forward batch", NULL, false,
      SRV(prefill_step)},
     {"server.attention_precision", "EMBER_ATTENTION_PRECISION", "attention-precision", SETTING_STR, "f32", 0, 0,
-     "f32|bf16", NULL, "precision of attention's products: f32, or bf16 (faster long prompts, less exact)",
+     "f32|bf16|int8", NULL,
+     "precision of attention's products: f32, bf16 or int8 (faster long prompts, less exact)",
      "bf16 rounds the query, K and V and the softmax weights to bf16 and multiplies them with vdpbf16ps (f32 sums "
      "and softmax): 1.6x the f32 prefill rate at 16k tokens on the qwen3-0.6b shape, about f16 KV's accuracy "
-     "cost again, and slower decode; figures in docs/attention.md. It needs AVX512_BF16 and heads of 64 or 128 values and no kvarn pool; elsewhere f32 runs and "
-     "/v1/cache/stats says why (`attention_precision_fallback`). Warm equals cold under either; the SSD and "
-     "remote namespaces of bf16 differ from f32's, so one never adopts the other's rows.",
+     "cost again, and slower decode. int8 is bf16 with q.k on signed bytes (one step per query and per key "
+     "head, vpdpbusd): 1.2x bf16's attention rate, a little more accuracy cost; figures in docs/attention.md. "
+     "Both need AVX512_BF16 and heads of 64 or 128 values and no kvarn pool; elsewhere f32 runs and "
+     "/v1/cache/stats says why (`attention_precision_fallback`). Warm equals cold under each; the SSD and "
+     "remote namespaces of each precision differ, so one never adopts another's rows.",
      false, SRV(attention_precision)},
     {"server.max_running", "EMBER_MAX_RUNNING", "max-running", SETTING_INT, "32", 1, 4096, NULL, NULL,
      "sequences decoded together", NULL, false, SRV(max_running)},

@@ -139,14 +139,28 @@ ALWAYS_INLINE void prefetch_rows(const int D, const attention_head_args *a, int6
 /* Vectors of one 64-key block's tiles for heads of D values, as the
  * kernel keeps them: two K tiles (D vectors each), then the V tile (VT/2
  * pairs of MAX_D/16 vectors, D/16 of them used). */
-#define TILE_VECS(D) (2 * (D) + (VT / 2) * (MAX_D / 16))
-_Static_assert(TILE_VECS(128) * 64 == ATTENTION_BF16_TILE_BYTES(128) && TILE_VECS(64) * 64 == ATTENTION_BF16_TILE_BYTES(64),
+#define K_VECS(D, I8) ((I8) ? (VT / 16) * ((D) / 4 + 1) : 2 * (D))
+#define TILE_VECS(D, I8) (K_VECS(D, I8) + (VT / 2) * (MAX_D / 16))
+_Static_assert(TILE_VECS(128, false) * 64 == ATTENTION_BF16_TILE_BYTES(128) &&
+                   TILE_VECS(64, false) * 64 == ATTENTION_BF16_TILE_BYTES(64) &&
+                   TILE_VECS(128, true) * 64 == ATTENTION_INT8_TILE_BYTES(128) &&
+                   TILE_VECS(64, true) * 64 == ATTENTION_INT8_TILE_BYTES(64),
                "attention_impl.h's tile size is the kernel's");
 
 /* Prefetches group gi's share (of groups) of the n_vecs vectors at t. */
 ALWAYS_INLINE void prefetch_tiles(const __m512i *t, int n_vecs, int gi, int groups) {
     for (int v = gi * n_vecs / groups; v < (gi + 1) * n_vecs / groups; v++) _mm_prefetch((const char *)(t + v), _MM_HINT_T1);
 }
+
+/* One query as the dots read it: bf16 pairs (q[2p], q[2p+1]) per word, or
+ * at int8 keys 4 signed bytes (q[4p..4p+3]) per word, D/4 of them, with
+ * the query's step (q = step * byte) and 128 * the sum of its bytes. The
+ * query is already times scale * log2(e). */
+typedef struct query_block {
+    uint32_t q[MAX_D / 2];
+    float step;
+    int32_t corr;
+} query_block;
 
 /* What the scores of one block leave for its values, per query. */
 typedef struct block_weights {
@@ -175,6 +189,90 @@ ALWAYS_INLINE __m512 exp2_weight(__m512 x) {
  * weights stay <= 2^REBASE_LOG2, far inside f32's and bf16's range. */
 #define REBASE_LOG2 8.0f
 
+/* The int32 dots of 4 queries with the 64 keys of an int8 K tile, in
+ * assembly: 16 accumulators (zmm0-15), the 4 key vectors of a step
+ * (zmm16-19) and 4 broadcast queries (zmm20-23). Written with intrinsics,
+ * gcc 12 copied accumulators in and out of spare registers on every step
+ * (two moves per vpdpbusd with unroll pragmas, some without), which cost
+ * a third of the loop. dots[i][g] gets the 16 lanes of query i, group g. */
+static void dots_i8_4(const __m512i *ktp, const query_block *qb, int32_t (*dots)[VT / 16][16], long steps,
+                      long group_bytes) {
+    const char *k = (const char *)ktp, *q = (const char *)qb->q;
+    __asm__ volatile(
+        "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
+        "vmovdqa64 %%zmm0, %%zmm1\n\t" "vmovdqa64 %%zmm0, %%zmm2\n\t" "vmovdqa64 %%zmm0, %%zmm3\n\t"
+        "vmovdqa64 %%zmm0, %%zmm4\n\t" "vmovdqa64 %%zmm0, %%zmm5\n\t" "vmovdqa64 %%zmm0, %%zmm6\n\t"
+        "vmovdqa64 %%zmm0, %%zmm7\n\t" "vmovdqa64 %%zmm0, %%zmm8\n\t" "vmovdqa64 %%zmm0, %%zmm9\n\t"
+        "vmovdqa64 %%zmm0, %%zmm10\n\t" "vmovdqa64 %%zmm0, %%zmm11\n\t" "vmovdqa64 %%zmm0, %%zmm12\n\t"
+        "vmovdqa64 %%zmm0, %%zmm13\n\t" "vmovdqa64 %%zmm0, %%zmm14\n\t" "vmovdqa64 %%zmm0, %%zmm15\n\t"
+        "1:\n\t"
+        "vmovdqa64 (%[k]), %%zmm16\n\t"
+        "vmovdqa64 (%[k],%[gb],1), %%zmm17\n\t"
+        "vmovdqa64 (%[k],%[gb],2), %%zmm18\n\t"
+        "vmovdqa64 (%[k],%[gb3],1), %%zmm19\n\t"
+        "vpbroadcastd (%[q]), %%zmm20\n\t"
+        "vpbroadcastd %c[q1](%[q]), %%zmm21\n\t"
+        "vpbroadcastd %c[q2](%[q]), %%zmm22\n\t"
+        "vpbroadcastd %c[q3](%[q]), %%zmm23\n\t"
+        "vpdpbusd %%zmm20, %%zmm16, %%zmm0\n\t" "vpdpbusd %%zmm20, %%zmm17, %%zmm1\n\t"
+        "vpdpbusd %%zmm20, %%zmm18, %%zmm2\n\t" "vpdpbusd %%zmm20, %%zmm19, %%zmm3\n\t"
+        "vpdpbusd %%zmm21, %%zmm16, %%zmm4\n\t" "vpdpbusd %%zmm21, %%zmm17, %%zmm5\n\t"
+        "vpdpbusd %%zmm21, %%zmm18, %%zmm6\n\t" "vpdpbusd %%zmm21, %%zmm19, %%zmm7\n\t"
+        "vpdpbusd %%zmm22, %%zmm16, %%zmm8\n\t" "vpdpbusd %%zmm22, %%zmm17, %%zmm9\n\t"
+        "vpdpbusd %%zmm22, %%zmm18, %%zmm10\n\t" "vpdpbusd %%zmm22, %%zmm19, %%zmm11\n\t"
+        "vpdpbusd %%zmm23, %%zmm16, %%zmm12\n\t" "vpdpbusd %%zmm23, %%zmm17, %%zmm13\n\t"
+        "vpdpbusd %%zmm23, %%zmm18, %%zmm14\n\t" "vpdpbusd %%zmm23, %%zmm19, %%zmm15\n\t"
+        "add $64, %[k]\n\t"
+        "add $4, %[q]\n\t"
+        "dec %[n]\n\t"
+        "jnz 1b\n\t"
+        "vmovdqu64 %%zmm0, 0(%[o])\n\t" "vmovdqu64 %%zmm1, 64(%[o])\n\t" "vmovdqu64 %%zmm2, 128(%[o])\n\t"
+        "vmovdqu64 %%zmm3, 192(%[o])\n\t" "vmovdqu64 %%zmm4, 256(%[o])\n\t" "vmovdqu64 %%zmm5, 320(%[o])\n\t"
+        "vmovdqu64 %%zmm6, 384(%[o])\n\t" "vmovdqu64 %%zmm7, 448(%[o])\n\t" "vmovdqu64 %%zmm8, 512(%[o])\n\t"
+        "vmovdqu64 %%zmm9, 576(%[o])\n\t" "vmovdqu64 %%zmm10, 640(%[o])\n\t" "vmovdqu64 %%zmm11, 704(%[o])\n\t"
+        "vmovdqu64 %%zmm12, 768(%[o])\n\t" "vmovdqu64 %%zmm13, 832(%[o])\n\t" "vmovdqu64 %%zmm14, 896(%[o])\n\t"
+        "vmovdqu64 %%zmm15, 960(%[o])\n\t"
+        : [k] "+r"(k), [q] "+r"(q), [n] "+r"(steps)
+        : [gb] "r"(group_bytes), [gb3] "r"(3 * group_bytes), [o] "r"(dots), [q1] "i"(sizeof(query_block)),
+          [q2] "i"(2 * sizeof(query_block)), [q3] "i"(3 * sizeof(query_block))
+        : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+          "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22",
+          "xmm23");
+}
+
+/* The scores (log2 units) of NQ queries at int8 with the 64 keys of an
+ * int8 K tile: vector p of group g holds in lane k the 4 bytes
+ * k[4p..4p+3] + 128 of key 16g + k; the query's 4 signed bytes are
+ * broadcast (vpdpbusd: exact in int32); the dot pays the +128 back (corr)
+ * and is scaled by the key's step, then the query's. */
+ALWAYS_INLINE void dots_i8(const int D, const int NQ, const __m512i *ktp, const query_block *qb,
+                           float (*scores)[VT]) {
+    int32_t dots[QB][VT / 16][16] __attribute__((aligned(64)));
+    if (NQ == 4) {
+        dots_i8_4(ktp, qb, dots, D / 4, (long)(D / 4 + 1) * 64);
+    } else { /* the last group of a call */
+        for (int i = 0; i < NQ; i++)
+            for (int g = 0; g < VT / 16; g++) {
+                __m512i acc = _mm512_setzero_si512();
+                for (int p = 0; p < D / 4; p++)
+                    acc = _mm512_dpbusd_epi32(acc, _mm512_load_si512(ktp + g * (D / 4 + 1) + p),
+                                              _mm512_set1_epi32((int)qb[i].q[p]));
+                _mm512_store_si512(dots[i][g], acc);
+            }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NQ; i++) {
+        __m512i corr = _mm512_set1_epi32(qb[i].corr);
+        __m512 qstep = _mm512_set1_ps(qb[i].step);
+#pragma GCC unroll 4
+        for (int g = 0; g < VT / 16; g++) {
+            __m512 kstep = _mm512_load_ps((const float *)(ktp + g * (D / 4 + 1) + D / 4));
+            __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(dots[i][g]), corr));
+            _mm512_store_ps(scores[i] + 16 * g, _mm512_mul_ps(_mm512_mul_ps(s, kstep), qstep));
+        }
+    }
+}
+
 /* Scores and the online softmax step of one block of VT keys [b0, b0 + VT)
  * for NQ queries, in registers. The dots of each query (bf16 pairs qb[i],
  * already times scale * log2(e), so scores are in log2 units) with the
@@ -188,23 +286,32 @@ ALWAYS_INLINE __m512 exp2_weight(__m512 x) {
  * the sum lanes lsum add them as rounded (a vdpbf16ps by ones), reduced
  * once at the end. Each query's arithmetic is its own, whatever the other
  * queries of the group. */
-ALWAYS_INLINE void block_scores(const int D, const int NQ, const attention_head_args *a, const __m512i *ktp,
-                                const uint32_t (*qb)[MAX_D / 2], float *m, __m512 *lsum, block_weights *w,
-                                int64_t b0, int64_t first) {
+ALWAYS_INLINE void block_scores(const int D, const int NQ, const bool I8, const attention_head_args *a,
+                                const __m512i *ktp, const query_block *qb, float *m, __m512 *lsum,
+                                block_weights *w, int64_t b0, int64_t first) {
     __m512 acc[QB][VT / 16];
+    if (I8) {
+        float scores[QB][VT] __attribute__((aligned(64)));
+        dots_i8(D, NQ, ktp, qb, scores);
 #pragma GCC unroll 4
-    for (int i = 0; i < NQ; i++)
+        for (int i = 0; i < NQ; i++)
 #pragma GCC unroll 4
-        for (int g = 0; g < VT / 16; g++) acc[i][g] = _mm512_setzero_ps();
-    for (int p = 0; p < D / 2; p++) {
-        __m512i k[VT / 16];
+            for (int g = 0; g < VT / 16; g++) acc[i][g] = _mm512_load_ps(scores[i] + 16 * g);
+    } else {
 #pragma GCC unroll 4
-        for (int g = 0; g < VT / 16; g++) k[g] = _mm512_load_si512(ktp + g * (D / 2) + p);
+        for (int i = 0; i < NQ; i++)
 #pragma GCC unroll 4
-        for (int i = 0; i < NQ; i++) {
-            __m512i q = _mm512_set1_epi32((int)qb[i][p]);
+            for (int g = 0; g < VT / 16; g++) acc[i][g] = _mm512_setzero_ps();
+        for (int p = 0; p < D / 2; p++) {
+            __m512i k[VT / 16];
 #pragma GCC unroll 4
-            for (int g = 0; g < VT / 16; g++) acc[i][g] = dp(acc[i][g], k[g], q);
+            for (int g = 0; g < VT / 16; g++) k[g] = _mm512_load_si512(ktp + g * (D / 2) + p);
+#pragma GCC unroll 4
+            for (int i = 0; i < NQ; i++) {
+                __m512i q = _mm512_set1_epi32((int)qb[i].q[p]);
+#pragma GCC unroll 4
+                for (int g = 0; g < VT / 16; g++) acc[i][g] = dp(acc[i][g], k[g], q);
+            }
         }
     }
     const __m512i ones = _mm512_set1_epi32(0x3F803F80); /* the bf16 pair (1, 1) */
@@ -309,23 +416,30 @@ ALWAYS_INLINE void block_values(const int D, const int NQ, const __m512i (*vtp)[
     }
 }
 
-#define BLOCK_FNS(D, N)                                                                                        \
-    static void scores_##D##_##N(const attention_head_args *a, const __m512i *ktp,                             \
-                                 const uint32_t (*qb)[MAX_D / 2], float *m, __m512 *lsum, block_weights *w,   \
-                                 int64_t b0, int64_t first) {                                                  \
-        block_scores(D, N, a, ktp, qb, m, lsum, w, b0, first);                                                    \
-    }                                                                                                          \
-    static void values_##D##_##N(const __m512i (*vtp)[MAX_D / 16], const block_weights *w, float (*out)[MAX_D], \
-                                 int64_t b0, int64_t first) {                                                  \
-        block_values(D, N, vtp, w, out, b0, first);                                                            \
+#define BLOCK_FNS(D, N, I8, TAG)                                                                               \
+    static void scores_##D##_##N##TAG(const attention_head_args *a, const __m512i *ktp, const query_block *qb,     \
+                                      float *m, __m512 *lsum, block_weights *w, int64_t b0, int64_t first) {       \
+        block_scores(D, N, I8, a, ktp, qb, m, lsum, w, b0, first);                                                 \
     }
-typedef void (*scores_fn)(const attention_head_args *, const __m512i *, const uint32_t (*)[MAX_D / 2], float *,
-                          __m512 *, block_weights *, int64_t, int64_t);
+#define VALUE_FNS(D, N)                                                                                         \
+    static void values_##D##_##N(const __m512i (*vtp)[MAX_D / 16], const block_weights *w, float (*out)[MAX_D],  \
+                                 int64_t b0, int64_t first) {                                                   \
+        block_values(D, N, vtp, w, out, b0, first);                                                             \
+    }
+typedef void (*scores_fn)(const attention_head_args *, const __m512i *, const query_block *, float *, __m512 *,
+                          block_weights *, int64_t, int64_t);
 typedef void (*values_fn)(const __m512i (*)[MAX_D / 16], const block_weights *, float (*)[MAX_D], int64_t, int64_t);
-BLOCK_FNS(128, 1) BLOCK_FNS(128, 2) BLOCK_FNS(128, 3) BLOCK_FNS(128, 4)
-BLOCK_FNS(64, 1) BLOCK_FNS(64, 2) BLOCK_FNS(64, 3) BLOCK_FNS(64, 4)
+BLOCK_FNS(128, 1, false, ) BLOCK_FNS(128, 2, false, ) BLOCK_FNS(128, 3, false, ) BLOCK_FNS(128, 4, false, )
+BLOCK_FNS(64, 1, false, ) BLOCK_FNS(64, 2, false, ) BLOCK_FNS(64, 3, false, ) BLOCK_FNS(64, 4, false, )
+BLOCK_FNS(128, 1, true, _i8) BLOCK_FNS(128, 2, true, _i8) BLOCK_FNS(128, 3, true, _i8) BLOCK_FNS(128, 4, true, _i8)
+BLOCK_FNS(64, 1, true, _i8) BLOCK_FNS(64, 2, true, _i8) BLOCK_FNS(64, 3, true, _i8) BLOCK_FNS(64, 4, true, _i8)
+VALUE_FNS(128, 1) VALUE_FNS(128, 2) VALUE_FNS(128, 3) VALUE_FNS(128, 4)
+VALUE_FNS(64, 1) VALUE_FNS(64, 2) VALUE_FNS(64, 3) VALUE_FNS(64, 4)
 static const scores_fn scores_fns_128[QB + 1] = {NULL, scores_128_1, scores_128_2, scores_128_3, scores_128_4};
 static const scores_fn scores_fns_64[QB + 1] = {NULL, scores_64_1, scores_64_2, scores_64_3, scores_64_4};
+static const scores_fn scores_fns_128_i8[QB + 1] = {NULL, scores_128_1_i8, scores_128_2_i8, scores_128_3_i8,
+                                                     scores_128_4_i8};
+static const scores_fn scores_fns_64_i8[QB + 1] = {NULL, scores_64_1_i8, scores_64_2_i8, scores_64_3_i8, scores_64_4_i8};
 static const values_fn values_fns_128[QB + 1] = {NULL, values_128_1, values_128_2, values_128_3, values_128_4};
 static const values_fn values_fns_64[QB + 1] = {NULL, values_64_1, values_64_2, values_64_3, values_64_4};
 
@@ -370,6 +484,50 @@ ALWAYS_INLINE void build_k_tile(const int D, const attention_head_args *a, int64
         }
 }
 
+/* x (D floats) as signed bytes round(x * 127 / max|x|) into out; returns
+ * the step max|x| / 127 (0 for a zero row, whose bytes are 0). */
+ALWAYS_INLINE float quantize_i8(const int D, const float *x, int8_t *out) {
+    __m512 amax = _mm512_setzero_ps();
+    for (int c = 0; c < D / 16; c++) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(x + 16 * c)));
+    float mx = _mm512_reduce_max_ps(amax);
+    if (!(mx > 0.0f)) {
+        memset(out, 0, (size_t)D);
+        return 0.0f;
+    }
+    __m512 inv = _mm512_set1_ps(127.0f / mx);
+    for (int c = 0; c < D / 16; c++)
+        _mm_storeu_si128((__m128i *)(out + 16 * c),
+                         _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * c), inv))));
+    return mx / 127.0f;
+}
+
+/* The int8 K tile of keys [t0, t0 + VT) (zero rows outside [first, hi)):
+ * per group of 16 keys, D/4 vectors whose lane k holds the bytes
+ * k[4p..4p+3] + 128 of key k (unsigned, as vpdpbusd takes them), then the
+ * 16 keys' steps. */
+ALWAYS_INLINE void build_k_tile_i8(const int D, const attention_head_args *a, int64_t t0, int64_t first, int64_t hi,
+                                   float (*rows)[MAX_D], __m512i *ktp, const bool stream) {
+    int8_t bytes[16][MAX_D] __attribute__((aligned(64)));
+    float steps[16] __attribute__((aligned(64)));
+    const __m512i offset = _mm512_set1_epi8((char)0x80);
+    for (int g = 0; g < VT / 16; g++) {
+        for (int k = 0; k < 16; k++) {
+            head_row_f32(D, a, true, t0 + 16 * g + k, first, hi, rows[k]);
+            steps[k] = quantize_i8(D, rows[k], bytes[k]);
+        }
+        __m512i *kg = ktp + g * (D / 4 + 1);
+        for (int c = 0; c < D / 64; c++) {
+            __m512i r[16];
+#pragma GCC unroll 16
+            for (int k = 0; k < 16; k++) r[k] = _mm512_xor_si512(_mm512_load_si512(bytes[k] + 64 * c), offset);
+            transpose16(r);
+#pragma GCC unroll 16
+            for (int x = 0; x < 16; x++) store_tile(kg + 16 * c + x, r[x], stream);
+        }
+        store_tile(kg + D / 4, _mm512_castps_si512(_mm512_load_ps(steps)), stream);
+    }
+}
+
 /* The V tile of keys [v0, v0 + VT) as pairs of consecutive rows (zero rows
  * outside [first, hi)). */
 ALWAYS_INLINE void build_v_tile(const int D, const attention_head_args *a, int64_t v0, int64_t first, int64_t hi,
@@ -409,18 +567,18 @@ ALWAYS_INLINE void build_v_tile(const int D, const attention_head_args *a, int64
  * dependent steps, overlaps the next group's dots instead of stalling its
  * own values. A query's blocks, and what it computes in each, depend on
  * its own keys only. */
-ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) {
+ALWAYS_INLINE void heads_bf16(const int D, const bool I8, const attention_head_args *a, int n) {
     const int64_t first = a[0].first;
     int64_t hi = a[0].n_keys;
     for (int i = 1; i < n; i++) hi = a[i].n_keys > hi ? a[i].n_keys : hi;
-    const scores_fn *scores = D == 64 ? scores_fns_64 : scores_fns_128;
+    const scores_fn *scores = I8 ? (D == 64 ? scores_fns_64_i8 : scores_fns_128_i8) : (D == 64 ? scores_fns_64 : scores_fns_128);
     const values_fn *values = D == 64 ? values_fns_64 : values_fns_128;
 
     /* The queries as bf16 pairs; out accumulates in a contiguous buffer
      * (the callers' rows lie a row of all heads apart, 8 KiB on the 0.6B
      * shape, so 256 of them would share a few cache sets); running max and
      * sum. */
-    uint32_t qb[MAX_Q][MAX_D / 2] __attribute__((aligned(64)));
+    query_block qb[MAX_Q];
     float out[MAX_Q][MAX_D] __attribute__((aligned(64)));
     float m[MAX_Q];
     __m512 lsum[MAX_Q];
@@ -428,15 +586,26 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
         /* scale * log2(e) folded into the query before it is rounded:
          * scores come out in log2 units, ready for exp2_weight */
         __m512 c2 = _mm512_set1_ps(a[i].scale * 1.44269504088896341f);
-        for (int c = 0; c < D / 32; c++)
-            _mm512_store_si512(&qb[i][16 * c], bf16_pairs(_mm512_mul_ps(_mm512_loadu_ps(a[i].q + 32 * c), c2),
-                                                          _mm512_mul_ps(_mm512_loadu_ps(a[i].q + 32 * c + 16), c2)));
+        if (I8) {
+            float scaled[MAX_D];
+            int8_t bytes[MAX_D];
+            for (int c = 0; c < D / 16; c++) _mm512_storeu_ps(scaled + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(a[i].q + 16 * c), c2));
+            qb[i].step = quantize_i8(D, scaled, bytes);
+            int32_t sum = 0;
+            for (int d = 0; d < D; d++) sum += bytes[d];
+            qb[i].corr = 128 * sum;
+            memcpy(qb[i].q, bytes, (size_t)D);
+        } else {
+            for (int c = 0; c < D / 32; c++)
+                _mm512_storeu_si512(&qb[i].q[16 * c], bf16_pairs(_mm512_mul_ps(_mm512_loadu_ps(a[i].q + 32 * c), c2),
+                                                                 _mm512_mul_ps(_mm512_loadu_ps(a[i].q + 32 * c + 16), c2)));
+        }
         m[i] = -INFINITY;
         lsum[i] = _mm512_setzero_ps();
         memset(out[i], 0, (size_t)D * sizeof(float));
     }
     float rows[VT][MAX_D] __attribute__((aligned(64)));
-    __m512i ktp[2 * MAX_D] __attribute__((aligned(64)));
+    __m512i ktp[2 * MAX_D] __attribute__((aligned(64))); /* (K_VECS(D, I8)) */
     __m512i vtp[VT / 2][MAX_D / 16] __attribute__((aligned(64)));
     block_weights w[MAX_Q];
     bool any[MAX_Q / QB];
@@ -449,8 +618,11 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
     for (int64_t b0 = first - first % VT; b0 < hi; b0 += VT) {
         const __m512i *kt = ktp, (*vt)[MAX_D / 16] = (const __m512i (*)[MAX_D / 16])vtp;
         if (prebuilt) {
-            kt = prebuilt + (b0 / VT) * TILE_VECS(D);
-            vt = (const __m512i (*)[MAX_D / 16])(kt + 2 * D);
+            kt = prebuilt + (b0 / VT) * TILE_VECS(D, I8);
+            vt = (const __m512i (*)[MAX_D / 16])(kt + K_VECS(D, I8));
+        } else if (I8) {
+            build_k_tile_i8(D, &a[0], b0, first, hi, rows, ktp, false);
+            build_v_tile(D, &a[0], b0, first, hi, rows, vtp, false);
         } else {
             build_k_tile(D, &a[0], b0, first, hi, rows, ktp, false);
             build_k_tile(D, &a[0], b0 + KT, first, hi, rows, ktp + D, false);
@@ -463,14 +635,14 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
              * group of queries: a burst of 512 prefetches stalled on the
              * miss buffers. */
             if (prebuilt) {
-                if (b0 + 2 * VT < hi) prefetch_tiles(prebuilt + (b0 / VT + 2) * TILE_VECS(D), TILE_VECS(D), gi, groups);
+                if (b0 + 2 * VT < hi) prefetch_tiles(prebuilt + (b0 / VT + 2) * TILE_VECS(D, I8), TILE_VECS(D, I8), gi, groups);
             } else
                 prefetch_rows(D, &a[0], b0 + 2 * VT + (int64_t)gi * VT / groups,
                               b0 + 2 * VT + (int64_t)(gi + 1) * VT / groups, hi);
             any[gi] = false; /* a query of the group sees a key of the block */
             for (int i = s0; i < s0 + nq; i++) any[gi] |= a[i].n_keys > lo;
             if (any[gi])
-                scores[nq](a + s0, kt, (const uint32_t (*)[MAX_D / 2])qb + s0, m + s0, lsum + s0, w + s0, b0, first);
+                scores[nq](a + s0, kt, qb + s0, m + s0, lsum + s0, w + s0, b0, first);
         }
         for (int gi = 0; gi < groups; gi++) {
             int s0 = gi * QB, nq = n - s0 < QB ? n - s0 : QB;
@@ -484,8 +656,10 @@ ALWAYS_INLINE void heads_bf16(const int D, const attention_head_args *a, int n) 
     }
 }
 
-static void heads_bf16_128(const attention_head_args *a, int n) { heads_bf16(128, a, n); }
-static void heads_bf16_64(const attention_head_args *a, int n) { heads_bf16(64, a, n); }
+static void heads_bf16_128(const attention_head_args *a, int n) { heads_bf16(128, false, a, n); }
+static void heads_bf16_64(const attention_head_args *a, int n) { heads_bf16(64, false, a, n); }
+static void heads_i8_128(const attention_head_args *a, int n) { heads_bf16(128, true, a, n); }
+static void heads_i8_64(const attention_head_args *a, int n) { heads_bf16(64, true, a, n); }
 
 void attention_heads_avx512bf16(const attention_head_args *a, int n) {
     int i = 0;
@@ -494,23 +668,28 @@ void attention_heads_avx512bf16(const attention_head_args *a, int n) {
         const int d = a[i].d_k;
         while (i + m < n && m < MAX_Q && attention_same_kv(&a[i], &a[i + m])) m++;
         if (d == 128 && a[i].d_v == 128)
-            heads_bf16_128(a + i, m);
+            (a[i].int8_keys ? heads_i8_128 : heads_bf16_128)(a + i, m);
         else if (d == 64 && a[i].d_v == 64)
-            heads_bf16_64(a + i, m);
+            (a[i].int8_keys ? heads_i8_64 : heads_bf16_64)(a + i, m);
         else /* op_attention_precision never picks bf16 for these heads */
             for (int k = 0; k < m; k++) attention_head_avx512(a + i + k);
         i += m;
     }
 }
 
-static void tiles_build(const int D, void *tiles, const attention_head_args *a, int64_t block_begin, int64_t block_end) {
+static void tiles_build(const int D, const bool I8, void *tiles, const attention_head_args *a, int64_t block_begin,
+                        int64_t block_end) {
     float rows[VT][MAX_D] __attribute__((aligned(64)));
     for (int64_t b = block_begin; b < block_end; b++) {
-        __m512i *kt = (__m512i *)tiles + b * TILE_VECS(D);
+        __m512i *kt = (__m512i *)tiles + b * TILE_VECS(D, I8);
         if (b + 2 < block_end) prefetch_rows(D, a, (b + 2) * VT, (b + 3) * VT, a->n_keys);
-        build_k_tile(D, a, b * VT, 0, a->n_keys, rows, kt, true);
-        build_k_tile(D, a, b * VT + KT, 0, a->n_keys, rows, kt + D, true);
-        build_v_tile(D, a, b * VT, 0, a->n_keys, rows, (__m512i (*)[MAX_D / 16])(kt + 2 * D), true);
+        if (I8) {
+            build_k_tile_i8(D, a, b * VT, 0, a->n_keys, rows, kt, true);
+        } else {
+            build_k_tile(D, a, b * VT, 0, a->n_keys, rows, kt, true);
+            build_k_tile(D, a, b * VT + KT, 0, a->n_keys, rows, kt + D, true);
+        }
+        build_v_tile(D, a, b * VT, 0, a->n_keys, rows, (__m512i (*)[MAX_D / 16])(kt + K_VECS(D, I8)), true);
     }
     _mm_sfence(); /* the streamed tiles reach memory before another thread reads them */
 }
@@ -518,7 +697,9 @@ static void tiles_build(const int D, void *tiles, const attention_head_args *a, 
 void attention_bf16_tiles_build_avx512bf16(void *tiles, const attention_head_args *a, int64_t block_begin,
                                            int64_t block_end) {
     if (a->d_k == 128)
-        tiles_build(128, tiles, a, block_begin, block_end);
+        (a->int8_keys ? tiles_build(128, true, tiles, a, block_begin, block_end)
+                      : tiles_build(128, false, tiles, a, block_begin, block_end));
     else
-        tiles_build(64, tiles, a, block_begin, block_end);
+        (a->int8_keys ? tiles_build(64, true, tiles, a, block_begin, block_end)
+                      : tiles_build(64, false, tiles, a, block_begin, block_end));
 }

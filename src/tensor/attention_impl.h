@@ -36,6 +36,7 @@ typedef struct attention_head_args {
      * the kernel builds its own */
     const void *bf16_tiles;
     int64_t bf16_tiled_keys;
+    bool int8_keys;           /* bf16 kernel: q.k on int8 (ATTENTION_INT8) */
 } attention_head_args;
 
 /* The encoded row of key (or value) j. */
@@ -50,7 +51,7 @@ static inline bool attention_same_kv(const attention_head_args *a, const attenti
     return a->d_k == b->d_k && a->d_v == b->d_v && a->k_blocks == b->k_blocks && a->v_blocks == b->v_blocks &&
            a->k_offset == b->k_offset && a->v_offset == b->v_offset && a->k_stride == b->k_stride &&
            a->v_stride == b->v_stride && a->k_type == b->k_type && a->v_type == b->v_type && a->first == b->first &&
-           a->bf16_tiles == b->bf16_tiles;
+           a->bf16_tiles == b->bf16_tiles && a->int8_keys == b->int8_keys;
 }
 
 /* Where value `offset` of a row starts, in bytes (offset on a q8_0 block
@@ -72,20 +73,25 @@ void attention_heads_avx512(const attention_head_args *a, int n);
 /* AVX2 (attention_avx2.c): the same contract, 8 lanes. */
 void attention_head_avx2(const attention_head_args *a);
 void attention_heads_avx2(const attention_head_args *a, int n);
-/* ATTENTION_BF16 (attention_avx512bf16.c, only where the CPU has
- * AVX512_BF16): the same grouping as attention_heads_avx512, heads of 64
- * or 128 values (d_k = d_v); bf16 products, so other bits than the f32
+/* ATTENTION_BF16 and ATTENTION_INT8 (attention_avx512bf16.c, only where
+ * the CPU has AVX512_BF16; int8 when the pairs' int8_keys is set): the
+ * same grouping as attention_heads_avx512, heads of 64 or 128 values
+ * (d_k = d_v); bf16 (and int8) products, so other bits than the f32
  * kernels, but a query's bits still depend on its own inputs alone. */
 void attention_heads_avx512bf16(const attention_head_args *a, int n);
 /* Bytes of the bf16 kernel's tiles of one 64-key block, heads of d values:
  * two K tiles of d vectors, a V tile of 32 pairs x 8 vectors, 64 bytes each. */
 #define ATTENTION_BF16_TILE_BYTES(d) ((size_t)(2 * (d) + 32 * 8) * 64)
+/* At ATTENTION_INT8: four K tiles of 16 keys (d/4 vectors of bytes and
+ * one of steps each), the same V tile. */
+#define ATTENTION_INT8_TILE_BYTES(d) ((size_t)(4 * ((d) / 4 + 1) + 32 * 8) * 64)
 
 /* The bf16 kernel's K and V tiles of 64-key blocks [block_begin, block_end)
  * of the kv head a describes (k_blocks, strides, offsets, types, d_k = d_v
- * of 64 or 128), for keys [0, a->n_keys) (rows from there on zero), into
- * tiles: ATTENTION_BF16_TILE_BYTES(d) bytes per block, block b at
- * b * that. The same values the kernel builds per call. */
+ * of 64 or 128, int8_keys), for keys [0, a->n_keys) (rows from there on
+ * zero), into tiles: ATTENTION_BF16_TILE_BYTES(d) bytes per block
+ * (ATTENTION_INT8_TILE_BYTES(d) with int8_keys), block b at b * that. The
+ * same values the kernel builds per call. */
 void attention_bf16_tiles_build_avx512bf16(void *tiles, const attention_head_args *a, int64_t block_begin,
                                            int64_t block_end);
 

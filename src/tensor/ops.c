@@ -154,31 +154,36 @@ void op_attention_paged(float *out, const float *q, const void *const *k_blocks,
 }
 
 const char *op_attention_precision_fallback(attention_precision want, int d_k, int d_v) {
-    if (want != ATTENTION_BF16) return NULL;
+    if (want == ATTENTION_F32) return NULL;
+    /* QUANT_ISA_AVX512 is AVX-512 with VNNI (vpdpbusd, the int8 dots) */
     if (quant_get_isa() != QUANT_ISA_AVX512 || !quant_cpu_has_avx512_bf16())
         return "this CPU has no AVX512_BF16 (vdpbf16ps)";
-    if (d_k != d_v || (d_k != 64 && d_k != 128)) return "bf16 attention needs heads of 64 or 128 values";
+    if (d_k != d_v || (d_k != 64 && d_k != 128))
+        return want == ATTENTION_INT8 ? "int8 attention needs heads of 64 or 128 values"
+                                      : "bf16 attention needs heads of 64 or 128 values";
     return NULL;
 }
 
 attention_precision op_attention_precision(attention_precision want, int d_k, int d_v) {
-    return want == ATTENTION_BF16 && op_attention_precision_fallback(want, d_k, d_v) == NULL ? ATTENTION_BF16
-                                                                                           : ATTENTION_F32;
+    return op_attention_precision_fallback(want, d_k, d_v) == NULL ? want : ATTENTION_F32;
 }
 
-const char *attention_precision_name(attention_precision p) { return p == ATTENTION_BF16 ? "bf16" : "f32"; }
+const char *attention_precision_name(attention_precision p) {
+    return p == ATTENTION_BF16 ? "bf16" : p == ATTENTION_INT8 ? "int8" : "f32";
+}
 
 bool attention_precision_parse(const char *s, attention_precision *out) {
     if (s == NULL) return false;
     if (strcmp(s, "f32") == 0) *out = ATTENTION_F32;
     else if (strcmp(s, "bf16") == 0) *out = ATTENTION_BF16;
+    else if (strcmp(s, "int8") == 0) *out = ATTENTION_INT8;
     else return false;
     return true;
 }
 
 static void run_heads(const attention_head_args *args, int n, attention_precision prec) {
     quant_isa isa = quant_get_isa();
-    if (prec == ATTENTION_BF16) {
+    if (prec != ATTENTION_F32) { /* bf16 or int8: the pairs' int8_keys says which */
         attention_heads_avx512bf16(args, n);
     } else if (isa == QUANT_ISA_AVX512) {
         attention_heads_avx512(args, n);
@@ -199,19 +204,20 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
                                  NULL);
 }
 
-size_t op_attention_bf16_tiles_bytes(int64_t n_keys, int d) {
-    return (size_t)((n_keys + 63) / 64) * ATTENTION_BF16_TILE_BYTES(d);
+size_t op_attention_bf16_tiles_bytes(attention_precision prec, int64_t n_keys, int d) {
+    return (size_t)((n_keys + 63) / 64) * (prec == ATTENTION_INT8 ? ATTENTION_INT8_TILE_BYTES(d) : ATTENTION_BF16_TILE_BYTES(d));
 }
 
-bool op_attention_bf16_tiles_build(void *head_tiles, const void *const *k_blocks, const void *const *v_blocks,
+bool op_attention_bf16_tiles_build(attention_precision prec, void *head_tiles, const void *const *k_blocks,
+                                   const void *const *v_blocks,
                                    kv_row_type type, int n_head_kv, int d, int kv_head, int64_t n_keys,
                                    int64_t block_begin, int64_t block_end) {
-    if (op_attention_precision(ATTENTION_BF16, d, d) != ATTENTION_BF16) return false;
+    if (prec == ATTENTION_F32 || op_attention_precision(prec, d, d) != prec) return false;
     kv_row_type k_type = kv_row_key_type(type);
     attention_head_args a = {.k_blocks = k_blocks, .v_blocks = v_blocks, .first = 0, .n_keys = n_keys,
                              .k_stride = kv_row_bytes(k_type, n_head_kv * d), .v_stride = kv_row_bytes(type, n_head_kv * d),
                              .k_offset = kv_head * d, .v_offset = kv_head * d, .d_k = d, .d_v = d,
-                             .k_type = k_type, .v_type = type};
+                             .k_type = k_type, .v_type = type, .int8_keys = prec == ATTENTION_INT8};
     attention_bf16_tiles_build_avx512bf16(head_tiles, &a, block_begin, block_end);
     return true;
 }
@@ -222,7 +228,7 @@ void op_attention_paged_rows_prec(float *out, size_t out_stride, const float *q,
                                   float scale, int64_t window, int head_begin, int head_end, float *scratch,
                                   attention_precision prec, const attention_bf16_tiles *tiles) {
     /* a caller that skipped op_attention_precision still gets a kernel that exists here */
-    if (prec == ATTENTION_BF16 && op_attention_precision(prec, d_k, d_v) != ATTENTION_BF16) prec = ATTENTION_F32;
+    if (op_attention_precision(prec, d_k, d_v) != prec) prec = ATTENTION_F32;
     enum { MAX_PAIRS = 256, QK_FLOATS = 8192 };
     attention_head_args args[MAX_PAIRS];
     /* each pair's query in the keys' domain (kv_row_query); flushing early
@@ -253,8 +259,9 @@ void op_attention_paged_rows_prec(float *out, size_t out_stride, const float *q,
                                             k_blocks, v_blocks, first, query_pos[r] + 1,
                                             kv_row_bytes(k_type, n_head_kv * d_k), kv_row_bytes(type, n_head_kv * d_v),
                                             kvh * d_k, kvh * d_v, d_k, d_v, k_type, type, scale,
-                                            prec == ATTENTION_BF16 ? NULL : scratch + (size_t)n * (size_t)max_keys};
-            if (prec == ATTENTION_BF16 && tiles) {
+                                            prec != ATTENTION_F32 ? NULL : scratch + (size_t)n * (size_t)max_keys};
+            args[n].int8_keys = prec == ATTENTION_INT8;
+            if (prec != ATTENTION_F32 && tiles) {
                 args[n].bf16_tiles = (const uint8_t *)tiles->base + (size_t)kvh * tiles->head_bytes;
                 args[n].bf16_tiled_keys = tiles->n_keys;
             }

@@ -46,12 +46,17 @@ void op_add(float *x, const float *y, int n);
  * f32 products and sums. ATTENTION_BF16 (opt-in): the query, K and V rows
  * and the softmax weights rounded to bf16 (round to nearest even) and
  * multiplied on vdpbf16ps, sums and softmax in f32: about twice the
- * product rate, at an accuracy cost docs/attention.md measures. Both keep
- * batch invariance; the KV a model writes differs between them, so caches
- * keep them apart (kv_pool_attention). */
+ * product rate, at an accuracy cost docs/attention.md measures.
+ * ATTENTION_INT8 (opt-in): as bf16, but q.k on int8: the query and each
+ * key quantized to signed bytes with one step per head (max |x| / 127,
+ * round to nearest even), their dot exact in int32 (vpdpbusd, twice
+ * vdpbf16ps' products) times the two steps; the weights and values as at
+ * bf16. All keep batch invariance; the KV a model writes differs between
+ * them, so caches keep them apart (kv_pool_attention). */
 typedef enum attention_precision {
     ATTENTION_F32 = 0,
     ATTENTION_BF16 = 1,
+    ATTENTION_INT8 = 2,
 } attention_precision;
 
 /* The arithmetic of the bf16 kernel, numbered: a cache written under one
@@ -61,16 +66,21 @@ typedef enum attention_precision {
  * units with scale * log2(e) folded into the query, weights 2^(s - m) by a
  * degree-4 polynomial, m moved only when a score passes it by 8. */
 enum { ATTENTION_BF16_VERSION = 2 };
+/* The same for ATTENTION_INT8 (its weights and values follow the bf16
+ * version too, which enters its namespaces beside this one). 1: the
+ * arithmetic above. */
+enum { ATTENTION_INT8_VERSION = 1 };
 
 /* The precision attention runs at when `want` is asked for heads of
- * (d_k, d_v) values: bf16 only where the ISA in use is AVX-512 and the CPU
- * has AVX512_BF16, and for heads of 64 or 128 values (d_k = d_v); else
- * f32. Callers decide once per model and pass the result to every call. */
+ * (d_k, d_v) values: bf16 or int8 only where the ISA in use is AVX-512
+ * (with VNNI) and the CPU has AVX512_BF16, and for heads of 64 or 128
+ * values (d_k = d_v); else f32. Callers decide once per model and pass the
+ * result to every call. */
 attention_precision op_attention_precision(attention_precision want, int d_k, int d_v);
-/* Why op_attention_precision(want, d_k, d_v) is f32 when want is bf16 (a
- * static string), or NULL when it is not. */
+/* Why op_attention_precision(want, d_k, d_v) is f32 when want is bf16 or
+ * int8 (a static string), or NULL when it is not. */
 const char *op_attention_precision_fallback(attention_precision want, int d_k, int d_v);
-/* "f32" / "bf16", and back (false for anything else). */
+/* "f32" / "bf16" / "int8", and back (false for anything else). */
 const char *attention_precision_name(attention_precision p);
 bool attention_precision_parse(const char *s, attention_precision *out);
 
@@ -105,8 +115,9 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
                              const int64_t *query_pos,
                              int n_rows, int n_head, int n_head_kv, int d_k, int d_v, float scale,
                              int64_t window, int head_begin, int head_end, float *scratch);
-/* The bf16 kernel's K/V tiles (K transposed into key lanes, V into pairs
- * of keys, all bf16), built once for a long prefill instead of once per
+/* The bf16 kernel's K/V tiles (K transposed into key lanes, as bf16 or at
+ * int8 as bytes, V into pairs of keys, bf16), built once for a long
+ * prefill instead of once per
  * call: a 16k-key prefill chunk makes 4 calls per kv head, each of which
  * would rebuild and reread every tile. kv head h's tiles lie at base + h *
  * head_bytes and cover keys [0, n_keys). A call given tiles computes the
@@ -119,24 +130,26 @@ typedef struct attention_bf16_tiles {
 } attention_bf16_tiles;
 
 /* op_attention_paged_rows at a precision (an op_attention_precision
- * result; ATTENTION_F32 is op_attention_paged_rows itself). At bf16 the
- * softmax runs online, block by block, and scratch is not used (may be
- * NULL); tiles (bf16 only, may be NULL) are prebuilt tiles of these
- * blocks. */
+ * result; ATTENTION_F32 is op_attention_paged_rows itself). At bf16 and
+ * int8 the softmax runs online, block by block, and scratch is not used
+ * (may be NULL); tiles (bf16 and int8 only, may be NULL) are prebuilt
+ * tiles of these blocks at that precision. */
 void op_attention_paged_rows_prec(float *out, size_t out_stride, const float *q, size_t q_stride,
                                   const void *const *k_blocks, const void *const *v_blocks, kv_row_type type,
                                   const int64_t *query_pos, int n_rows, int n_head, int n_head_kv, int d_k, int d_v,
                                   float scale, int64_t window, int head_begin, int head_end, float *scratch,
                                   attention_precision prec, const attention_bf16_tiles *tiles);
-/* Bytes of one kv head's bf16 tiles for keys [0, n_keys) (64-key blocks). */
-size_t op_attention_bf16_tiles_bytes(int64_t n_keys, int d);
-/* Builds kv head kv_head's tiles of 64-key blocks [block_begin, block_end)
- * for keys [0, n_keys) into head_tiles (that head's
- * op_attention_bf16_tiles_bytes(n_keys, d) bytes; rows of the blocks
- * given as to op_attention_paged_rows). Blocks are independent, so threads
- * may build disjoint ranges. False (nothing built) where attention cannot
- * run at bf16 for heads of d values (op_attention_precision). */
-bool op_attention_bf16_tiles_build(void *head_tiles, const void *const *k_blocks, const void *const *v_blocks,
+/* Bytes of one kv head's tiles at precision prec (bf16 or int8) for keys
+ * [0, n_keys) (64-key blocks). */
+size_t op_attention_bf16_tiles_bytes(attention_precision prec, int64_t n_keys, int d);
+/* Builds kv head kv_head's tiles at precision prec of 64-key blocks
+ * [block_begin, block_end) for keys [0, n_keys) into head_tiles (that
+ * head's op_attention_bf16_tiles_bytes(prec, n_keys, d) bytes; rows of the
+ * blocks given as to op_attention_paged_rows). Blocks are independent, so
+ * threads may build disjoint ranges. False (nothing built) where attention
+ * cannot run at prec for heads of d values (op_attention_precision). */
+bool op_attention_bf16_tiles_build(attention_precision prec, void *head_tiles, const void *const *k_blocks,
+                                   const void *const *v_blocks,
                                    kv_row_type type, int n_head_kv, int d, int kv_head, int64_t n_keys,
                                    int64_t block_begin, int64_t block_end);
 
