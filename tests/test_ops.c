@@ -357,7 +357,8 @@ static float int8_quantize_ref(const float *x, int d, int *bytes) {
  * kernel's online softmax: the query times scale * log2(e) before it is
  * rounded (scores in log2 units); at int8 the scores are instead the
  * kernel's own f32 arithmetic (exact int32 dot of the quantized query and
- * key, times the key's step, times the query's); keys in blocks of 64 at multiples of 64,
+ * key, times the key's step, times the query's), and so are the weighted
+ * values of each block (below); keys in blocks of 64 at multiples of 64,
  * each block's reference m_b moving to the block's max only when a score
  * passes m_b + 8 (or at the first block); each key's weight 2^(s - m_b)
  * (exp2_weight_ref) rounded to bf16, scaled to the last reference, over the sum of those
@@ -391,8 +392,36 @@ static void bf16_reference(double *out, const float *q, const enc_blocks *kb, co
         if (m == -INFINITY || bmax > m + 8) m = bmax;
         for (int64_t j = b0 > first ? b0 : first; j < b0 + 64 && j < n_keys; j++) mb[j - first] = m;
     }
-    for (int64_t j = 0; j < n; j++) sum += bf16_round(exp2_weight_ref((float)(s[j] - mb[j]))) * exp2(mb[j] - m);
     for (int i = 0; i < d; i++) out[i] = 0;
+    if (prec == ATTENTION_INT8) {
+        /* per block: weights e (f32) times each value row's step, as bytes on
+         * the block's step max / 255; the exact int32 sums of bytes by the
+         * values' bytes, times that step; the sum adds e itself */
+        int v8[64][128];
+        for (int64_t b0 = first - first % 64; b0 < n_keys; b0 += 64) {
+            float pv[64] = {0}, pmax = 0;
+            int64_t j0 = b0 > first ? b0 : first, j1 = b0 + 64 < n_keys ? b0 + 64 : n_keys;
+            for (int64_t j = j0; j < j1; j++) {
+                float e = exp2_weight_ref((float)(s[j - first] - mb[j - first]));
+                const float *v = vb->dec[j / 16] + (size_t)(j % 16) * width + k_off;
+                pv[j - b0] = e * int8_quantize_ref(v, d, v8[j - b0]);
+                pmax = pv[j - b0] > pmax ? pv[j - b0] : pmax;
+                sum += e * exp2(mb[j - first] - m);
+            }
+            if (!(pmax > 0)) continue;
+            float inv = 255.0f / pmax, pstep = pmax / 255.0f;
+            for (int i = 0; i < d; i++) {
+                int32_t dot = 0;
+                for (int64_t j = j0; j < j1; j++) dot += (int32_t)nearbyintf(pv[j - b0] * inv) * v8[j - b0][i];
+                out[i] += (double)((float)dot * pstep) * exp2(mb[j0 - first] - m);
+            }
+        }
+        for (int i = 0; i < d; i++) out[i] /= sum;
+        free(s);
+        free(mb);
+        return;
+    }
+    for (int64_t j = 0; j < n; j++) sum += bf16_round(exp2_weight_ref((float)(s[j] - mb[j]))) * exp2(mb[j] - m);
     for (int64_t j = first; j < n_keys; j++) {
         double p = bf16_round(exp2_weight_ref((float)(s[j - first] - mb[j - first]))) * exp2(mb[j - first] - m) / sum;
         const float *v = vb->dec[j / 16] + (size_t)(j % 16) * width + k_off;

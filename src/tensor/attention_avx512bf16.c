@@ -138,9 +138,13 @@ ALWAYS_INLINE void prefetch_rows(const int D, const attention_head_args *a, int6
 
 /* Vectors of one 64-key block's tiles for heads of D values, as the
  * kernel keeps them: two K tiles (D vectors each), then the V tile (VT/2
- * pairs of MAX_D/16 vectors, D/16 of them used). */
+ * pairs of MAX_D/16 vectors, D/16 of them used); at int8 (I8) four K
+ * tiles of 16 keys (D/4 vectors and the keys' steps each), then the V
+ * tile of VT/4 quads and the 64 keys' steps. */
 #define K_VECS(D, I8) ((I8) ? (VT / 16) * ((D) / 4 + 1) : 2 * (D))
-#define TILE_VECS(D, I8) (K_VECS(D, I8) + (VT / 2) * (MAX_D / 16))
+/* at int8: VT/4 quads of D/16 vectors, then the VT keys' steps */
+#define V_VECS(D, I8) ((I8) ? (VT / 4) * ((D) / 16) + VT / 16 : (VT / 2) * (MAX_D / 16))
+#define TILE_VECS(D, I8) (K_VECS(D, I8) + V_VECS(D, I8))
 _Static_assert(TILE_VECS(128, false) * 64 == ATTENTION_BF16_TILE_BYTES(128) &&
                    TILE_VECS(64, false) * 64 == ATTENTION_BF16_TILE_BYTES(64) &&
                    TILE_VECS(128, true) * 64 == ATTENTION_INT8_TILE_BYTES(128) &&
@@ -164,7 +168,10 @@ typedef struct query_block {
 
 /* What the scores of one block leave for its values, per query. */
 typedef struct block_weights {
-    uint32_t pq[VT / 2]; /* the weights e as bf16 pairs (e[2u], e[2u + 1]) */
+    /* the weights e as bf16 pairs (e[2u], e[2u + 1]); at int8 the 64
+     * bytes round(e[k] * vstep[k] / pstep) in its first 16 words */
+    uint32_t pq[VT / 2];
+    float pstep;         /* int8: the weights' step (max e * vstep / 255) */
     float alpha;         /* out's rescale when m moved (grew) */
     bool grew;
     int full, straddle;  /* pairs wholly visible; the pair whose second key is past the last (-1: none) */
@@ -189,55 +196,68 @@ ALWAYS_INLINE __m512 exp2_weight(__m512 x) {
  * weights stay <= 2^REBASE_LOG2, far inside f32's and bf16's range. */
 #define REBASE_LOG2 8.0f
 
-/* The int32 dots of 4 queries with the 64 keys of an int8 K tile, in
- * assembly: 16 accumulators (zmm0-15), the 4 key vectors of a step
- * (zmm16-19) and 4 broadcast queries (zmm20-23). Written with intrinsics,
- * gcc 12 copied accumulators in and out of spare registers on every step
- * (two moves per vpdpbusd with unroll pragmas, some without), which cost
- * a third of the loop. dots[i][g] gets the 16 lanes of query i, group g. */
-static void dots_i8_4(const __m512i *ktp, const query_block *qb, int32_t (*dots)[VT / 16][16], long steps,
-                      long group_bytes) {
-    const char *k = (const char *)ktp, *q = (const char *)qb->q;
-    __asm__ volatile(
-        "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
-        "vmovdqa64 %%zmm0, %%zmm1\n\t" "vmovdqa64 %%zmm0, %%zmm2\n\t" "vmovdqa64 %%zmm0, %%zmm3\n\t"
-        "vmovdqa64 %%zmm0, %%zmm4\n\t" "vmovdqa64 %%zmm0, %%zmm5\n\t" "vmovdqa64 %%zmm0, %%zmm6\n\t"
-        "vmovdqa64 %%zmm0, %%zmm7\n\t" "vmovdqa64 %%zmm0, %%zmm8\n\t" "vmovdqa64 %%zmm0, %%zmm9\n\t"
-        "vmovdqa64 %%zmm0, %%zmm10\n\t" "vmovdqa64 %%zmm0, %%zmm11\n\t" "vmovdqa64 %%zmm0, %%zmm12\n\t"
-        "vmovdqa64 %%zmm0, %%zmm13\n\t" "vmovdqa64 %%zmm0, %%zmm14\n\t" "vmovdqa64 %%zmm0, %%zmm15\n\t"
-        "1:\n\t"
-        "vmovdqa64 (%[k]), %%zmm16\n\t"
-        "vmovdqa64 (%[k],%[gb],1), %%zmm17\n\t"
-        "vmovdqa64 (%[k],%[gb],2), %%zmm18\n\t"
-        "vmovdqa64 (%[k],%[gb3],1), %%zmm19\n\t"
-        "vpbroadcastd (%[q]), %%zmm20\n\t"
-        "vpbroadcastd %c[q1](%[q]), %%zmm21\n\t"
-        "vpbroadcastd %c[q2](%[q]), %%zmm22\n\t"
-        "vpbroadcastd %c[q3](%[q]), %%zmm23\n\t"
-        "vpdpbusd %%zmm20, %%zmm16, %%zmm0\n\t" "vpdpbusd %%zmm20, %%zmm17, %%zmm1\n\t"
-        "vpdpbusd %%zmm20, %%zmm18, %%zmm2\n\t" "vpdpbusd %%zmm20, %%zmm19, %%zmm3\n\t"
-        "vpdpbusd %%zmm21, %%zmm16, %%zmm4\n\t" "vpdpbusd %%zmm21, %%zmm17, %%zmm5\n\t"
-        "vpdpbusd %%zmm21, %%zmm18, %%zmm6\n\t" "vpdpbusd %%zmm21, %%zmm19, %%zmm7\n\t"
-        "vpdpbusd %%zmm22, %%zmm16, %%zmm8\n\t" "vpdpbusd %%zmm22, %%zmm17, %%zmm9\n\t"
-        "vpdpbusd %%zmm22, %%zmm18, %%zmm10\n\t" "vpdpbusd %%zmm22, %%zmm19, %%zmm11\n\t"
-        "vpdpbusd %%zmm23, %%zmm16, %%zmm12\n\t" "vpdpbusd %%zmm23, %%zmm17, %%zmm13\n\t"
-        "vpdpbusd %%zmm23, %%zmm18, %%zmm14\n\t" "vpdpbusd %%zmm23, %%zmm19, %%zmm15\n\t"
-        "add $64, %[k]\n\t"
-        "add $4, %[q]\n\t"
-        "dec %[n]\n\t"
-        "jnz 1b\n\t"
-        "vmovdqu64 %%zmm0, 0(%[o])\n\t" "vmovdqu64 %%zmm1, 64(%[o])\n\t" "vmovdqu64 %%zmm2, 128(%[o])\n\t"
-        "vmovdqu64 %%zmm3, 192(%[o])\n\t" "vmovdqu64 %%zmm4, 256(%[o])\n\t" "vmovdqu64 %%zmm5, 320(%[o])\n\t"
-        "vmovdqu64 %%zmm6, 384(%[o])\n\t" "vmovdqu64 %%zmm7, 448(%[o])\n\t" "vmovdqu64 %%zmm8, 512(%[o])\n\t"
-        "vmovdqu64 %%zmm9, 576(%[o])\n\t" "vmovdqu64 %%zmm10, 640(%[o])\n\t" "vmovdqu64 %%zmm11, 704(%[o])\n\t"
-        "vmovdqu64 %%zmm12, 768(%[o])\n\t" "vmovdqu64 %%zmm13, 832(%[o])\n\t" "vmovdqu64 %%zmm14, 896(%[o])\n\t"
-        "vmovdqu64 %%zmm15, 960(%[o])\n\t"
-        : [k] "+r"(k), [q] "+r"(q), [n] "+r"(steps)
-        : [gb] "r"(group_bytes), [gb3] "r"(3 * group_bytes), [o] "r"(dots), [q1] "i"(sizeof(query_block)),
-          [q2] "i"(2 * sizeof(query_block)), [q3] "i"(3 * sizeof(query_block))
-        : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-          "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22",
-          "xmm23");
+/* One step of 16 vpdpbusd: the 4 loaded vectors (zmm16-19) by the 4
+ * broadcast words (zmm20-23) into accumulators zmm0-15 (broadcast i, vector
+ * g into zmm(4i + g)). ORDER(b, v, acc) spells one instruction with the
+ * unsigned operand where it belongs. */
+#define DP_STEP(ORDER)                                                                                         \
+    ORDER(20, 16, 0) ORDER(20, 17, 1) ORDER(20, 18, 2) ORDER(20, 19, 3) ORDER(21, 16, 4) ORDER(21, 17, 5)       \
+    ORDER(21, 18, 6) ORDER(21, 19, 7) ORDER(22, 16, 8) ORDER(22, 17, 9) ORDER(22, 18, 10) ORDER(22, 19, 11)     \
+    ORDER(23, 16, 12) ORDER(23, 17, 13) ORDER(23, 18, 14) ORDER(23, 19, 15)
+/* AT&T operands: signed source, unsigned source, accumulator */
+#define VECTOR_UNSIGNED(b, v, acc) "vpdpbusd %%zmm" #b ", %%zmm" #v ", %%zmm" #acc "\n\t"
+#define BROADCAST_UNSIGNED(b, v, acc) "vpdpbusd %%zmm" #v ", %%zmm" #b ", %%zmm" #acc "\n\t"
+#define DP_4X4_ASM(ORDER)                                                                                      \
+    __asm__ volatile(                                                                                          \
+        "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"                                                                    \
+        "vmovdqa64 %%zmm0, %%zmm1\n\t" "vmovdqa64 %%zmm0, %%zmm2\n\t" "vmovdqa64 %%zmm0, %%zmm3\n\t"          \
+        "vmovdqa64 %%zmm0, %%zmm4\n\t" "vmovdqa64 %%zmm0, %%zmm5\n\t" "vmovdqa64 %%zmm0, %%zmm6\n\t"          \
+        "vmovdqa64 %%zmm0, %%zmm7\n\t" "vmovdqa64 %%zmm0, %%zmm8\n\t" "vmovdqa64 %%zmm0, %%zmm9\n\t"          \
+        "vmovdqa64 %%zmm0, %%zmm10\n\t" "vmovdqa64 %%zmm0, %%zmm11\n\t" "vmovdqa64 %%zmm0, %%zmm12\n\t"       \
+        "vmovdqa64 %%zmm0, %%zmm13\n\t" "vmovdqa64 %%zmm0, %%zmm14\n\t" "vmovdqa64 %%zmm0, %%zmm15\n\t"       \
+        "1:\n\t"                                                                                               \
+        "vmovdqa64 (%[v]), %%zmm16\n\t"                                                                        \
+        "vmovdqa64 (%[v],%[vg],1), %%zmm17\n\t"                                                                \
+        "vmovdqa64 (%[v],%[vg],2), %%zmm18\n\t"                                                                \
+        "vmovdqa64 (%[v],%[vg3],1), %%zmm19\n\t"                                                               \
+        "vpbroadcastd (%[b]), %%zmm20\n\t"                                                                     \
+        "vpbroadcastd (%[b],%[bs],1), %%zmm21\n\t"                                                             \
+        "vpbroadcastd (%[b],%[bs],2), %%zmm22\n\t"                                                             \
+        "vpbroadcastd (%[b],%[bs3],1), %%zmm23\n\t"                                                            \
+        DP_STEP(ORDER)                                                                                         \
+        "add %[vstep], %[v]\n\t"                                                                               \
+        "add $4, %[b]\n\t"                                                                                     \
+        "dec %[n]\n\t"                                                                                         \
+        "jnz 1b\n\t"                                                                                           \
+        "vmovdqu64 %%zmm0, 0(%[o])\n\t" "vmovdqu64 %%zmm1, 64(%[o])\n\t" "vmovdqu64 %%zmm2, 128(%[o])\n\t"    \
+        "vmovdqu64 %%zmm3, 192(%[o])\n\t" "vmovdqu64 %%zmm4, 256(%[o])\n\t" "vmovdqu64 %%zmm5, 320(%[o])\n\t"  \
+        "vmovdqu64 %%zmm6, 384(%[o])\n\t" "vmovdqu64 %%zmm7, 448(%[o])\n\t" "vmovdqu64 %%zmm8, 512(%[o])\n\t"  \
+        "vmovdqu64 %%zmm9, 576(%[o])\n\t" "vmovdqu64 %%zmm10, 640(%[o])\n\t" "vmovdqu64 %%zmm11, 704(%[o])\n\t" \
+        "vmovdqu64 %%zmm12, 768(%[o])\n\t" "vmovdqu64 %%zmm13, 832(%[o])\n\t" "vmovdqu64 %%zmm14, 896(%[o])\n\t" \
+        "vmovdqu64 %%zmm15, 960(%[o])\n\t"                                                                     \
+        : [v] "+r"(vec), [b] "+r"(bcast), [n] "+r"(steps)                                                      \
+        : [vg] "r"(vec_group), [vg3] "r"(3 * vec_group), [vstep] "r"(vec_step), [bs] "r"(bcast_stride),       \
+          [bs3] "r"(3 * bcast_stride), [o] "r"(out)                                                            \
+        : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",     \
+          "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",   \
+          "xmm21", "xmm22", "xmm23")
+
+/* The int32 dots of 4 broadcast operands with 4 vectors, steps > 0 times,
+ * in assembly: 16 accumulators (zmm0-15), the 4 vectors of a step
+ * (zmm16-19, vec_group bytes apart, the next step vec_step further) and 4
+ * broadcast words (zmm20-23: bcast_stride bytes apart, the next step 4
+ * further). out[i][g] gets the 16 lanes of broadcast i by vector g. At
+ * bcast_unsigned the broadcast bytes are the unsigned operand (weights
+ * times values), else the vectors' (keys times queries). Written with
+ * intrinsics, gcc 12 copied accumulators in and out of spare registers on
+ * every step (two moves per vpdpbusd with unroll pragmas, some without),
+ * which cost a third of the loop. */
+static void dp_4x4(const char *vec, long vec_step, long vec_group, const char *bcast, long bcast_stride, long steps,
+                   bool bcast_unsigned, int32_t (*out)[4][16]) {
+    if (bcast_unsigned)
+        DP_4X4_ASM(BROADCAST_UNSIGNED);
+    else
+        DP_4X4_ASM(VECTOR_UNSIGNED);
 }
 
 /* The scores (log2 units) of NQ queries at int8 with the 64 keys of an
@@ -249,7 +269,8 @@ ALWAYS_INLINE void dots_i8(const int D, const int NQ, const __m512i *ktp, const 
                            float (*scores)[VT]) {
     int32_t dots[QB][VT / 16][16] __attribute__((aligned(64)));
     if (NQ == 4) {
-        dots_i8_4(ktp, qb, dots, D / 4, (long)(D / 4 + 1) * 64);
+        dp_4x4((const char *)ktp, 64, (long)(D / 4 + 1) * 64, (const char *)qb->q, sizeof(query_block), D / 4, false,
+               dots);
     } else { /* the last group of a call */
         for (int i = 0; i < NQ; i++)
             for (int g = 0; g < VT / 16; g++) {
@@ -287,8 +308,8 @@ ALWAYS_INLINE void dots_i8(const int D, const int NQ, const __m512i *ktp, const 
  * once at the end. Each query's arithmetic is its own, whatever the other
  * queries of the group. */
 ALWAYS_INLINE void block_scores(const int D, const int NQ, const bool I8, const attention_head_args *a,
-                                const __m512i *ktp, const query_block *qb, float *m, __m512 *lsum,
-                                block_weights *w, int64_t b0, int64_t first) {
+                                const __m512i *ktp, const float *v_steps, const query_block *qb, float *m,
+                                __m512 *lsum, block_weights *w, int64_t b0, int64_t first) {
     __m512 acc[QB][VT / 16];
     if (I8) {
         float scores[QB][VT] __attribute__((aligned(64)));
@@ -347,11 +368,80 @@ ALWAYS_INLINE void block_scores(const int D, const int NQ, const bool I8, const 
 #pragma GCC unroll 4
         for (int c = 0; c < VT / 16; c++)
             e[c] = _mm512_maskz_mov_ps((__mmask16)(vis >> (16 * c)), exp2_weight(_mm512_sub_ps(acc[i][c], vm)));
+        if (I8) {
+            /* the values' steps folded into the weights, which are then
+             * bytes on one step per query and block; the sum adds e */
+            __m512 pv[VT / 16], top = _mm512_setzero_ps();
+#pragma GCC unroll 4
+            for (int c = 0; c < VT / 16; c++) {
+                pv[c] = _mm512_mul_ps(e[c], _mm512_load_ps(v_steps + 16 * c));
+                top = _mm512_max_ps(top, pv[c]);
+            }
+            lsum[i] = _mm512_add_ps(lsum[i], _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3])));
+            float pmax = _mm512_reduce_max_ps(top);
+            uint8_t *bytes = (uint8_t *)w[i].pq;
+            if (pmax > 0.0f) {
+                __m512 inv = _mm512_set1_ps(255.0f / pmax);
+#pragma GCC unroll 4
+                for (int c = 0; c < VT / 16; c++)
+                    _mm_storeu_si128((__m128i *)(bytes + 16 * c),
+                                     _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(pv[c], inv))));
+                w[i].pstep = pmax / 255.0f;
+            } else {
+                memset(bytes, 0, VT);
+                w[i].pstep = 0.0f;
+            }
+            continue;
+        }
 #pragma GCC unroll 2
         for (int c = 0; c < VT / 32; c++) {
             __m512i pairs = bf16_pairs(e[2 * c], e[2 * c + 1]);
             _mm512_storeu_si512(w[i].pq + 16 * c, pairs);
             lsum[i] = dp(lsum[i], pairs, ones);
+        }
+    }
+}
+
+/* block_values at int8: the V tile (vtp, D/16 vectors per quad of keys,
+ * vector c of quad u holding in lane j the bytes v[4u..4u+3][16c + j]) by
+ * the weights' bytes, exact in int32 over the quads any query of the group
+ * sees (a key a query does not see has weight 0, adding 0 exactly, so its
+ * bits do not depend on the group), then out = out * alpha (when m grew) +
+ * dots * pstep; a query that sees none of the block keeps out as it is. */
+ALWAYS_INLINE void block_values_i8(const int D, const int NQ, const __m512i *vtp, const block_weights *w,
+                                   float (*out)[MAX_D], int64_t b0, int64_t first) {
+    int seen = 0;
+    for (int i = 0; i < NQ; i++) {
+        int own = 2 * w[i].full + (w[i].straddle >= 0);
+        seen = own > seen ? own : seen;
+    }
+    const int q0 = (int)((b0 > first ? 0 : first - b0) / 4), q1 = (seen + 3) / 4;
+    if (q1 <= q0) return;
+    for (int h = 0; h < D / 64; h++) {
+        int32_t dots[QB][4][16] __attribute__((aligned(64)));
+        const __m512i *v = vtp + (size_t)q0 * (D / 16) + 4 * h;
+        if (NQ == 4) {
+            dp_4x4((const char *)v, (long)(D / 16) * 64, 64, (const char *)w[0].pq + 4 * q0, sizeof(block_weights),
+                   q1 - q0, true, dots);
+        } else { /* the last group of a call, and decode */
+            for (int i = 0; i < NQ; i++)
+                for (int c = 0; c < 4; c++) {
+                    __m512i acc = _mm512_setzero_si512();
+                    for (int u = 0; u < q1 - q0; u++)
+                        acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32((int)w[i].pq[q0 + u]),
+                                                  _mm512_load_si512(v + (size_t)u * (D / 16) + c));
+                    _mm512_store_si512(dots[i][c], acc);
+                }
+        }
+        for (int i = 0; i < NQ; i++) {
+            if (w[i].full == 0 && w[i].straddle < 0) continue;
+            __m512 step = _mm512_set1_ps(w[i].pstep);
+            for (int c = 0; c < 4; c++) {
+                __m512 o = _mm512_load_ps(out[i] + 64 * h + 16 * c);
+                if (w[i].grew) o = _mm512_mul_ps(o, _mm512_set1_ps(w[i].alpha));
+                o = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(dots[i][c])), step, o);
+                _mm512_store_ps(out[i] + 64 * h + 16 * c, o);
+            }
         }
     }
 }
@@ -417,17 +507,18 @@ ALWAYS_INLINE void block_values(const int D, const int NQ, const __m512i (*vtp)[
 }
 
 #define BLOCK_FNS(D, N, I8, TAG)                                                                               \
-    static void scores_##D##_##N##TAG(const attention_head_args *a, const __m512i *ktp, const query_block *qb,     \
-                                      float *m, __m512 *lsum, block_weights *w, int64_t b0, int64_t first) {       \
-        block_scores(D, N, I8, a, ktp, qb, m, lsum, w, b0, first);                                                 \
+    static void scores_##D##_##N##TAG(const attention_head_args *a, const __m512i *ktp, const float *v_steps,      \
+                                      const query_block *qb, float *m, __m512 *lsum, block_weights *w, int64_t b0, \
+                                      int64_t first) {                                                             \
+        block_scores(D, N, I8, a, ktp, v_steps, qb, m, lsum, w, b0, first);                                        \
     }
 #define VALUE_FNS(D, N)                                                                                         \
     static void values_##D##_##N(const __m512i (*vtp)[MAX_D / 16], const block_weights *w, float (*out)[MAX_D],  \
                                  int64_t b0, int64_t first) {                                                   \
         block_values(D, N, vtp, w, out, b0, first);                                                             \
     }
-typedef void (*scores_fn)(const attention_head_args *, const __m512i *, const query_block *, float *, __m512 *,
-                          block_weights *, int64_t, int64_t);
+typedef void (*scores_fn)(const attention_head_args *, const __m512i *, const float *, const query_block *, float *,
+                          __m512 *, block_weights *, int64_t, int64_t);
 typedef void (*values_fn)(const __m512i (*)[MAX_D / 16], const block_weights *, float (*)[MAX_D], int64_t, int64_t);
 BLOCK_FNS(128, 1, false, ) BLOCK_FNS(128, 2, false, ) BLOCK_FNS(128, 3, false, ) BLOCK_FNS(128, 4, false, )
 BLOCK_FNS(64, 1, false, ) BLOCK_FNS(64, 2, false, ) BLOCK_FNS(64, 3, false, ) BLOCK_FNS(64, 4, false, )
@@ -435,6 +526,18 @@ BLOCK_FNS(128, 1, true, _i8) BLOCK_FNS(128, 2, true, _i8) BLOCK_FNS(128, 3, true
 BLOCK_FNS(64, 1, true, _i8) BLOCK_FNS(64, 2, true, _i8) BLOCK_FNS(64, 3, true, _i8) BLOCK_FNS(64, 4, true, _i8)
 VALUE_FNS(128, 1) VALUE_FNS(128, 2) VALUE_FNS(128, 3) VALUE_FNS(128, 4)
 VALUE_FNS(64, 1) VALUE_FNS(64, 2) VALUE_FNS(64, 3) VALUE_FNS(64, 4)
+#define VALUE_I8_FNS(D, N)                                                                                    \
+    static void values_##D##_##N##_i8(const __m512i *vtp, const block_weights *w, float (*out)[MAX_D], int64_t b0, \
+                                      int64_t first) {                                                          \
+        block_values_i8(D, N, vtp, w, out, b0, first);                                                          \
+    }
+typedef void (*values_i8_fn)(const __m512i *, const block_weights *, float (*)[MAX_D], int64_t, int64_t);
+VALUE_I8_FNS(128, 1) VALUE_I8_FNS(128, 2) VALUE_I8_FNS(128, 3) VALUE_I8_FNS(128, 4)
+VALUE_I8_FNS(64, 1) VALUE_I8_FNS(64, 2) VALUE_I8_FNS(64, 3) VALUE_I8_FNS(64, 4)
+static const values_i8_fn values_fns_128_i8[QB + 1] = {NULL, values_128_1_i8, values_128_2_i8, values_128_3_i8,
+                                                       values_128_4_i8};
+static const values_i8_fn values_fns_64_i8[QB + 1] = {NULL, values_64_1_i8, values_64_2_i8, values_64_3_i8,
+                                                      values_64_4_i8};
 static const scores_fn scores_fns_128[QB + 1] = {NULL, scores_128_1, scores_128_2, scores_128_3, scores_128_4};
 static const scores_fn scores_fns_64[QB + 1] = {NULL, scores_64_1, scores_64_2, scores_64_3, scores_64_4};
 static const scores_fn scores_fns_128_i8[QB + 1] = {NULL, scores_128_1_i8, scores_128_2_i8, scores_128_3_i8,
@@ -528,6 +631,36 @@ ALWAYS_INLINE void build_k_tile_i8(const int D, const attention_head_args *a, in
     }
 }
 
+/* The int8 V tile of keys [v0, v0 + VT) (zero rows outside [first, hi)):
+ * each row as bytes on its own step (quantize_i8), then per quad of keys u
+ * D/16 vectors, vector c holding in lane j the bytes v[4u..4u+3][16c + j]
+ * (what vpdpbusd sums with 4 weights), then the 64 steps. */
+ALWAYS_INLINE void build_v_tile_i8(const int D, const attention_head_args *a, int64_t v0, int64_t first, int64_t hi,
+                                   float (*rows)[MAX_D], __m512i *vtp, const bool stream) {
+    int8_t bytes[VT][MAX_D] __attribute__((aligned(64)));
+    float steps[VT] __attribute__((aligned(64)));
+    for (int k = 0; k < VT; k++) {
+        head_row_f32(D, a, false, v0 + k, first, hi, rows[k]);
+        steps[k] = quantize_i8(D, rows[k], bytes[k]);
+    }
+    for (int u = 0; u < VT / 4; u++)
+        for (int c = 0; c < D / 16; c++) {
+            __m128i r0 = _mm_load_si128((const __m128i *)(bytes[4 * u] + 16 * c));
+            __m128i r1 = _mm_load_si128((const __m128i *)(bytes[4 * u + 1] + 16 * c));
+            __m128i r2 = _mm_load_si128((const __m128i *)(bytes[4 * u + 2] + 16 * c));
+            __m128i r3 = _mm_load_si128((const __m128i *)(bytes[4 * u + 3] + 16 * c));
+            __m128i t0 = _mm_unpacklo_epi8(r0, r1), t1 = _mm_unpackhi_epi8(r0, r1);
+            __m128i t2 = _mm_unpacklo_epi8(r2, r3), t3 = _mm_unpackhi_epi8(r2, r3);
+            __m512i x = _mm512_castsi128_si512(_mm_unpacklo_epi16(t0, t2));
+            x = _mm512_inserti32x4(x, _mm_unpackhi_epi16(t0, t2), 1);
+            x = _mm512_inserti32x4(x, _mm_unpacklo_epi16(t1, t3), 2);
+            x = _mm512_inserti32x4(x, _mm_unpackhi_epi16(t1, t3), 3);
+            store_tile(vtp + (size_t)u * (D / 16) + c, x, stream);
+        }
+    for (int c = 0; c < VT / 16; c++)
+        store_tile(vtp + (VT / 4) * (D / 16) + c, _mm512_castps_si512(_mm512_load_ps(steps + 16 * c)), stream);
+}
+
 /* The V tile of keys [v0, v0 + VT) as pairs of consecutive rows (zero rows
  * outside [first, hi)). */
 ALWAYS_INLINE void build_v_tile(const int D, const attention_head_args *a, int64_t v0, int64_t first, int64_t hi,
@@ -573,6 +706,7 @@ ALWAYS_INLINE void heads_bf16(const int D, const bool I8, const attention_head_a
     for (int i = 1; i < n; i++) hi = a[i].n_keys > hi ? a[i].n_keys : hi;
     const scores_fn *scores = I8 ? (D == 64 ? scores_fns_64_i8 : scores_fns_128_i8) : (D == 64 ? scores_fns_64 : scores_fns_128);
     const values_fn *values = D == 64 ? values_fns_64 : values_fns_128;
+    const values_i8_fn *values_i8 = D == 64 ? values_fns_64_i8 : values_fns_128_i8;
 
     /* The queries as bf16 pairs; out accumulates in a contiguous buffer
      * (the callers' rows lie a row of all heads apart, 8 KiB on the 0.6B
@@ -622,13 +756,14 @@ ALWAYS_INLINE void heads_bf16(const int D, const bool I8, const attention_head_a
             vt = (const __m512i (*)[MAX_D / 16])(kt + K_VECS(D, I8));
         } else if (I8) {
             build_k_tile_i8(D, &a[0], b0, first, hi, rows, ktp, false);
-            build_v_tile(D, &a[0], b0, first, hi, rows, vtp, false);
+            build_v_tile_i8(D, &a[0], b0, first, hi, rows, &vtp[0][0], false);
         } else {
             build_k_tile(D, &a[0], b0, first, hi, rows, ktp, false);
             build_k_tile(D, &a[0], b0 + KT, first, hi, rows, ktp + D, false);
             build_v_tile(D, &a[0], b0, first, hi, rows, vtp, false);
         }
         const int64_t lo = b0 > first ? b0 : first;
+        const float *v_steps = I8 ? (const float *)(&vt[0][0] + (VT / 4) * (D / 16)) : NULL;
         for (int gi = 0; gi < groups; gi++) {
             int s0 = gi * QB, nq = n - s0 < QB ? n - s0 : QB;
             /* The rows (or tiles) of the block after next, a share per
@@ -642,11 +777,15 @@ ALWAYS_INLINE void heads_bf16(const int D, const bool I8, const attention_head_a
             any[gi] = false; /* a query of the group sees a key of the block */
             for (int i = s0; i < s0 + nq; i++) any[gi] |= a[i].n_keys > lo;
             if (any[gi])
-                scores[nq](a + s0, kt, qb + s0, m + s0, lsum + s0, w + s0, b0, first);
+                scores[nq](a + s0, kt, v_steps, qb + s0, m + s0, lsum + s0, w + s0, b0, first);
         }
         for (int gi = 0; gi < groups; gi++) {
             int s0 = gi * QB, nq = n - s0 < QB ? n - s0 : QB;
-            if (any[gi]) values[nq](vt, w + s0, out + s0, b0, first);
+            if (!any[gi]) continue;
+            if (I8)
+                values_i8[nq](&vt[0][0], w + s0, out + s0, b0, first);
+            else
+                values[nq](vt, w + s0, out + s0, b0, first);
         }
     }
     for (int i = 0; i < n; i++) {
@@ -685,11 +824,12 @@ static void tiles_build(const int D, const bool I8, void *tiles, const attention
         if (b + 2 < block_end) prefetch_rows(D, a, (b + 2) * VT, (b + 3) * VT, a->n_keys);
         if (I8) {
             build_k_tile_i8(D, a, b * VT, 0, a->n_keys, rows, kt, true);
+            build_v_tile_i8(D, a, b * VT, 0, a->n_keys, rows, kt + K_VECS(D, I8), true);
         } else {
             build_k_tile(D, a, b * VT, 0, a->n_keys, rows, kt, true);
             build_k_tile(D, a, b * VT + KT, 0, a->n_keys, rows, kt + D, true);
+            build_v_tile(D, a, b * VT, 0, a->n_keys, rows, (__m512i (*)[MAX_D / 16])(kt + K_VECS(D, I8)), true);
         }
-        build_v_tile(D, a, b * VT, 0, a->n_keys, rows, (__m512i (*)[MAX_D / 16])(kt + K_VECS(D, I8)), true);
     }
     _mm_sfence(); /* the streamed tiles reach memory before another thread reads them */
 }

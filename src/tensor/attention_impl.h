@@ -83,8 +83,9 @@ void attention_heads_avx512bf16(const attention_head_args *a, int n);
  * two K tiles of d vectors, a V tile of 32 pairs x 8 vectors, 64 bytes each. */
 #define ATTENTION_BF16_TILE_BYTES(d) ((size_t)(2 * (d) + 32 * 8) * 64)
 /* At ATTENTION_INT8: four K tiles of 16 keys (d/4 vectors of bytes and
- * one of steps each), the same V tile. */
-#define ATTENTION_INT8_TILE_BYTES(d) ((size_t)(4 * ((d) / 4 + 1) + 32 * 8) * 64)
+ * one of steps each), a V tile of 16 quads of keys (d/16 vectors of bytes
+ * each) and 4 vectors of the keys' steps. */
+#define ATTENTION_INT8_TILE_BYTES(d) ((size_t)(4 * ((d) / 4 + 1) + 16 * ((d) / 16) + 4) * 64)
 
 /* The bf16 kernel's K and V tiles of 64-key blocks [block_begin, block_end)
  * of the kv head a describes (k_blocks, strides, offsets, types, d_k = d_v
