@@ -128,17 +128,19 @@ bench: build
 	if [ "$(BENCH_LONG)" = 1 ]; then \
 	  ./build/bench_engine $(call bench_model,$(BENCH_LONG_ROW)) --label "$(BENCH_LONG_ROW) long prefill" --threads 2 --reps 1 \
 	    --prefill $(BENCH_LONG_PREFILL) --decode 16 --attention both --llama-bench "$(LLAMA_BENCH)" || exit 1; \
+	  ./build/bench_engine $(call bench_model,$(BENCH_LONG_ROW)) --label "$(BENCH_LONG_ROW) long prefill int8" --threads 2 \
+	    --reps 1 --warmup 3 --prefill $(BENCH_LONG_PREFILL) --decode 16 --attention int8 || exit 1; \
 	fi
 	./build/bench_engine $(call bench_model,$(BENCH_BUSY_ROW)) --label "$(BENCH_BUSY_ROW) contention" --threads 2 --reps 1 \
 	  --prefill $(BENCH_BUSY_PREFILL) --decode $(BENCH_BUSY_DECODE) --busy-core $(BENCH_BUSY_CORE) --rounds $(BENCH_BUSY_ROUNDS) --llama-bench "$(LLAMA_BENCH)"
 
 # Attention alone (issue 15, docs/attention.md): one layer's last 512-row
 # prefill chunk at 4k, 8k and 16k keys on the qwen3-0.6b head shape (f16
-# rows, blocks scattered as in a served pool), f32 and bf16, in GFLOP/s on
+# rows, blocks scattered as in a served pool), f32, bf16 and int8, in GFLOP/s on
 # one thread, with a digest of the output bits (equal for every --rows).
 ATT_KEYS ?= 4096 8192 16384
 bench-attention: build
-	for k in $(ATT_KEYS); do ./build/bench_attention --keys $$k --reps 5 --rows 128 || exit 1; done
+	for k in $(ATT_KEYS); do ./build/bench_attention --keys $$k --reps 5 --rows 128 --precision all || exit 1; done
 
 # KV formats (f32, f16, q8_0): quality against f32 KV (mean KL, top-1
 # agreement, perplexity) over bench/data/kv_text.txt (English, 5092 stories260K

@@ -207,6 +207,23 @@ static void test_prebuilt_tiles_same_bits(void **state) {
     model_free(m);
 }
 
+/* An engine at prec on a root holding bf16 files: one log line names them,
+ * the prompt p finds none of its tokens there. ns gets its namespace. */
+static void open_adopting_none(model *m, attention_precision prec, const char *root, const int32_t *p, int n,
+                               char ns[33]) {
+    char *log;
+    engine *e = open_logged(m, prec, root, &log);
+    if (strstr(log, "written under attention precision bf16") == NULL) fail_msg("no precision line in: %s", log);
+    free(log);
+    snprintf(ns, 33, "%s", test_cache_stats(e).disk_namespace);
+    engine_result warm;
+    test_generate(e, p, n, 2, ENGINE_CACHE_LOOKUP, &warm);
+    assert_int_equal(warm.cached_tokens, 0);
+    assert_int_equal(test_cache_stats(e).disk_hits, 0);
+    engine_result_free(&warm);
+    engine_free(e);
+}
+
 static void test_disk_keeps_precisions_apart(void **state) {
     (void)state;
     model *m = bf16_model_or_skip();
@@ -237,27 +254,14 @@ static void test_disk_keeps_precisions_apart(void **state) {
     engine_free(e);
 
     /* f32 on the same root: adopts nothing, says why once */
-    e = open_logged(m, ATTENTION_F32, root, &log);
-    if (strstr(log, "written under attention precision bf16") == NULL) fail_msg("no precision line in: %s", log);
-    free(log);
-    assert_string_equal(test_cache_stats(e).disk_namespace, ns_plain);
-    test_generate(e, p, 96, 2, ENGINE_CACHE_LOOKUP, &warm);
-    assert_int_equal(warm.cached_tokens, 0);
-    assert_int_equal(test_cache_stats(e).disk_hits, 0);
-    engine_result_free(&warm);
-    engine_free(e);
+    char ns[33];
+    open_adopting_none(m, ATTENTION_F32, root, p, 96, ns);
+    assert_string_equal(ns, ns_plain);
 
     /* int8: a namespace of its own too; the bf16 files are not adopted */
-    e = open_logged(m, ATTENTION_INT8, root, &log);
-    if (strstr(log, "written under attention precision bf16") == NULL) fail_msg("no precision line in: %s", log);
-    free(log);
-    assert_string_not_equal(test_cache_stats(e).disk_namespace, ns_plain);
-    assert_string_not_equal(test_cache_stats(e).disk_namespace, ns_bf16);
-    test_generate(e, p, 96, 2, ENGINE_CACHE_LOOKUP, &warm);
-    assert_int_equal(warm.cached_tokens, 0);
-    assert_int_equal(test_cache_stats(e).disk_hits, 0);
-    engine_result_free(&warm);
-    engine_free(e);
+    open_adopting_none(m, ATTENTION_INT8, root, p, 96, ns);
+    assert_string_not_equal(ns, ns_plain);
+    assert_string_not_equal(ns, ns_bf16);
 
     /* bf16 again: its files are adopted, bit-identically */
     e = open_logged(m, ATTENTION_BF16, root, &log);

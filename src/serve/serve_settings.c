@@ -74,8 +74,9 @@ static const serve_setting table[] = {
      "precision of attention's products: f32, bf16 or int8 (faster long prompts, less exact)",
      "bf16 rounds the query, K and V and the softmax weights to bf16 and multiplies them with vdpbf16ps (f32 sums "
      "and softmax): 1.6x the f32 prefill rate at 16k tokens on the qwen3-0.6b shape, about f16 KV's accuracy "
-     "cost again, and slower decode. int8 is bf16 with q.k on signed bytes (one step per query and per key "
-     "head, vpdpbusd): 1.2x bf16's attention rate, a little more accuracy cost; figures in docs/attention.md. "
+     "cost again, and slower decode. int8 runs both products on signed bytes (one step per query, key and "
+     "value head; the softmax weights as bytes per block of 64 keys; vpdpbusd): 1.35x bf16's attention rate, "
+     "about q8_0 KV's accuracy cost; figures in docs/attention.md. "
      "Both need AVX512_BF16 and heads of 64 or 128 values and no kvarn pool; elsewhere f32 runs and "
      "/v1/cache/stats says why (`attention_precision_fallback`). Warm equals cold under each; the SSD and "
      "remote namespaces of each precision differ, so one never adopts another's rows.",

@@ -1,5 +1,7 @@
 /* attention_avx512bf16.c - attention with bf16 products (AVX512_BF16,
- * vdpbf16ps): the opt-in ATTENTION_BF16 precision of op_attention_paged_rows.
+ * vdpbf16ps): the opt-in ATTENTION_BF16 precision of op_attention_paged_rows,
+ * and with int8 products (vpdpbusd) on the same online softmax: the opt-in
+ * ATTENTION_INT8 (the I8 variants, last section of this comment).
  *
  * Why: vdpbf16ps multiplies 32 bf16 pairs into 16 f32 lanes per
  * instruction, twice the products of an f32 FMA, and at long context the
@@ -53,7 +55,24 @@
  * masked to zero, so the pair adds the same +0 product either way; pairs
  * wholly past the query's last key are skipped. Decode and prefill both
  * run this kernel (forward.c sends every query through it in bf16 mode),
- * so warm == cold holds under this precision too. */
+ * so warm == cold holds under this precision too.
+ *
+ * int8 (I8): vpdpbusd adds 4 byte products per 32-bit lane, twice
+ * vdpbf16ps' products per instruction. The query (times scale * log2(e))
+ * and each K and V head are quantized to signed bytes on one step each,
+ * max |x| / 127 (quantize_i8). K tiles hold 16 keys per group, vector p
+ * holding in lane k the 4 bytes k[4p..4p+3] + 128 (vpdpbusd's unsigned
+ * operand; the query's 128 * sum(bytes) is paid back), then the keys'
+ * steps: a score is the exact int32 dot times the key's step times the
+ * query's, a function of the two alone. The softmax is the one above; then
+ * each weight times its value row's step becomes a byte on one step per
+ * query and block (pmax / 255), and the V tile holds quads of keys, vector
+ * c of quad u holding in lane j the bytes v[4u..4u+3][16c + j], so the
+ * weighted values are exact int32 sums over the block, times that step,
+ * added to out. A key a query does not see has the byte 0 and adds 0
+ * exactly, so the quads every query of a group runs over cost no bits;
+ * the sum adds the f32 weights. Both dot loops (4 broadcasts x 4 vectors)
+ * are one assembly loop, dp_4x4 (why there). */
 #include <immintrin.h>
 #include <string.h>
 

@@ -47,12 +47,15 @@ void op_add(float *x, const float *y, int n);
  * and the softmax weights rounded to bf16 (round to nearest even) and
  * multiplied on vdpbf16ps, sums and softmax in f32: about twice the
  * product rate, at an accuracy cost docs/attention.md measures.
- * ATTENTION_INT8 (opt-in): as bf16, but q.k on int8: the query and each
- * key quantized to signed bytes with one step per head (max |x| / 127,
- * round to nearest even), their dot exact in int32 (vpdpbusd, twice
- * vdpbf16ps' products) times the two steps; the weights and values as at
- * bf16. All keep batch invariance; the KV a model writes differs between
- * them, so caches keep them apart (kv_pool_attention). */
+ * ATTENTION_INT8 (opt-in): the bf16 kernel's online softmax with both
+ * products on int8 (vpdpbusd, twice vdpbf16ps' products): the query and
+ * each key and value head quantized to signed bytes with one step per head
+ * (max |x| / 127, round to nearest even); q.k exact in int32 times the two
+ * steps; per block of 64 keys each weight times its value's step becomes a
+ * byte on one step per query and block (max / 255), and the weighted
+ * values are exact int32 sums times that step. All keep batch invariance;
+ * the KV a model writes differs between them, so caches keep them apart
+ * (kv_pool_attention). */
 typedef enum attention_precision {
     ATTENTION_F32 = 0,
     ATTENTION_BF16 = 1,
@@ -66,9 +69,8 @@ typedef enum attention_precision {
  * units with scale * log2(e) folded into the query, weights 2^(s - m) by a
  * degree-4 polynomial, m moved only when a score passes it by 8. */
 enum { ATTENTION_BF16_VERSION = 2 };
-/* The same for ATTENTION_INT8 (its weights and values follow the bf16
- * version too, which enters its namespaces beside this one). 1: the
- * arithmetic above. */
+/* The same for ATTENTION_INT8 (its softmax follows the bf16 version too,
+ * which enters its namespaces beside this one). 1: the arithmetic above. */
 enum { ATTENTION_INT8_VERSION = 1 };
 
 /* The precision attention runs at when `want` is asked for heads of
