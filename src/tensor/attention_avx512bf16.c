@@ -324,8 +324,10 @@ ALWAYS_INLINE void dots_i8(const int D, const int NQ, const __m512i *ktp, const 
  * max; when it moves, alpha = 2^(m_old - m) rescales the sum (here) and out
  * (block_values). The weights e = 2^(s - m) are rounded to bf16 pairs, and
  * the sum lanes lsum add them as rounded (a vdpbf16ps by ones), reduced
- * once at the end. Each query's arithmetic is its own, whatever the other
- * queries of the group. */
+ * once at the end. At int8 (I8) the scores come from dots_i8, and the
+ * weights times the values' steps (v_steps, the V tile's) become bytes
+ * for block_values_i8 while lsum adds the f32 weights. Each query's
+ * arithmetic is its own, whatever the other queries of the group. */
 ALWAYS_INLINE void block_scores(const int D, const int NQ, const bool I8, const attention_head_args *a,
                                 const __m512i *ktp, const float *v_steps, const query_block *qb, float *m,
                                 __m512 *lsum, block_weights *w, int64_t b0, int64_t first) {
@@ -826,9 +828,9 @@ void attention_heads_avx512bf16(const attention_head_args *a, int n) {
         const int d = a[i].d_k;
         while (i + m < n && m < MAX_Q && attention_same_kv(&a[i], &a[i + m])) m++;
         if (d == 128 && a[i].d_v == 128)
-            (a[i].int8_keys ? heads_i8_128 : heads_bf16_128)(a + i, m);
+            (a[i].int8 ? heads_i8_128 : heads_bf16_128)(a + i, m);
         else if (d == 64 && a[i].d_v == 64)
-            (a[i].int8_keys ? heads_i8_64 : heads_bf16_64)(a + i, m);
+            (a[i].int8 ? heads_i8_64 : heads_bf16_64)(a + i, m);
         else /* op_attention_precision never picks bf16 for these heads */
             for (int k = 0; k < m; k++) attention_head_avx512(a + i + k);
         i += m;
@@ -856,9 +858,9 @@ static void tiles_build(const int D, const bool I8, void *tiles, const attention
 void attention_bf16_tiles_build_avx512bf16(void *tiles, const attention_head_args *a, int64_t block_begin,
                                            int64_t block_end) {
     if (a->d_k == 128)
-        (a->int8_keys ? tiles_build(128, true, tiles, a, block_begin, block_end)
+        (a->int8 ? tiles_build(128, true, tiles, a, block_begin, block_end)
                       : tiles_build(128, false, tiles, a, block_begin, block_end));
     else
-        (a->int8_keys ? tiles_build(64, true, tiles, a, block_begin, block_end)
+        (a->int8 ? tiles_build(64, true, tiles, a, block_begin, block_end)
                       : tiles_build(64, false, tiles, a, block_begin, block_end));
 }

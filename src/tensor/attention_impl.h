@@ -36,7 +36,7 @@ typedef struct attention_head_args {
      * the kernel builds its own */
     const void *bf16_tiles;
     int64_t bf16_tiled_keys;
-    bool int8_keys;           /* bf16 kernel: q.k on int8 (ATTENTION_INT8) */
+    bool int8;                /* bf16 kernel: both products on int8 (ATTENTION_INT8) */
 } attention_head_args;
 
 /* The encoded row of key (or value) j. */
@@ -51,7 +51,7 @@ static inline bool attention_same_kv(const attention_head_args *a, const attenti
     return a->d_k == b->d_k && a->d_v == b->d_v && a->k_blocks == b->k_blocks && a->v_blocks == b->v_blocks &&
            a->k_offset == b->k_offset && a->v_offset == b->v_offset && a->k_stride == b->k_stride &&
            a->v_stride == b->v_stride && a->k_type == b->k_type && a->v_type == b->v_type && a->first == b->first &&
-           a->bf16_tiles == b->bf16_tiles && a->int8_keys == b->int8_keys;
+           a->bf16_tiles == b->bf16_tiles && a->int8 == b->int8;
 }
 
 /* Where value `offset` of a row starts, in bytes (offset on a q8_0 block
@@ -74,7 +74,7 @@ void attention_heads_avx512(const attention_head_args *a, int n);
 void attention_head_avx2(const attention_head_args *a);
 void attention_heads_avx2(const attention_head_args *a, int n);
 /* ATTENTION_BF16 and ATTENTION_INT8 (attention_avx512bf16.c, only where
- * the CPU has AVX512_BF16; int8 when the pairs' int8_keys is set): the
+ * the CPU has AVX512_BF16; int8 when the pairs' int8 is set): the
  * same grouping as attention_heads_avx512, heads of 64 or 128 values
  * (d_k = d_v); bf16 (and int8) products, so other bits than the f32
  * kernels, but a query's bits still depend on its own inputs alone. */
@@ -89,9 +89,9 @@ void attention_heads_avx512bf16(const attention_head_args *a, int n);
 
 /* The bf16 kernel's K and V tiles of 64-key blocks [block_begin, block_end)
  * of the kv head a describes (k_blocks, strides, offsets, types, d_k = d_v
- * of 64 or 128, int8_keys), for keys [0, a->n_keys) (rows from there on
+ * of 64 or 128, int8), for keys [0, a->n_keys) (rows from there on
  * zero), into tiles: ATTENTION_BF16_TILE_BYTES(d) bytes per block
- * (ATTENTION_INT8_TILE_BYTES(d) with int8_keys), block b at b * that. The
+ * (ATTENTION_INT8_TILE_BYTES(d) with int8), block b at b * that. The
  * same values the kernel builds per call. */
 void attention_bf16_tiles_build_avx512bf16(void *tiles, const attention_head_args *a, int64_t block_begin,
                                            int64_t block_end);

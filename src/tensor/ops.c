@@ -183,7 +183,7 @@ bool attention_precision_parse(const char *s, attention_precision *out) {
 
 static void run_heads(const attention_head_args *args, int n, attention_precision prec) {
     quant_isa isa = quant_get_isa();
-    if (prec != ATTENTION_F32) { /* bf16 or int8: the pairs' int8_keys says which */
+    if (prec != ATTENTION_F32) { /* bf16 or int8: the pairs' int8 says which */
         attention_heads_avx512bf16(args, n);
     } else if (isa == QUANT_ISA_AVX512) {
         attention_heads_avx512(args, n);
@@ -217,7 +217,7 @@ bool op_attention_bf16_tiles_build(attention_precision prec, void *head_tiles, c
     attention_head_args a = {.k_blocks = k_blocks, .v_blocks = v_blocks, .first = 0, .n_keys = n_keys,
                              .k_stride = kv_row_bytes(k_type, n_head_kv * d), .v_stride = kv_row_bytes(type, n_head_kv * d),
                              .k_offset = kv_head * d, .v_offset = kv_head * d, .d_k = d, .d_v = d,
-                             .k_type = k_type, .v_type = type, .int8_keys = prec == ATTENTION_INT8};
+                             .k_type = k_type, .v_type = type, .int8 = prec == ATTENTION_INT8};
     attention_bf16_tiles_build_avx512bf16(head_tiles, &a, block_begin, block_end);
     return true;
 }
@@ -260,7 +260,7 @@ void op_attention_paged_rows_prec(float *out, size_t out_stride, const float *q,
                                             kv_row_bytes(k_type, n_head_kv * d_k), kv_row_bytes(type, n_head_kv * d_v),
                                             kvh * d_k, kvh * d_v, d_k, d_v, k_type, type, scale,
                                             prec != ATTENTION_F32 ? NULL : scratch + (size_t)n * (size_t)max_keys};
-            args[n].int8_keys = prec == ATTENTION_INT8;
+            args[n].int8 = prec == ATTENTION_INT8;
             if (prec != ATTENTION_F32 && tiles) {
                 args[n].bf16_tiles = (const uint8_t *)tiles->base + (size_t)kvh * tiles->head_bytes;
                 args[n].bf16_tiled_keys = tiles->n_keys;

@@ -117,8 +117,8 @@ void op_attention_paged_rows(float *out, size_t out_stride, const float *q, size
                              const int64_t *query_pos,
                              int n_rows, int n_head, int n_head_kv, int d_k, int d_v, float scale,
                              int64_t window, int head_begin, int head_end, float *scratch);
-/* The bf16 kernel's K/V tiles (K transposed into key lanes, as bf16 or at
- * int8 as bytes, V into pairs of keys, bf16), built once for a long
+/* The bf16 kernel's K/V tiles (K transposed into key lanes, V into pairs
+ * of keys, bf16; at int8 bytes, V in quads of keys), built once for a long
  * prefill instead of once per
  * call: a 16k-key prefill chunk makes 4 calls per kv head, each of which
  * would rebuild and reread every tile. kv head h's tiles lie at base + h *
