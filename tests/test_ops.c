@@ -335,13 +335,13 @@ static float exp2_weight_ref(float x) {
     return ldexpf(p, (int)n);
 }
 
-/* x (d floats) as the int8 kernel quantizes a query or key head:
+/* x (d floats) as the int8 kernel quantizes a query, key or value head:
  * round(x * (127 / max|x|)) to nearest even, saturated; returns the step
- * max|x| / 127 (0 for a zero head). */
+ * max|x| / 127 (0, and bytes 0, for a head whose max is under 2^-100). */
 static float int8_quantize_ref(const float *x, int d, int *bytes) {
     float amax = 0;
     for (int i = 0; i < d; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
-    if (!(amax > 0)) {
+    if (!(amax >= 0x1p-100f)) { /* the kernel's I8_TINY */
         for (int i = 0; i < d; i++) bytes[i] = 0;
         return 0;
     }
@@ -408,7 +408,7 @@ static void bf16_reference(double *out, const float *q, const enc_blocks *kb, co
                 pmax = pv[j - b0] > pmax ? pv[j - b0] : pmax;
                 sum += e * exp2(mb[j - first] - m);
             }
-            if (!(pmax > 0)) continue;
+            if (!(pmax >= 0x1p-100f)) continue; /* the kernel's I8_TINY */
             float inv = 255.0f / pmax, pstep = pmax / 255.0f;
             for (int i = 0; i < d; i++) {
                 int32_t dot = 0;

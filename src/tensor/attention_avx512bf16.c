@@ -89,6 +89,13 @@ enum {
     MAX_D = 128,
 };
 
+/* int8: below this a row's max |x| (or a block's largest weight times
+ * its value's step) counts as 0. The quantizer's multiplier 127 / max (255
+ * / max for weights) must stay finite: a max under 127 / FLT_MAX made it
+ * inf, and 0 * inf a NaN that converted to -128 (or 255). What is dropped
+ * is under 2^-100 in absolute terms. */
+#define I8_TINY 0x1p-100f
+
 /* 32 floats as 16 bf16 pairs (x[2i] low half, x[2i+1] high) per 32-bit lane. */
 ALWAYS_INLINE __m512i bf16_pairs(__m512 lo, __m512 hi) {
     return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
@@ -401,7 +408,7 @@ ALWAYS_INLINE void block_scores(const int D, const int NQ, const bool I8, const 
             lsum[i] = _mm512_add_ps(lsum[i], _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3])));
             float pmax = _mm512_reduce_max_ps(top);
             uint8_t *bytes = (uint8_t *)w[i].pq;
-            if (pmax > 0.0f) {
+            if (pmax >= I8_TINY) {
                 __m512 inv = _mm512_set1_ps(255.0f / pmax);
 #pragma GCC unroll 4
                 for (int c = 0; c < VT / 16; c++)
@@ -609,12 +616,13 @@ ALWAYS_INLINE void build_k_tile(const int D, const attention_head_args *a, int64
 }
 
 /* x (D floats) as signed bytes round(x * 127 / max|x|) into out; returns
- * the step max|x| / 127 (0 for a zero row, whose bytes are 0). */
+ * the step max|x| / 127 (0 for a row whose max is under I8_TINY, or NaN,
+ * whose bytes are 0). */
 ALWAYS_INLINE float quantize_i8(const int D, const float *x, int8_t *out) {
     __m512 amax = _mm512_setzero_ps();
     for (int c = 0; c < D / 16; c++) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(x + 16 * c)));
     float mx = _mm512_reduce_max_ps(amax);
-    if (!(mx > 0.0f)) {
+    if (!(mx >= I8_TINY)) {
         memset(out, 0, (size_t)D);
         return 0.0f;
     }
