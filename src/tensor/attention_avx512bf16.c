@@ -287,26 +287,17 @@ static void dp_4x4(const char *vec, long vec_step, long vec_group, const char *b
 }
 
 /* The scores (log2 units) of NQ queries at int8 with the 64 keys of an
- * int8 K tile: vector p of group g holds in lane k the 4 bytes
+ * int8 K tile into acc: vector p of group g holds in lane k the 4 bytes
  * k[4p..4p+3] + 128 of key 16g + k; the query's 4 signed bytes are
  * broadcast (vpdpbusd: exact in int32); the dot pays the +128 back (corr)
- * and is scaled by the key's step, then the query's. */
+ * and is scaled by the key's step, then the query's. dp_4x4 always runs 4
+ * queries: past NQ it reads the zeroed padding of qb (heads_bf16) and
+ * its sums are dropped. */
 ALWAYS_INLINE void dots_i8(const int D, const int NQ, const __m512i *ktp, const query_block *qb,
-                           float (*scores)[VT]) {
+                           __m512 (*acc)[VT / 16]) {
     int32_t dots[QB][VT / 16][16] __attribute__((aligned(64)));
-    if (NQ == 4) {
-        dp_4x4((const char *)ktp, 64, (long)(D / 4 + 1) * 64, (const char *)qb->q, sizeof(query_block), D / 4, false,
-               dots);
-    } else { /* the last group of a call */
-        for (int i = 0; i < NQ; i++)
-            for (int g = 0; g < VT / 16; g++) {
-                __m512i acc = _mm512_setzero_si512();
-                for (int p = 0; p < D / 4; p++)
-                    acc = _mm512_dpbusd_epi32(acc, _mm512_load_si512(ktp + g * (D / 4 + 1) + p),
-                                              _mm512_set1_epi32((int)qb[i].q[p]));
-                _mm512_store_si512(dots[i][g], acc);
-            }
-    }
+    dp_4x4((const char *)ktp, 64, (long)(D / 4 + 1) * 64, (const char *)qb->q, sizeof(query_block), D / 4, false,
+           dots);
 #pragma GCC unroll 4
     for (int i = 0; i < NQ; i++) {
         __m512i corr = _mm512_set1_epi32(qb[i].corr);
@@ -315,7 +306,7 @@ ALWAYS_INLINE void dots_i8(const int D, const int NQ, const __m512i *ktp, const 
         for (int g = 0; g < VT / 16; g++) {
             __m512 kstep = _mm512_load_ps((const float *)(ktp + g * (D / 4 + 1) + D / 4));
             __m512 s = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(dots[i][g]), corr));
-            _mm512_store_ps(scores[i] + 16 * g, _mm512_mul_ps(_mm512_mul_ps(s, kstep), qstep));
+            acc[i][g] = _mm512_mul_ps(_mm512_mul_ps(s, kstep), qstep);
         }
     }
 }
@@ -340,12 +331,7 @@ ALWAYS_INLINE void block_scores(const int D, const int NQ, const bool I8, const 
                                 __m512 *lsum, block_weights *w, int64_t b0, int64_t first) {
     __m512 acc[QB][VT / 16];
     if (I8) {
-        float scores[QB][VT] __attribute__((aligned(64)));
-        dots_i8(D, NQ, ktp, qb, scores);
-#pragma GCC unroll 4
-        for (int i = 0; i < NQ; i++)
-#pragma GCC unroll 4
-            for (int g = 0; g < VT / 16; g++) acc[i][g] = _mm512_load_ps(scores[i] + 16 * g);
+        dots_i8(D, NQ, ktp, qb, acc);
     } else {
 #pragma GCC unroll 4
         for (int i = 0; i < NQ; i++)
@@ -448,19 +434,9 @@ ALWAYS_INLINE void block_values_i8(const int D, const int NQ, const __m512i *vtp
     for (int h = 0; h < D / 64; h++) {
         int32_t dots[QB][4][16] __attribute__((aligned(64)));
         const __m512i *v = vtp + (size_t)q0 * (D / 16) + 4 * h;
-        if (NQ == 4) {
-            dp_4x4((const char *)v, (long)(D / 16) * 64, 64, (const char *)w[0].pq + 4 * q0, sizeof(block_weights),
-                   q1 - q0, true, dots);
-        } else { /* the last group of a call, and decode */
-            for (int i = 0; i < NQ; i++)
-                for (int c = 0; c < 4; c++) {
-                    __m512i acc = _mm512_setzero_si512();
-                    for (int u = 0; u < q1 - q0; u++)
-                        acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32((int)w[i].pq[q0 + u]),
-                                                  _mm512_load_si512(v + (size_t)u * (D / 16) + c));
-                    _mm512_store_si512(dots[i][c], acc);
-                }
-        }
+        /* 4 queries always: past NQ the zeroed padding of w (heads_bf16) */
+        dp_4x4((const char *)v, (long)(D / 16) * 64, 64, (const char *)w[0].pq + 4 * q0, sizeof(block_weights),
+               q1 - q0, true, dots);
         for (int i = 0; i < NQ; i++) {
             if (w[i].full == 0 && w[i].straddle < 0) continue;
             __m512 step = _mm512_set1_ps(w[i].pstep);
@@ -751,13 +727,12 @@ ALWAYS_INLINE void heads_bf16(const int D, const bool I8, const attention_head_a
         __m512 c2 = _mm512_set1_ps(a[i].scale * 1.44269504088896341f);
         if (I8) {
             float scaled[MAX_D];
-            int8_t bytes[MAX_D];
+            const int8_t *bytes = (const int8_t *)qb[i].q;
             for (int c = 0; c < D / 16; c++) _mm512_storeu_ps(scaled + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(a[i].q + 16 * c), c2));
-            qb[i].step = quantize_i8(D, scaled, bytes);
+            qb[i].step = quantize_i8(D, scaled, (int8_t *)qb[i].q);
             int32_t sum = 0;
             for (int d = 0; d < D; d++) sum += bytes[d];
             qb[i].corr = 128 * sum;
-            memcpy(qb[i].q, bytes, (size_t)D);
         } else {
             for (int c = 0; c < D / 32; c++)
                 _mm512_storeu_si512(&qb[i].q[16 * c], bf16_pairs(_mm512_mul_ps(_mm512_loadu_ps(a[i].q + 32 * c), c2),
@@ -773,6 +748,12 @@ ALWAYS_INLINE void heads_bf16(const int D, const bool I8, const attention_head_a
     block_weights w[MAX_Q];
     bool any[MAX_Q / QB];
     const int groups = (n + QB - 1) / QB;
+    /* int8 runs every group as 4 queries (dp_4x4): the last group's
+     * padding reads as zero bytes, and what it computes is dropped */
+    if (I8 && n < groups * QB) {
+        memset(qb + n, 0, (size_t)(groups * QB - n) * sizeof qb[0]);
+        memset(w + n, 0, (size_t)(groups * QB - n) * sizeof w[0]);
+    }
     /* Prebuilt tiles hold real rows up to their own n_keys where this call
      * would zero those past hi: the same bits, since no query weighs a key
      * past its last (masked scores, skipped or half-masked value pairs).
@@ -865,10 +846,12 @@ static void tiles_build(const int D, const bool I8, void *tiles, const attention
 
 void attention_bf16_tiles_build_avx512bf16(void *tiles, const attention_head_args *a, int64_t block_begin,
                                            int64_t block_end) {
-    if (a->d_k == 128)
-        (a->int8 ? tiles_build(128, true, tiles, a, block_begin, block_end)
-                      : tiles_build(128, false, tiles, a, block_begin, block_end));
+    if (a->d_k == 128 && a->int8)
+        tiles_build(128, true, tiles, a, block_begin, block_end);
+    else if (a->d_k == 128)
+        tiles_build(128, false, tiles, a, block_begin, block_end);
+    else if (a->int8)
+        tiles_build(64, true, tiles, a, block_begin, block_end);
     else
-        (a->int8 ? tiles_build(64, true, tiles, a, block_begin, block_end)
-                      : tiles_build(64, false, tiles, a, block_begin, block_end));
+        tiles_build(64, false, tiles, a, block_begin, block_end);
 }
